@@ -1,0 +1,146 @@
+/* llmopt public C API: load a model, tokenize, run sessions, generate.
+ * Tools and the server use only this header. */
+#ifndef LLMOPT_H
+#define LLMOPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum llmopt_status {
+    LLMOPT_OK = 0,
+    LLMOPT_ERR_IO,          /* open/read/mmap failed */
+    LLMOPT_ERR_FORMAT,      /* input file or data is malformed */
+    LLMOPT_ERR_UNSUPPORTED, /* valid but not supported (type, op, version) */
+    LLMOPT_ERR_NOMEM,       /* allocation failed */
+    LLMOPT_ERR_INVALID_ARG, /* caller passed a bad argument */
+    LLMOPT_ERR_BIND,        /* program parameters do not bind to the weights */
+    LLMOPT_ERR_LIMIT,       /* a size cap or capacity was exceeded */
+    LLMOPT_STATUS_COUNT
+};
+
+/* Error detail: the status and a message naming what was wrong. */
+struct llmopt_err {
+    enum llmopt_status status;
+    char msg[1024];
+};
+
+const char *llmopt_status_str(enum llmopt_status status);
+
+/* ---- Models ------------------------------------------------------------------
+ * A model is a weights file bound to the stock program whose parameters match its
+ * tensors (by names and shapes, never by the architecture string), imported and
+ * verified. Loading computes nothing. */
+struct llmopt_model;
+
+struct llmopt_load_opts {
+    const char *programs_dir; /* NULL: $LLMOPT_PROGRAMS, else the programs/ of this build */
+    bool verbose;             /* print which program bound and why to stderr */
+    bool vocab_only;          /* load only the tokenizer (works on vocab-only GGUFs) */
+};
+
+enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_opts *opts,
+                                     struct llmopt_model **out, struct llmopt_err *err);
+void llmopt_model_free(struct llmopt_model *m);
+
+const char *llmopt_model_program(const struct llmopt_model *m); /* "llama" */
+int32_t llmopt_model_n_vocab(const struct llmopt_model *m);
+int32_t llmopt_model_ctx_train(const struct llmopt_model *m);   /* positions it was trained for */
+/* Prints a GGUF file's metadata and tensor table (llmopt inspect). */
+enum llmopt_status llmopt_inspect_gguf(const char *path, FILE *out, struct llmopt_err *err);
+/* Prints the imported IR (llmopt compile --dump-ir). */
+void llmopt_model_dump_ir(const struct llmopt_model *m, FILE *out);
+
+/* ---- Tokenizer ------------------------------------------------------------------ */
+int32_t llmopt_token_bos(const struct llmopt_model *m); /* -1 when none */
+int32_t llmopt_token_eos(const struct llmopt_model *m);
+bool llmopt_token_is_eog(const struct llmopt_model *m, int32_t id);
+bool llmopt_add_bos_default(const struct llmopt_model *m);
+/* LLMOPT_ERR_LIMIT with *n_ids = the count needed when cap is too small. */
+enum llmopt_status llmopt_tokenize(const struct llmopt_model *m, const char *text, size_t len,
+                                   bool add_bos, int32_t *ids, size_t cap, size_t *n_ids,
+                                   struct llmopt_err *err);
+
+/* Streaming detokenizer state: emits only whole UTF-8 code points. */
+struct llmopt_detok;
+enum llmopt_status llmopt_detok_create(const struct llmopt_model *m, struct llmopt_detok **out,
+                                       struct llmopt_err *err);
+/* Returns a NUL-terminated chunk (possibly empty) valid until the next call. */
+const char *llmopt_detok_push(struct llmopt_detok *d, int32_t id);
+const char *llmopt_detok_flush(struct llmopt_detok *d);
+void llmopt_detok_free(struct llmopt_detok *d);
+
+/* ---- Sessions ------------------------------------------------------------------
+ * A session owns the KV cache (paged, shared by n_slots sequences) and the backend's
+ * compiled plan. Every forward is a token batch (DESIGN decision 1). */
+struct llmopt_session;
+
+struct llmopt_session_opts {
+    int32_t n_ctx;   /* positions per sequence; 0: the model's training context, capped at 4096 */
+    int32_t n_batch; /* max tokens per forward (prompt chunk); 0: 256 */
+    int32_t n_slots; /* sequences at once; 0: 1 */
+};
+
+enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
+                                         const struct llmopt_session_opts *opts,
+                                         struct llmopt_session **out, struct llmopt_err *err);
+void llmopt_session_free(struct llmopt_session *s);
+
+/* One forward over n tokens. Each token appends to its slot's sequence: positions[t]
+ * must continue that sequence (no gaps). Returns logits (n_out, n_vocab) for the rows
+ * out_rows, valid until the next call. */
+enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
+                                          const int32_t *tokens, const int32_t *positions,
+                                          const int32_t *slots, int32_t n_out,
+                                          const int32_t *out_rows, const float **logits,
+                                          struct llmopt_err *err);
+/* Appends tokens to one slot's sequence, chunked by n_batch; returns the last token's
+ * logits (n_vocab). */
+enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
+                                         const int32_t *tokens, int32_t n, const float **logits,
+                                         struct llmopt_err *err);
+int32_t llmopt_session_seq_len(const struct llmopt_session *s, int32_t slot);
+void llmopt_session_reset(struct llmopt_session *s, int32_t slot);
+int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s);
+uint64_t llmopt_session_kernels_run(const struct llmopt_session *s);
+/* Bytes of the backend's planned activation arena. */
+size_t llmopt_session_arena_bytes(const struct llmopt_session *s);
+
+/* ---- Sampling and generation ----------------------------------------------------- */
+struct llmopt_sampling {
+    float temperature;     /* <= 0: greedy */
+    int32_t top_k;         /* <= 0: off */
+    float top_p;           /* >= 1: off */
+    float min_p;           /* <= 0: off */
+    float repeat_penalty;  /* 1: off */
+    int32_t repeat_last_n;
+    float presence_penalty, frequency_penalty;
+    uint64_t seed;
+};
+void llmopt_sampling_default(struct llmopt_sampling *p);
+
+/* Called with each generated token; return false to stop. */
+typedef bool (*llmopt_token_cb)(void *user, int32_t id);
+
+struct llmopt_generate_result {
+    int32_t n_prompt, n_generated;
+    bool stopped_eog;       /* ended on an end-of-generation token (not emitted) */
+    double prefill_seconds, decode_seconds;
+};
+
+/* Feeds prompt ids to slot (after resetting it) and generates up to max_new tokens. */
+enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const int32_t *prompt,
+                                   int32_t n_prompt, int32_t max_new,
+                                   const struct llmopt_sampling *sampling, llmopt_token_cb cb,
+                                   void *user, struct llmopt_generate_result *result,
+                                   struct llmopt_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

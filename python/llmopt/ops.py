@@ -1,0 +1,138 @@
+"""Runtime-owned ops as torch custom ops, and the transformers attention function
+that routes a model's attention through them (DESIGN.md decisions 1-2).
+
+`llmopt::attention(q, k, v, positions, seq_slots, scale, window)`:
+q [1,H,N,Dh], k/v [1,Hkv,N,Dh], positions/seq_slots [N] -> [1,N,H,Dh]. The eager
+reference is causal attention among the batch's tokens of the same sequence slot,
+by position (within `window` when non-zero); query head h reads KV head h // (H/Hkv).
+torch.export keeps it as one node; the runtime implements it over its KV cache.
+"""
+
+import contextlib
+import threading
+
+import torch
+
+ATTN_IMPL_NAME = "llmopt"
+
+
+def _attention_reference(q, k, v, positions, seq_slots, scale, window):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("llmopt::attention wants 4-d q, k, v; got %s %s %s" % (q.shape, k.shape, v.shape))
+    B, H, N, Dh = q.shape
+    Hkv = k.shape[1]
+    if H % Hkv:
+        raise ValueError("llmopt::attention: %d query heads, %d kv heads" % (H, Hkv))
+    rep = H // Hkv
+    kk = k.float().repeat_interleave(rep, dim=1)
+    vv = v.float().repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q.float(), kk.transpose(-1, -2)) * scale  # [B,H,N,N]
+    pos = positions.reshape(-1).to(torch.int64)
+    slot = seq_slots.reshape(-1).to(torch.int64)
+    allowed = (slot[:, None] == slot[None, :]) & (pos[None, :] <= pos[:, None])
+    if window > 0:
+        allowed = allowed & ((pos[:, None] - pos[None, :]) < window)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, vv)  # [B,H,N,Dh]
+    return out.transpose(1, 2).contiguous().to(q.dtype)
+
+
+@torch.library.custom_op("llmopt::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+              seq_slots: torch.Tensor, scale: float, window: int) -> torch.Tensor:
+    return _attention_reference(q, k, v, positions, seq_slots, scale, window)
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, positions, seq_slots, scale, window):
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+
+
+class _Context(threading.local):
+    positions = None
+    seq_slots = None
+    calls = 0
+
+
+CTX = _Context()
+
+
+@contextlib.contextmanager
+def token_batch(positions, seq_slots):
+    """Makes positions/seq_slots visible to the attention function during a forward."""
+    old = (CTX.positions, CTX.seq_slots)
+    CTX.positions, CTX.seq_slots = positions, seq_slots
+    try:
+        yield
+    finally:
+        CTX.positions, CTX.seq_slots = old
+
+
+def hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention-interface function: query [1,H,N,Dh], key/value
+    [1,Hkv,N,Dh] -> ([1,N,H,Dh], None)."""
+    if CTX.positions is None:
+        raise RuntimeError("llmopt attention called outside llmopt.ops.token_batch()")
+    if query.shape[0] != 1:
+        raise RuntimeError("llmopt attention wants batch 1 (the token batch), got %d" % query.shape[0])
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    window = kwargs.get("sliding_window") or 0
+    CTX.calls += 1
+    out = torch.ops.llmopt.attention(query, key, value, CTX.positions, CTX.seq_slots, float(scaling), int(window))
+    return out, None
+
+
+_registered = False
+
+
+def register_hf_attention():
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    AttentionInterface.register(ATTN_IMPL_NAME, hf_attention)
+    _registered = True
+
+
+def set_attn_implementation(model, name):
+    """Selects a transformers attention implementation on a built model."""
+    if name == ATTN_IMPL_NAME:
+        register_hf_attention()
+    done = False
+    if hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation(name)
+            done = True
+        except Exception as e:  # older/newer API differences: fall back to the config
+            print("note: set_attn_implementation(%r) failed (%s); setting config._attn_implementation" % (name, e))
+    if not done:
+        model.config._attn_implementation = name
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", name) != name:
+            try:
+                cfg._attn_implementation = name
+            except Exception:
+                pass
+    got = getattr(model.config, "_attn_implementation", None)
+    if got != name:
+        raise RuntimeError("could not select attention implementation %r (config says %r)" % (name, got))
+
+
+class TokenBatchLM(torch.nn.Module):
+    """forward(tokens[N], positions[N], seq_slots[N], out_rows[M]) -> logits [1, M, vocab].
+
+    Wraps a transformers *ForCausalLM: batch 1 holds the N tokens of any number of
+    sequences; only the out_rows rows reach the lm_head (logits_to_keep as a tensor)."""
+
+    def __init__(self, hf_model):
+        super().__init__()
+        self.hf = hf_model
+
+    def forward(self, tokens, positions, seq_slots, out_rows):
+        with token_batch(positions, seq_slots):
+            out = self.hf(input_ids=tokens.unsqueeze(0), position_ids=positions.unsqueeze(0),
+                          use_cache=False, logits_to_keep=out_rows)
+        return out.logits

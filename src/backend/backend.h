@@ -1,0 +1,41 @@
+/* The backend interface: a small vtable that a compiled graph runs behind. A backend
+ * prepares a graph once (plan, arena, constants) and then runs token batches. */
+#ifndef LLMOPT_BACKEND_BACKEND_H
+#define LLMOPT_BACKEND_BACKEND_H
+
+#include "backend/kv_cache.h"
+#include "ir/ir.h"
+
+/* One token-batch forward (DESIGN decision 1). */
+struct exec_batch {
+    int32_t n_tokens;          /* N */
+    const int32_t *tokens;     /* (N) */
+    const int32_t *positions;  /* (N) */
+    const int32_t *seq_slots;  /* (N) */
+    int32_t n_out;             /* M */
+    const int32_t *out_rows;   /* (M) indices into the batch */
+};
+
+struct backend_stats {
+    uint64_t kernels_run; /* kernels launched (nodes executed, views excluded) */
+    uint64_t steps;
+};
+
+struct backend_ops {
+    const char *name;
+    /* Plans memory for batches of up to n_max tokens over sequences of up to max_ctx
+     * positions and allocates everything a step needs; *state is the backend's
+     * compiled form of g (g must outlive it). */
+    enum llmopt_status (*prepare)(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
+                                  void **state, struct llmopt_err *err);
+    /* Runs one batch; *logits points at (M, vocab) floats valid until the next run. */
+    enum llmopt_status (*run)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
+                              const float **logits, struct llmopt_err *err);
+    void (*stats)(void *state, struct backend_stats *out);
+    size_t (*arena_bytes)(void *state);
+    void (*release)(void *state);
+};
+
+extern const struct backend_ops cpu_backend_ops;
+
+#endif

@@ -1,0 +1,585 @@
+/* Scalar reference kernels for every canonical op, and the executor that runs an IR
+ * graph over a planned arena. These are the oracle for every optimized kernel: plain
+ * loops, f32 accumulation in the order written, no cleverness. */
+#include "backend/backend.h"
+#include "base/fp16.h"
+#include "format/quant.h"
+#include "passes/memplan.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cpu_state {
+    const struct ir_graph *g;
+    struct mem_plan plan;
+    uint8_t *arena;           /* (plan.arena_bytes) */
+    struct ir_extent *extent; /* (n_nodes) extents of the current step */
+    float *row_buf;           /* (max weight row length) dequantized weight row */
+    float *score_buf;         /* (max positions seen) attention scores; grown in prepare */
+    int64_t score_cap;
+    int64_t max_row;
+    struct backend_stats stats;
+};
+
+/* A node's f32 data: bound weights for params (the binder gives 1-D params f32), the
+ * planned arena slot for everything else. */
+static float *node_f32(struct cpu_state *s, int32_t i) {
+    const struct ir_node *n = &s->g->nodes[i];
+    if (n->op == IR_OP_PARAM) {
+        LLMOPT_ASSERT(n->weight.dtype == IR_DTYPE_F32);
+        return (float *)n->weight.data;
+    }
+    return (float *)(s->arena + s->plan.offset[i]);
+}
+static int32_t *node_i32(struct cpu_state *s, int32_t i) {
+    return (int32_t *)(s->arena + s->plan.offset[i]);
+}
+
+static enum ggml_type weight_ggml_type(enum ir_dtype t) {
+    switch (t) {
+    case IR_DTYPE_F32: return GGML_TYPE_F32;
+    case IR_DTYPE_F16: return GGML_TYPE_F16;
+    case IR_DTYPE_BF16: return GGML_TYPE_BF16;
+    case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
+    case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
+    default: break;
+    }
+    LLMOPT_ASSERT(0);
+    return GGML_TYPE_F32;
+}
+
+/* Row r of a bound weight [rows, len] as f32: a pointer into the weight when it is
+ * already f32, else dequantized into buf. */
+static const float *weight_row(const struct ir_weight *w, int64_t r, int64_t len, float *buf) {
+    size_t row_bytes = ir_dtype_row_bytes(w->dtype, len);
+    const uint8_t *src = (const uint8_t *)w->data + (size_t)r * row_bytes;
+    if (w->dtype == IR_DTYPE_F32) return (const float *)src;
+    quant_dequantize_row(weight_ggml_type(w->dtype), src, buf, len);
+    return buf;
+}
+
+/* Element strides of a contiguous extent, with broadcasting against `out` (a dim of 1
+ * facing a larger output dim gets stride 0). Extents are right-aligned. */
+static void broadcast_strides(const struct ir_extent *in, const struct ir_extent *out,
+                              int64_t *strides) {
+    int64_t stride = 1;
+    for (int i = out->rank - 1; i >= 0; i--) {
+        int k = i - (out->rank - in->rank);
+        if (k < 0) {
+            strides[i] = 0;
+            continue;
+        }
+        strides[i] = in->dims[k] == 1 && out->dims[i] != 1 ? 0 : stride;
+        stride *= in->dims[k];
+    }
+}
+
+/* Advances a multi-index over `ext`; adds the stride deltas to each offset. */
+static void index_step(const struct ir_extent *ext, int64_t *idx, int n_off, int64_t *off,
+                       int64_t strides[][IR_MAX_RANK]) {
+    for (int d = ext->rank - 1; d >= 0; d--) {
+        idx[d]++;
+        for (int k = 0; k < n_off; k++) off[k] += strides[k][d];
+        if (idx[d] < ext->dims[d]) return;
+        for (int k = 0; k < n_off; k++) off[k] -= strides[k][d] * ext->dims[d];
+        idx[d] = 0;
+    }
+}
+
+static float unary_apply(enum ir_op op, float x) {
+    switch (op) {
+    case IR_OP_NEG: return -x;
+    case IR_OP_EXP: return expf(x);
+    case IR_OP_SQRT: return sqrtf(x);
+    case IR_OP_RSQRT: return 1.0f / sqrtf(x);
+    case IR_OP_RECIP: return 1.0f / x;
+    case IR_OP_SILU: return x / (1.0f + expf(-x));
+    case IR_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case IR_OP_TANH: return tanhf(x);
+    case IR_OP_RELU: return x > 0 ? x : 0;
+    case IR_OP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case IR_OP_GELU_TANH:
+        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case IR_OP_COS: return cosf(x);
+    case IR_OP_SIN: return sinf(x);
+    default: break;
+    }
+    LLMOPT_ASSERT(0);
+    return 0;
+}
+
+static float binary_apply(enum ir_op op, float a, float b) {
+    switch (op) {
+    case IR_OP_ADD: return a + b;
+    case IR_OP_SUB: return a - b;
+    case IR_OP_MUL: return a * b;
+    case IR_OP_DIV: return a / b;
+    case IR_OP_POW: return b == 2.0f ? a * a : powf(a, b);
+    case IR_OP_MAXIMUM: return a > b ? a : b;
+    case IR_OP_MINIMUM: return a < b ? a : b;
+    default: break;
+    }
+    LLMOPT_ASSERT(0);
+    return 0;
+}
+
+static void run_binary(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *eo = &s->extent[i];
+    const float *a = node_f32(s, n->in[0]), *b = node_f32(s, n->in[1]);
+    float *o = node_f32(s, i);
+    int64_t numel = ir_extent_numel(eo);
+    if (numel == 0) return;
+    int64_t strides[2][IR_MAX_RANK];
+    broadcast_strides(&s->extent[n->in[0]], eo, strides[0]);
+    broadcast_strides(&s->extent[n->in[1]], eo, strides[1]);
+    int64_t idx[IR_MAX_RANK] = {0}, off[2] = {0, 0};
+    for (int64_t e = 0; e < numel; e++) {
+        o[e] = binary_apply(n->op, a[off[0]], b[off[1]]);
+        index_step(eo, idx, 2, off, strides);
+    }
+}
+
+/* Copies in (broadcast to out's extent, read through in_strides) into contiguous out. */
+static void strided_copy(const float *in, const int64_t *in_strides, const struct ir_extent *eo,
+                         float *out) {
+    int64_t numel = ir_extent_numel(eo);
+    if (numel == 0) return;
+    int64_t strides[1][IR_MAX_RANK];
+    memcpy(strides[0], in_strides, sizeof strides[0]);
+    int64_t idx[IR_MAX_RANK] = {0}, off[1] = {0};
+    for (int64_t e = 0; e < numel; e++) {
+        out[e] = in[off[0]];
+        index_step(eo, idx, 1, off, strides);
+    }
+}
+
+static void contiguous_strides(const struct ir_extent *e, int64_t *strides) {
+    int64_t st = 1;
+    for (int i = e->rank - 1; i >= 0; i--) {
+        strides[i] = st;
+        st *= e->dims[i];
+    }
+}
+
+static void run_reduce(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *ei = &s->extent[n->in[0]];
+    const float *x = node_f32(s, n->in[0]);
+    float *o = node_f32(s, i);
+    int64_t out_numel = ir_extent_numel(&s->extent[i]);
+    bool reduced[IR_MAX_RANK] = {0};
+    int64_t count = 1;
+    for (int k = 0; k < n->attrs.n_axes; k++) {
+        reduced[n->attrs.axes[k]] = true;
+        count *= ei->dims[n->attrs.axes[k]];
+    }
+    /* Output strides over the input's index space: 0 on reduced axes. */
+    int64_t strides[1][IR_MAX_RANK];
+    int64_t st = 1;
+    for (int d = ei->rank - 1; d >= 0; d--) {
+        strides[0][d] = reduced[d] ? 0 : st;
+        if (!reduced[d]) st *= ei->dims[d];
+    }
+    for (int64_t e = 0; e < out_numel; e++) o[e] = n->op == IR_OP_MAX ? -INFINITY : 0.0f;
+    int64_t numel = ir_extent_numel(ei), idx[IR_MAX_RANK] = {0}, off[1] = {0};
+    for (int64_t e = 0; e < numel; e++) {
+        if (n->op == IR_OP_MAX)
+            o[off[0]] = x[e] > o[off[0]] ? x[e] : o[off[0]];
+        else
+            o[off[0]] += x[e];
+        index_step(ei, idx, 1, off, strides);
+    }
+    if (n->op == IR_OP_MEAN && count > 0)
+        for (int64_t e = 0; e < out_numel; e++) o[e] /= (float)count;
+}
+
+static void split_at_axis(const struct ir_extent *e, int64_t axis, int64_t *outer, int64_t *len,
+                          int64_t *inner) {
+    *outer = 1;
+    *inner = 1;
+    for (int d = 0; d < axis; d++) *outer *= e->dims[d];
+    for (int d = (int)axis + 1; d < e->rank; d++) *inner *= e->dims[d];
+    *len = e->dims[axis];
+}
+
+static void run_softmax(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    int64_t outer, len, inner;
+    split_at_axis(&s->extent[i], n->attrs.axis, &outer, &len, &inner);
+    const float *x = node_f32(s, n->in[0]);
+    float *o = node_f32(s, i);
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t c = 0; c < inner; c++) {
+            const float *xr = x + a * len * inner + c;
+            float *orow = o + a * len * inner + c;
+            float mx = -INFINITY;
+            for (int64_t k = 0; k < len; k++) mx = xr[k * inner] > mx ? xr[k * inner] : mx;
+            float sum = 0;
+            for (int64_t k = 0; k < len; k++) {
+                orow[k * inner] = expf(xr[k * inner] - mx);
+                sum += orow[k * inner];
+            }
+            for (int64_t k = 0; k < len; k++) orow[k * inner] /= sum;
+        }
+}
+
+static void run_norm(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *e = &s->extent[i];
+    int64_t d = e->dims[e->rank - 1], rows = d ? ir_extent_numel(e) / d : 0;
+    const float *x = node_f32(s, n->in[0]);
+    const float *w = node_f32(s, n->in[1]);
+    const float *b = n->n_in > 2 ? node_f32(s, n->in[2]) : NULL;
+    float *o = node_f32(s, i);
+    float eps = (float)n->attrs.value;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float *orow = o + r * d;
+        if (n->op == IR_OP_RMS_NORM) {
+            float ss = 0;
+            for (int64_t k = 0; k < d; k++) ss += xr[k] * xr[k];
+            float scale = 1.0f / sqrtf(ss / (float)d + eps);
+            for (int64_t k = 0; k < d; k++) orow[k] = xr[k] * scale * w[k];
+        } else {
+            float mean = 0, var = 0;
+            for (int64_t k = 0; k < d; k++) mean += xr[k];
+            mean /= (float)d;
+            for (int64_t k = 0; k < d; k++) var += (xr[k] - mean) * (xr[k] - mean);
+            float scale = 1.0f / sqrtf(var / (float)d + eps);
+            for (int64_t k = 0; k < d; k++) orow[k] = (xr[k] - mean) * scale * w[k] + b[k];
+        }
+    }
+}
+
+static void run_linear(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *ex = &s->extent[n->in[0]];
+    const struct ir_node *wn = &s->g->nodes[n->in[1]];
+    int64_t k_len = ex->dims[ex->rank - 1], rows = k_len ? ir_extent_numel(ex) / k_len : 0;
+    int64_t n_out = wn->shape.dims[0].coef;
+    const float *x = node_f32(s, n->in[0]);
+    const float *bias = n->n_in > 2 ? node_f32(s, n->in[2]) : NULL;
+    float *o = node_f32(s, i);
+    for (int64_t j = 0; j < n_out; j++) {
+        const float *w = weight_row(&wn->weight, j, k_len, s->row_buf);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * k_len;
+            float acc = 0;
+            for (int64_t k = 0; k < k_len; k++) acc += xr[k] * w[k];
+            o[r * n_out + j] = acc + (bias ? bias[j] : 0.0f);
+        }
+    }
+}
+
+static void run_matmul(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *ea = &s->extent[n->in[0]], *eb = &s->extent[n->in[1]];
+    const struct ir_extent *eo = &s->extent[i];
+    int64_t p = ea->dims[ea->rank - 2], kk = ea->dims[ea->rank - 1], q = eb->dims[eb->rank - 1];
+    struct ir_extent batch_o = *eo, batch_a = *ea, batch_b = *eb;
+    batch_o.rank -= 2;
+    batch_a.rank -= 2;
+    batch_b.rank -= 2;
+    int64_t strides[2][IR_MAX_RANK];
+    broadcast_strides(&batch_a, &batch_o, strides[0]);
+    broadcast_strides(&batch_b, &batch_o, strides[1]);
+    const float *a = node_f32(s, n->in[0]), *b = node_f32(s, n->in[1]);
+    float *o = node_f32(s, i);
+    int64_t n_batch = ir_extent_numel(&batch_o), idx[IR_MAX_RANK] = {0}, off[2] = {0, 0};
+    for (int64_t bt = 0; bt < n_batch; bt++) {
+        const float *ab = a + off[0] * p * kk, *bb = b + off[1] * kk * q;
+        float *ob = o + bt * p * q;
+        for (int64_t r = 0; r < p; r++)
+            for (int64_t c = 0; c < q; c++) {
+                float acc = 0;
+                for (int64_t k = 0; k < kk; k++) acc += ab[r * kk + k] * bb[k * q + c];
+                ob[r * q + c] = acc;
+            }
+        index_step(&batch_o, idx, 2, off, strides);
+    }
+}
+
+static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_node *n, int32_t i,
+                                        struct kv_cache *kv, struct llmopt_err *err) {
+    const struct ir_extent *eq = &s->extent[n->in[0]], *ek = &s->extent[n->in[1]];
+    int64_t n_heads = eq->dims[1], n_tok = eq->dims[2], head_dim = eq->dims[3];
+    int64_t n_kv_heads = ek->dims[1], group = n_heads / n_kv_heads;
+    const float *q = node_f32(s, n->in[0]), *k = node_f32(s, n->in[1]), *v = node_f32(s, n->in[2]);
+    const int32_t *pos = node_i32(s, n->in[3]), *slot = node_i32(s, n->in[4]);
+    float *o = node_f32(s, i);
+    int32_t layer = n->attrs.kv_layer;
+    float scale = (float)n->attrs.value;
+    if (!kv || layer >= kv->n_layers || kv->row_elems[layer] != n_kv_heads * head_dim)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "attention layer %d: KV cache does not match (Hkv %lld x Dh %lld)", layer,
+                       (long long)n_kv_heads, (long long)head_dim);
+    /* 1. Append every token's K and V to its sequence. q/k/v are [1, heads, N, Dh]. */
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *krow = kv_cache_row(kv, kv->k, layer, slot[t], pos[t]);
+        float *vrow = kv_cache_row(kv, kv->v, layer, slot[t], pos[t]);
+        for (int64_t h = 0; h < n_kv_heads; h++) {
+            memcpy(krow + h * head_dim, k + (h * n_tok + t) * head_dim, (size_t)head_dim * 4);
+            memcpy(vrow + h * head_dim, v + (h * n_tok + t) * head_dim, (size_t)head_dim * 4);
+        }
+    }
+    /* 2. Each token attends to positions [first, pos] of its own sequence. */
+    for (int64_t t = 0; t < n_tok; t++) {
+        int32_t p = pos[t];
+        int32_t first = n->attrs.window > 0 && p + 1 > n->attrs.window ? p + 1 - (int32_t)n->attrs.window : 0;
+        int64_t n_ctx = p + 1 - first;
+        if (n_ctx > s->score_cap)
+            return err_set(err, LLMOPT_ERR_LIMIT, "attention: %lld positions exceed the plan's %lld",
+                           (long long)n_ctx, (long long)s->score_cap);
+        for (int64_t h = 0; h < n_heads; h++) {
+            const float *qv = q + (h * n_tok + t) * head_dim;
+            int64_t kvh = h / group;
+            float mx = -INFINITY;
+            for (int32_t j = first; j <= p; j++) {
+                const float *kr = kv_cache_row(kv, kv->k, layer, slot[t], j) + kvh * head_dim;
+                float dot = 0;
+                for (int64_t d = 0; d < head_dim; d++) dot += qv[d] * kr[d];
+                s->score_buf[j - first] = dot * scale;
+                mx = s->score_buf[j - first] > mx ? s->score_buf[j - first] : mx;
+            }
+            float sum = 0;
+            for (int64_t j = 0; j < n_ctx; j++) {
+                s->score_buf[j] = expf(s->score_buf[j] - mx);
+                sum += s->score_buf[j];
+            }
+            float *ov = o + (t * n_heads + h) * head_dim; /* out [1, N, H, Dh] */
+            for (int64_t d = 0; d < head_dim; d++) ov[d] = 0;
+            for (int32_t j = first; j <= p; j++) {
+                const float *vr = kv_cache_row(kv, kv->v, layer, slot[t], j) + kvh * head_dim;
+                float w = s->score_buf[j - first] / sum;
+                for (int64_t d = 0; d < head_dim; d++) ov[d] += w * vr[d];
+            }
+        }
+    }
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status run_node(struct cpu_state *s, int32_t i, struct kv_cache *kv,
+                                   struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    const struct ir_node *n = &g->nodes[i];
+    const struct ir_extent *eo = &s->extent[i];
+    switch (n->op) {
+    case IR_OP_INPUT:
+    case IR_OP_PARAM:
+    case IR_OP_RESHAPE:
+    case IR_OP_CONST:
+    case IR_OP_ROPE_FREQS: return LLMOPT_OK; /* set up by prepare/run, or a view */
+    case IR_OP_EMBEDDING: {
+        const struct ir_node *tn = &g->nodes[n->in[0]];
+        int64_t vocab = tn->shape.dims[0].coef, d = tn->shape.dims[1].coef;
+        const int32_t *ids = node_i32(s, n->in[1]);
+        int64_t n_ids = ir_extent_numel(&s->extent[n->in[1]]);
+        float *o = node_f32(s, i);
+        for (int64_t t = 0; t < n_ids; t++) {
+            if (ids[t] < 0 || ids[t] >= vocab)
+                return err_set(err, LLMOPT_ERR_INVALID_ARG, "token id %d out of range [0, %lld)",
+                               ids[t], (long long)vocab);
+            const float *row = weight_row(&tn->weight, ids[t], d, o + t * d);
+            if (row != o + t * d) memcpy(o + t * d, row, (size_t)d * sizeof(float));
+        }
+        return LLMOPT_OK;
+    }
+    case IR_OP_LINEAR: run_linear(s, n, i); return LLMOPT_OK;
+    case IR_OP_MATMUL: run_matmul(s, n, i); return LLMOPT_OK;
+    case IR_OP_MEAN:
+    case IR_OP_SUM:
+    case IR_OP_MAX: run_reduce(s, n, i); return LLMOPT_OK;
+    case IR_OP_SOFTMAX: run_softmax(s, n, i); return LLMOPT_OK;
+    case IR_OP_RMS_NORM:
+    case IR_OP_LAYER_NORM: run_norm(s, n, i); return LLMOPT_OK;
+    case IR_OP_PERMUTE: {
+        const struct ir_extent *ei = &s->extent[n->in[0]];
+        int64_t in_strides[IR_MAX_RANK], strides[IR_MAX_RANK];
+        contiguous_strides(ei, in_strides);
+        for (int d = 0; d < eo->rank; d++) strides[d] = in_strides[n->attrs.axes[d]];
+        strided_copy(node_f32(s, n->in[0]), strides, eo, node_f32(s, i));
+        return LLMOPT_OK;
+    }
+    case IR_OP_EXPAND: {
+        int64_t strides[IR_MAX_RANK];
+        broadcast_strides(&s->extent[n->in[0]], eo, strides);
+        strided_copy(node_f32(s, n->in[0]), strides, eo, node_f32(s, i));
+        return LLMOPT_OK;
+    }
+    case IR_OP_SLICE: {
+        const struct ir_extent *ei = &s->extent[n->in[0]];
+        int64_t strides[IR_MAX_RANK];
+        contiguous_strides(ei, strides);
+        int64_t base = n->attrs.start.coef * strides[n->attrs.axis];
+        strides[n->attrs.axis] *= n->attrs.step;
+        strided_copy(node_f32(s, n->in[0]) + base, strides, eo, node_f32(s, i));
+        return LLMOPT_OK;
+    }
+    case IR_OP_CONCAT: {
+        int64_t outer, len_out, inner;
+        split_at_axis(eo, n->attrs.axis, &outer, &len_out, &inner);
+        float *o = node_f32(s, i);
+        int64_t at = 0;
+        for (int k = 0; k < n->n_in; k++) {
+            int64_t len = s->extent[n->in[k]].dims[n->attrs.axis];
+            const float *x = node_f32(s, n->in[k]);
+            for (int64_t a = 0; a < outer; a++)
+                memcpy(o + (a * len_out + at) * inner, x + a * len * inner,
+                       (size_t)(len * inner) * sizeof(float));
+            at += len;
+        }
+        return LLMOPT_OK;
+    }
+    case IR_OP_CAST: {
+        int64_t numel = ir_extent_numel(eo);
+        const struct ir_node *x = &g->nodes[n->in[0]];
+        if (x->dtype == n->dtype) {
+            memmove(node_f32(s, i), node_f32(s, n->in[0]), (size_t)numel * 4);
+        } else if (n->dtype == IR_DTYPE_F32) {
+            const int32_t *src = node_i32(s, n->in[0]);
+            float *dst = node_f32(s, i);
+            for (int64_t e = 0; e < numel; e++) dst[e] = (float)src[e];
+        } else {
+            const float *src = node_f32(s, n->in[0]);
+            int32_t *dst = node_i32(s, i);
+            for (int64_t e = 0; e < numel; e++)
+                dst[e] = isfinite(src[e]) && fabsf(src[e]) < 2147483520.0f ? (int32_t)src[e] : 0;
+        }
+        return LLMOPT_OK;
+    }
+    case IR_OP_SELECT_ROWS: {
+        const struct ir_extent *ei = &s->extent[n->in[0]];
+        int64_t d = ei->dims[ei->rank - 1], rows_in = ei->dims[ei->rank - 2];
+        int64_t m = eo->dims[eo->rank - 2];
+        int64_t outer = rows_in > 0 && d > 0 ? ir_extent_numel(ei) / (rows_in * d) : 0;
+        const int32_t *rows = node_i32(s, n->in[1]);
+        const float *x = node_f32(s, n->in[0]);
+        float *o = node_f32(s, i);
+        for (int64_t j = 0; j < m; j++)
+            if (rows[j] < 0 || rows[j] >= rows_in)
+                return err_set(err, LLMOPT_ERR_INVALID_ARG, "out_rows[%lld] = %d out of range [0, %lld)",
+                               (long long)j, rows[j], (long long)rows_in);
+        for (int64_t a = 0; a < outer; a++)
+            for (int64_t j = 0; j < m; j++)
+                memcpy(o + (a * m + j) * d, x + (a * rows_in + rows[j]) * d, (size_t)d * 4);
+        return LLMOPT_OK;
+    }
+    case IR_OP_ATTENTION: return run_attention(s, n, i, kv, err);
+    default:
+        if (ir_op_is_unary_elementwise(n->op)) {
+            const float *x = node_f32(s, n->in[0]);
+            float *o = node_f32(s, i);
+            int64_t numel = ir_extent_numel(eo);
+            for (int64_t e = 0; e < numel; e++) o[e] = unary_apply(n->op, x[e]);
+            return LLMOPT_OK;
+        }
+        if (ir_op_is_binary_elementwise(n->op)) {
+            run_binary(s, n, i);
+            return LLMOPT_OK;
+        }
+    }
+    return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cpu: no kernel for op %s", ir_op_name(n->op));
+}
+
+/* Constants are computed once, in prepare. */
+static void compute_constants(struct cpu_state *s) {
+    for (int32_t i = 0; i < s->g->n_nodes; i++) {
+        const struct ir_node *n = &s->g->nodes[i];
+        if (n->op == IR_OP_CONST) {
+            *node_f32(s, i) = (float)n->attrs.value;
+        } else if (n->op == IR_OP_ROPE_FREQS) {
+            /* theta^(-2j/dim), computed in f32 as PyTorch's rotary embedding does */
+            float *o = node_f32(s, i);
+            int64_t dim = n->attrs.axis;
+            for (int64_t j = 0; j < dim / 2; j++)
+                o[j] = 1.0f / powf((float)n->attrs.value, (float)(2 * j) / (float)dim);
+        }
+    }
+}
+
+static void cpu_release(void *state) {
+    struct cpu_state *s = state;
+    if (!s) return;
+    mem_plan_free(&s->plan);
+    free(s->arena);
+    free(s->extent);
+    free(s->row_buf);
+    free(s->score_buf);
+    free(s);
+}
+
+static enum llmopt_status cpu_prepare(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
+                                      void **state, struct llmopt_err *err) {
+    if (n_max < 1 || max_ctx < 1)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "cpu: batch size and context must be >= 1");
+    struct cpu_state *s = calloc(1, sizeof *s);
+    if (!s) return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory");
+    s->g = g;
+    enum llmopt_status st = mem_plan_build(g, n_max, n_max, &s->plan, err);
+    if (st) {
+        free(s);
+        return st;
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op == IR_OP_PARAM && n->shape.rank == 2 && n->shape.dims[1].coef > s->max_row)
+            s->max_row = n->shape.dims[1].coef;
+    }
+    s->score_cap = max_ctx;
+    /* aligned_alloc needs a size that is a multiple of the alignment: the plan's is. */
+    s->arena = aligned_alloc(MEMPLAN_ALIGN, s->plan.arena_bytes ? s->plan.arena_bytes : MEMPLAN_ALIGN);
+    s->extent = calloc((size_t)g->n_nodes, sizeof *s->extent);
+    s->row_buf = malloc((size_t)(s->max_row ? s->max_row : 1) * sizeof(float));
+    s->score_buf = malloc((size_t)s->score_cap * sizeof(float));
+    if (!s->arena || !s->extent || !s->row_buf || !s->score_buf) {
+        size_t arena_bytes = s->plan.arena_bytes;
+        cpu_release(s);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for a %zu-byte arena",
+                       arena_bytes);
+    }
+    compute_constants(s);
+    *state = s;
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status cpu_run(void *state, const struct exec_batch *b, struct kv_cache *kv,
+                                  const float **logits, struct llmopt_err *err) {
+    struct cpu_state *s = state;
+    const struct ir_graph *g = s->g;
+    if (b->n_tokens < 1 || b->n_tokens > s->plan.n_max || b->n_out < 0 || b->n_out > b->n_tokens)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "cpu: batch of %d tokens / %d outputs outside the plan (1..%lld)",
+                       b->n_tokens, b->n_out, (long long)s->plan.n_max);
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        ir_extent_of(&g->nodes[i].shape, b->n_tokens, b->n_out, &s->extent[i]);
+    const int32_t *src[IR_INPUT_COUNT] = {b->tokens, b->positions, b->seq_slots, b->out_rows};
+    for (int k = 0; k < IR_INPUT_COUNT; k++) {
+        int32_t idx = g->inputs[k];
+        memcpy(node_i32(s, idx), src[k], (size_t)ir_extent_numel(&s->extent[idx]) * 4);
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        enum llmopt_status st = run_node(s, i, kv, err);
+        if (st) return st;
+        enum ir_op op = g->nodes[i].op;
+        if (op != IR_OP_INPUT && op != IR_OP_PARAM && op != IR_OP_RESHAPE && op != IR_OP_CONST &&
+            op != IR_OP_ROPE_FREQS)
+            s->stats.kernels_run++;
+    }
+    s->stats.steps++;
+    *logits = node_f32(s, g->output);
+    return LLMOPT_OK;
+}
+
+static void cpu_stats(void *state, struct backend_stats *out) {
+    *out = ((struct cpu_state *)state)->stats;
+}
+
+static size_t cpu_arena_bytes(void *state) {
+    return ((struct cpu_state *)state)->plan.arena_bytes;
+}
+
+const struct backend_ops cpu_backend_ops = {
+    .name = "cpu-ref",
+    .prepare = cpu_prepare,
+    .run = cpu_run,
+    .stats = cpu_stats,
+    .arena_bytes = cpu_arena_bytes,
+    .release = cpu_release,
+};

@@ -1,0 +1,55 @@
+/* Paged KV cache, owned by the runtime and read by backends' attention kernels.
+ *
+ * Positions of a sequence (slot) live in fixed-size blocks; a per-slot block table
+ * maps position / block_size to a block id. Blocks come from one free list shared by
+ * all slots, so a long sequence and many short ones share memory. Every layer uses
+ * the same block ids; each layer has its own storage because layers may differ in
+ * KV heads and head size. Storage is allocated once at creation: reserving blocks
+ * during a step never touches the heap. */
+#ifndef LLMOPT_BACKEND_KV_CACHE_H
+#define LLMOPT_BACKEND_KV_CACHE_H
+
+#include "base/status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct kv_cache {
+    int32_t n_layers;
+    int32_t n_slots;       /* sequences that can be live at once */
+    int32_t block_size;    /* positions per block */
+    int32_t n_blocks;      /* total blocks */
+    int32_t max_positions; /* per sequence */
+    int32_t max_blocks_per_slot;
+    int32_t *row_elems;    /* (n_layers) Hkv * Dh */
+    float **k;             /* (n_layers) each (n_blocks, block_size, row_elems[l]) */
+    float **v;             /* (n_layers) same */
+    int32_t *block_table;  /* (n_slots, max_blocks_per_slot); -1 = none */
+    int32_t *slot_len;     /* (n_slots) positions written so far */
+    int32_t *slot_blocks;  /* (n_slots) blocks held */
+    int32_t *free_blocks;  /* (n_blocks) stack of free block ids */
+    int32_t n_free;
+};
+
+enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, int32_t n_slots,
+                                   int32_t max_positions, int32_t n_blocks, int32_t block_size,
+                                   struct kv_cache **out, struct llmopt_err *err);
+void kv_cache_free(struct kv_cache *kv);
+
+/* Makes positions [0, n_positions) of slot addressable; LLMOPT_ERR_LIMIT when the
+ * sequence would exceed max_positions or no free block is left (nothing changes then). */
+enum llmopt_status kv_cache_reserve(struct kv_cache *kv, int32_t slot, int32_t n_positions,
+                                    struct llmopt_err *err);
+/* Returns the slot's blocks to the free list and empties it. */
+void kv_cache_release(struct kv_cache *kv, int32_t slot);
+int32_t kv_cache_blocks_in_use(const struct kv_cache *kv);
+
+/* Row (row_elems[layer] floats) for (slot, pos); the block must be reserved. */
+static inline float *kv_cache_row(const struct kv_cache *kv, float *const *store, int32_t layer,
+                                  int32_t slot, int32_t pos) {
+    int32_t block = kv->block_table[(int64_t)slot * kv->max_blocks_per_slot + pos / kv->block_size];
+    int64_t row = (int64_t)block * kv->block_size + pos % kv->block_size;
+    return store[layer] + row * kv->row_elems[layer];
+}
+
+#endif

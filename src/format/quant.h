@@ -1,0 +1,48 @@
+/* On-disk quant block layouts (ggml-compatible) and scalar reference
+ * (de)quantizers. The reference functions are the oracle for every optimized
+ * kernel and the quantizer of the `quantize` tool; they favour clarity over speed.
+ *
+ * A row of n elements of a block type is n / block_elems consecutive blocks; every
+ * block scale `d` is an IEEE f16 bit pattern (see base/fp16.h). */
+#ifndef LLMOPT_FORMAT_QUANT_H
+#define LLMOPT_FORMAT_QUANT_H
+
+#include "format/gguf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK8_0 32
+#define QK4_0 32
+
+/* Q8_0: x[i] = qs[i] * d. */
+typedef struct {
+    uint16_t d;        /* f16 scale */
+    int8_t qs[QK8_0];  /* (32) signed quants */
+} block_q8_0;
+_Static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 must be 34 bytes");
+
+/* Q4_0: byte j holds element j in its low nibble and element j + 16 in its high
+ * nibble; x = (nibble - 8) * d. */
+typedef struct {
+    uint16_t d;            /* f16 scale */
+    uint8_t qs[QK4_0 / 2]; /* (16) nibble pairs */
+} block_q4_0;
+_Static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 must be 18 bytes");
+
+/* Bytes taken by a row of n elements of type; 0 when the type is unsupported or
+ * n is negative or not a multiple of the type's block size. */
+size_t quant_row_bytes(enum ggml_type type, int64_t n);
+
+/* dst[0..n) = values of the row at src (F32, F16, BF16, Q8_0, Q4_0). n must be a
+ * multiple of the block size and the type supported (asserted: a caller bug). src
+ * needs no particular alignment. */
+void quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n);
+
+/* Reference quantizers, bit-identical to ggml's reference ones for finite input
+ * (non-finite input gives unspecified quants but no undefined behaviour).
+ * n must be a multiple of 32; dst receives n / 32 blocks. */
+void quant_quantize_row_q8_0(const float *src, void *dst, int64_t n);
+void quant_quantize_row_q4_0(const float *src, void *dst, int64_t n);
+
+#endif

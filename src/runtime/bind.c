@@ -1,0 +1,376 @@
+/* Binding a program to a GGUF file: hyper-parameters from metadata and tensor shapes,
+ * parameters to tensors by name through the program's map, with shape and type checks
+ * and the map's transforms. Nothing here knows any architecture: names, keys and
+ * transforms all come from the program's map.json. */
+#include "runtime/model.h"
+
+#include "base/fp16.h"
+#include "format/graph_file.h"
+#include "format/quant.h"
+#include "ir/expr.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BIND_NAME_MAX 512
+
+struct binder {
+    struct llmopt_model *m;
+    const json_t *params_map; /* graph param name -> {tensor, fallback, transform} */
+    bool *tensor_used;        /* (gguf n_tensors) */
+    char arch[128];
+};
+
+/* "{arch}.embedding_length" -> "llama.embedding_length" */
+static bool substitute_arch(const char *tmpl, const char *arch, char *out, size_t cap) {
+    size_t o = 0;
+    for (const char *p = tmpl; *p; p++) {
+        if (!strncmp(p, "{arch}", 6)) {
+            size_t n = strlen(arch);
+            if (o + n >= cap) return false;
+            memcpy(out + o, arch, n);
+            o += n;
+            p += 5;
+        } else {
+            if (o + 1 >= cap) return false;
+            out[o++] = *p;
+        }
+    }
+    out[o] = 0;
+    return true;
+}
+
+static bool owned_push(struct llmopt_model *m, void *p) {
+    if (m->n_owned == m->cap_owned) {
+        int32_t cap = m->cap_owned ? m->cap_owned * 2 : 16;
+        void **owned = realloc(m->owned, (size_t)cap * sizeof *owned);
+        if (!owned) return false;
+        m->owned = owned;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return true;
+}
+
+static enum ir_dtype dtype_of_ggml(enum ggml_type t, bool *ok) {
+    *ok = true;
+    switch (t) {
+    case GGML_TYPE_F32: return IR_DTYPE_F32;
+    case GGML_TYPE_F16: return IR_DTYPE_F16;
+    case GGML_TYPE_BF16: return IR_DTYPE_BF16;
+    case GGML_TYPE_Q8_0: return IR_DTYPE_Q8_0;
+    case GGML_TYPE_Q4_0: return IR_DTYPE_Q4_0;
+    default: *ok = false; return IR_DTYPE_F32;
+    }
+}
+
+/* Row-major shape of a GGUF tensor (ne reversed), padded/stripped to `rank` when the
+ * extra dims are 1. False if it cannot be expressed at that rank. */
+static bool gguf_shape(const struct gguf_tensor *t, int rank, int64_t *dims) {
+    for (uint32_t d = (uint32_t)rank; d < t->n_dims; d++)
+        if (t->ne[d] != 1) return false;
+    for (int d = 0; d < rank; d++) {
+        uint32_t k = (uint32_t)(rank - 1 - d);
+        dims[d] = k < t->n_dims ? (int64_t)t->ne[k] : 1;
+    }
+    return true;
+}
+
+static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *err) {
+    struct llmopt_model *m = b->m;
+    const json_t *hmap = json_object_get(json_object_get(m->map, "gguf"), "hparams");
+    size_t n = json_object_size(hmap);
+    if (n > IR_MAX_HPARAMS) return err_set(err, LLMOPT_ERR_LIMIT, "map: more than %d hparams", IR_MAX_HPARAMS);
+    bool done[IR_MAX_HPARAMS] = {0};
+    size_t n_done = 0;
+    m->hp.n = 0;
+    /* Defaults may refer to other hparams: resolve in rounds until nothing moves. */
+    for (size_t round = 0; round <= n && n_done < n; round++) {
+        size_t k = 0;
+        const char *name;
+        json_t *spec;
+        json_object_foreach((json_t *)hmap, name, spec) {
+            size_t i = k++;
+            if (done[i]) continue;
+            double value = 0;
+            bool have = false;
+            const char *key_tmpl = json_string_value(json_object_get(spec, "key"));
+            const char *tensor = json_string_value(json_object_get(spec, "tensor"));
+            const json_t *dflt = json_object_get(spec, "default");
+            if (key_tmpl) {
+                char key[BIND_NAME_MAX];
+                if (!substitute_arch(key_tmpl, b->arch, key, sizeof key))
+                    return err_set(err, LLMOPT_ERR_FORMAT, "map: key '%s' too long", key_tmpl);
+                have = gguf_get_f64(m->gguf, key, &value);
+                if (!have && !dflt)
+                    return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': metadata key '%s' not in the file",
+                                   name, key);
+            }
+            if (!have && tensor) {
+                const struct gguf_tensor *t = gguf_find_tensor(m->gguf, tensor);
+                json_int_t dim = json_integer_value(json_object_get(spec, "dim"));
+                int64_t dims[GGUF_MAX_DIMS];
+                if (!t || dim < 0 || dim >= (json_int_t)t->n_dims || !gguf_shape(t, (int)t->n_dims, dims)) {
+                    if (!dflt)
+                        return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': tensor '%s' dim %lld not in the file",
+                                       name, tensor, (long long)dim);
+                } else {
+                    value = (double)dims[dim];
+                    have = true;
+                }
+            }
+            if (!have && dflt) {
+                struct llmopt_err tmp;
+                if (json_is_number(dflt)) {
+                    value = json_number_value(dflt);
+                    have = true;
+                } else if (json_is_string(dflt) &&
+                           expr_eval_number(json_string_value(dflt), ir_hparams_lookup, &m->hp,
+                                            &value, &tmp) == LLMOPT_OK) {
+                    have = true;
+                }
+            }
+            if (!have) continue; /* a default waiting on another hparam */
+            if (!isfinite(value))
+                return err_set(err, LLMOPT_ERR_BIND, "hparam '%s' is not finite", name);
+            m->hp.names[m->hp.n] = name;
+            m->hp.values[m->hp.n++] = value;
+            done[i] = true;
+            n_done++;
+        }
+    }
+    if (n_done < n) {
+        size_t k = 0;
+        const char *name;
+        json_t *spec;
+        json_object_foreach((json_t *)hmap, name, spec) {
+            if (!done[k++])
+                return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': default '%s' cannot be evaluated",
+                               name, json_string_value(json_object_get(spec, "default")));
+        }
+    }
+    /* Every hparam the graph uses must now have a value. */
+    size_t i;
+    json_t *h;
+    json_array_foreach(json_object_get(m->graph, "hparams"), i, h) {
+        double v;
+        if (!json_is_string(h) || !ir_hparams_get(&m->hp, json_string_value(h), &v))
+            return err_set(err, LLMOPT_ERR_FORMAT, "graph hparam '%s' has no rule in the map",
+                           json_is_string(h) ? json_string_value(h) : "?");
+    }
+    return LLMOPT_OK;
+}
+
+/* Whole rows move: row half*(hd/2)+j of each head comes from row 2*j+half. */
+static enum llmopt_status transform_unpermute_rope_rows(struct binder *b, const json_t *spec,
+                                                        const char *pname, int64_t rows,
+                                                        size_t row_bytes, struct ir_weight *w,
+                                                        struct llmopt_err *err) {
+    double heads_d;
+    const json_t *heads = json_object_get(spec, "heads");
+    enum llmopt_status st = ir_number_from_json(heads, &b->m->hp, &heads_d, err);
+    if (st) {
+        err_prefix(err, "param '%s' transform heads", pname);
+        return st;
+    }
+    int64_t n_heads = (int64_t)heads_d;
+    if (n_heads < 1 || rows % n_heads || (rows / n_heads) % 2)
+        return err_set(err, LLMOPT_ERR_BIND, "param '%s': %lld rows do not split into %lld heads of even size",
+                       pname, (long long)rows, (long long)n_heads);
+    int64_t hd = rows / n_heads;
+    uint8_t *dst = malloc((size_t)rows * row_bytes);
+    if (!dst || !owned_push(b->m, dst)) {
+        free(dst);
+        return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
+    }
+    const uint8_t *src = w->data;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t half = 0; half < 2; half++)
+            for (int64_t j = 0; j < hd / 2; j++)
+                memcpy(dst + (size_t)(h * hd + half * (hd / 2) + j) * row_bytes,
+                       src + (size_t)(h * hd + 2 * j + half) * row_bytes, row_bytes);
+    w->data = dst;
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status bind_param(void *ctx, const char *tmpl, int layer,
+                                     const struct ir_shape *shape, struct ir_weight *out,
+                                     struct llmopt_err *err) {
+    struct binder *b = ctx;
+    struct llmopt_model *m = b->m;
+    char pname[BIND_NAME_MAX];
+    ir_substitute_layer(tmpl, layer, pname, sizeof pname);
+    const json_t *spec = json_object_get(b->params_map, tmpl);
+    if (!json_is_object(spec))
+        return err_set(err, LLMOPT_ERR_FORMAT, "map has no entry for param '%s'", tmpl);
+    const char *names[2] = {json_string_value(json_object_get(spec, "tensor")),
+                            json_string_value(json_object_get(spec, "fallback"))};
+    const struct gguf_tensor *t = NULL;
+    int64_t t_index = -1;
+    char tname[BIND_NAME_MAX];
+    for (int k = 0; k < 2 && !t; k++) {
+        if (!names[k]) continue;
+        if (!ir_substitute_layer(names[k], layer, tname, sizeof tname))
+            return err_set(err, LLMOPT_ERR_FORMAT, "map: bad tensor name '%s'", names[k]);
+        t = gguf_find_tensor(m->gguf, tname);
+    }
+    if (!t)
+        return err_set(err, LLMOPT_ERR_BIND, "tensor '%s' (for param '%s') is missing%s", names[0] ? names[0] : "?",
+                       pname, names[1] ? " and so is its fallback" : "");
+    t_index = t - m->gguf->tensors;
+    int64_t dims[IR_MAX_RANK];
+    bool shape_ok = shape->rank <= GGUF_MAX_DIMS && gguf_shape(t, shape->rank, dims);
+    for (int d = 0; shape_ok && d < shape->rank; d++) shape_ok = dims[d] == shape->dims[d].coef;
+    if (!shape_ok) {
+        char want[128], got[128] = "[";
+        ir_shape_str(shape, want, sizeof want);
+        for (int d = (int)t->n_dims - 1; d >= 0; d--)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%llu%s",
+                     (unsigned long long)t->ne[d], d ? ", " : "]");
+        return err_set(err, LLMOPT_ERR_BIND, "tensor '%s' has shape %s, param '%s' needs %s", tname, got,
+                       pname, want);
+    }
+    bool type_ok;
+    out->dtype = dtype_of_ggml(t->type, &type_ok);
+    if (!type_ok)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "tensor '%s' has type %d, which llmopt does not read",
+                       tname, (int)t->type);
+    out->data = t->data;
+    out->n_bytes = t->n_bytes;
+    out->source = ir_strdup(&m->ir, tname);
+    int64_t row_len = shape->rank ? shape->dims[shape->rank - 1].coef : 1;
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < shape->rank; d++) rows *= shape->dims[d].coef;
+
+    const json_t *transform = json_object_get(spec, "transform");
+    if (transform) {
+        const char *op = json_string_value(json_object_get(transform, "op"));
+        enum llmopt_status st;
+        if (op && !strcmp(op, "unpermute_rope_rows") && shape->rank == 2)
+            st = transform_unpermute_rope_rows(b, transform, pname, rows,
+                                               ir_dtype_row_bytes(out->dtype, row_len), out, err);
+        else
+            st = err_set(err, LLMOPT_ERR_UNSUPPORTED, "param '%s': unknown transform '%s'", pname,
+                         op ? op : "?");
+        if (st) return st;
+    }
+    /* Vectors (norm weights, biases) are read by f32 kernels: widen them once. */
+    if (shape->rank <= 1 && out->dtype != IR_DTYPE_F32) {
+        float *f = malloc((size_t)row_len * sizeof(float));
+        if (!f || !owned_push(m, f)) {
+            free(f);
+            return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
+        }
+        quant_dequantize_row(t->type, out->data, f, row_len);
+        out->data = f;
+        out->dtype = IR_DTYPE_F32;
+        out->n_bytes = (uint64_t)row_len * 4;
+    }
+    b->tensor_used[t_index] = true;
+    return LLMOPT_OK;
+}
+
+static bool load_program_files(struct llmopt_model *m, const char *dir, struct llmopt_err *err) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/graph.json", dir);
+    if (json_load_file_capped(path, GRAPH_FILE_MAX_BYTES, &m->graph, err)) return false;
+    if (graph_file_check(m->graph, err)) {
+        err_prefix(err, "%s", path);
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/map.json", dir);
+    if (json_load_file_capped(path, GRAPH_FILE_MAX_BYTES, &m->map, err)) return false;
+    if (param_map_check(m->map, err)) {
+        err_prefix(err, "%s", path);
+        return false;
+    }
+    return true;
+}
+
+void model_unbind(struct llmopt_model *m) {
+    for (int32_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    m->owned = NULL;
+    m->n_owned = m->cap_owned = 0;
+    if (m->ir.arena) ir_graph_free(&m->ir);
+    json_decref(m->graph);
+    json_decref(m->map);
+    m->graph = m->map = NULL;
+    m->hp.n = 0;
+    m->program_name[0] = 0;
+}
+
+enum llmopt_status model_bind_program(struct llmopt_model *m, const char *program_dir,
+                                      struct llmopt_err *err) {
+    struct binder b = {.m = m};
+    struct gguf_str arch;
+    if (gguf_get_str(m->gguf, "general.architecture", &arch) && arch.len < sizeof b.arch) {
+        memcpy(b.arch, arch.ptr, arch.len);
+        b.arch[arch.len] = 0;
+    }
+    if (!load_program_files(m, program_dir, err)) {
+        model_unbind(m);
+        return err->status ? err->status : LLMOPT_ERR_FORMAT;
+    }
+    b.params_map = json_object_get(json_object_get(m->map, "gguf"), "params");
+    b.tensor_used = calloc(m->gguf->n_tensors ? m->gguf->n_tensors : 1, sizeof(bool));
+    enum llmopt_status st = b.tensor_used ? LLMOPT_OK : err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
+    if (!st) st = resolve_hparams(&b, err);
+    if (!st) {
+        /* ir_import initializes m->ir; parameter strings live in its arena. */
+        st = ir_import(m->graph, &m->hp, bind_param, &b, &m->ir, err);
+    }
+    if (!st) {
+        /* Structure matching: every tensor of the file must be used by the program. */
+        char extra[600] = "";
+        int n_extra = 0;
+        for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+            if (b.tensor_used[i]) continue;
+            if (n_extra++ < 6)
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%s'%.*s'",
+                         n_extra > 1 ? ", " : "", (int)m->gguf->tensors[i].name.len,
+                         m->gguf->tensors[i].name.ptr);
+        }
+        if (n_extra)
+            st = err_set(err, LLMOPT_ERR_BIND, "%d tensors of the file are not used by the program: %s%s",
+                         n_extra, extra, n_extra > 6 ? ", ..." : "");
+    }
+    free(b.tensor_used);
+    if (st) {
+        model_unbind(m);
+        return st;
+    }
+    const char *name = json_string_value(json_object_get(m->graph, "name"));
+    snprintf(m->program_name, sizeof m->program_name, "%s", name ? name : "?");
+    snprintf(m->program_dir, sizeof m->program_dir, "%s", program_dir);
+    return LLMOPT_OK;
+}
+
+static bool dir_has_programs(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    closedir(d);
+    return true;
+}
+
+const char *model_programs_dir(const struct llmopt_load_opts *opts, char *buf, size_t cap) {
+    if (opts && opts->programs_dir) return opts->programs_dir;
+    const char *env = getenv("LLMOPT_PROGRAMS");
+    if (env && *env) return env;
+    /* Next to the binary: <prefix>/bin/llmopt -> <prefix>/programs, build/llmopt -> programs. */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(buf, cap, "%s/../programs", exe);
+            if (dir_has_programs(buf)) return buf;
+        }
+    }
+    return LLMOPT_SOURCE_DIR "/programs";
+}

@@ -1,0 +1,82 @@
+/* Generation loop: prefill the prompt, then sample and decode one token per step. All
+ * buffers are allocated before the first decode step. */
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void llmopt_sampling_default(struct llmopt_sampling *p) {
+    struct sampler_params sp;
+    sampler_params_default(&sp);
+    *p = (struct llmopt_sampling){sp.temperature,    sp.top_k,          sp.top_p,
+                                  sp.min_p,          sp.repeat_penalty, sp.repeat_last_n,
+                                  sp.presence_penalty, sp.frequency_penalty, sp.seed};
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const int32_t *prompt,
+                                   int32_t n_prompt, int32_t max_new,
+                                   const struct llmopt_sampling *sampling, llmopt_token_cb cb,
+                                   void *user, struct llmopt_generate_result *result,
+                                   struct llmopt_err *err) {
+    const struct llmopt_model *m = session_model(s);
+    memset(result, 0, sizeof *result);
+    if (n_prompt < 1)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "generate: the prompt has no tokens (not even BOS)");
+    if (max_new < 0) return err_set(err, LLMOPT_ERR_INVALID_ARG, "generate: max_new %d < 0", max_new);
+    int32_t n_ctx = session_n_ctx(s);
+    if (n_prompt > n_ctx)
+        return err_set(err, LLMOPT_ERR_LIMIT, "generate: prompt of %d tokens exceeds the context of %d",
+                       n_prompt, n_ctx);
+    if (max_new > n_ctx - n_prompt) max_new = n_ctx - n_prompt;
+    struct sampler_params sp = {sampling->temperature,    sampling->top_k,
+                                sampling->top_p,          sampling->min_p,
+                                sampling->repeat_penalty, sampling->repeat_last_n,
+                                sampling->presence_penalty, sampling->frequency_penalty,
+                                sampling->seed};
+    struct sampler *smp = NULL;
+    enum llmopt_status st = sampler_create(&sp, m->n_vocab, &smp, err);
+    if (st) return st;
+    int32_t *history = malloc(((size_t)n_prompt + (size_t)max_new + 1) * sizeof *history);
+    float *logits = malloc((size_t)m->n_vocab * sizeof *logits);
+    if (!history || !logits) {
+        st = err_set(err, LLMOPT_ERR_NOMEM, "generate: out of memory");
+        goto done;
+    }
+    memcpy(history, prompt, (size_t)n_prompt * sizeof *history);
+    int32_t n_hist = n_prompt;
+    llmopt_session_reset(s, slot);
+    double t0 = now_seconds();
+    const float *out = NULL;
+    if ((st = llmopt_session_append(s, slot, prompt, n_prompt, &out, err))) goto done;
+    result->n_prompt = n_prompt;
+    double t1 = now_seconds();
+    result->prefill_seconds = t1 - t0;
+    for (int32_t i = 0; i < max_new; i++) {
+        memcpy(logits, out, (size_t)m->n_vocab * sizeof *logits);
+        int32_t id = sampler_sample(smp, logits, history, (size_t)n_hist, NULL);
+        if (llmopt_token_is_eog(m, id)) {
+            result->stopped_eog = true;
+            break;
+        }
+        history[n_hist++] = id;
+        result->n_generated++;
+        if (cb && !cb(user, id)) break;
+        if (i + 1 == max_new) break; /* the last token needs no forward */
+        if ((st = llmopt_session_append(s, slot, &id, 1, &out, err))) goto done;
+    }
+    result->decode_seconds = now_seconds() - t1;
+done:
+    free(history);
+    free(logits);
+    sampler_free(smp);
+    return st;
+}

@@ -1,0 +1,425 @@
+#include "runtime/sampler.h"
+
+#include "base/status.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+/* A token still in the running. */
+struct sampler_cand {
+    int32_t id;
+    float logit; /* penalized, NaN -> -inf, +inf -> FLT_MAX */
+    float p;     /* exp((logit - max_logit) / temperature): unnormalized, best = 1 */
+};
+
+struct sampler {
+    struct sampler_params params;
+    int32_t n_vocab;
+    uint64_t rng[4];             /* xoshiro256** state */
+    struct sampler_cand *cand;   /* (n_vocab) scratch for the filter chain */
+    int32_t *window_count;       /* (n_vocab) occurrences in the penalty window; all
+                                  * zero between calls */
+};
+
+/* ---- PRNG: xoshiro256** (Blackman & Vigna), state filled by splitmix64 ---- */
+
+static uint64_t splitmix64_next(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(uint64_t s[4]) {
+    uint64_t out = rotl64(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return out;
+}
+
+/* Uniform in [0, 1) with 53 random bits. A 24-bit float draw would give tokens with
+ * p < 2^-24 (common in a 150k vocab) a visibly wrong share. */
+static double rng_uniform(uint64_t s[4]) {
+    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
+}
+
+/* ---- params ---- */
+
+void sampler_params_default(struct sampler_params *p) {
+    *p = (struct sampler_params){
+        .temperature = 0.8f,
+        .top_k = 40,
+        .top_p = 0.95f,
+        .min_p = 0.05f,
+        .repeat_penalty = 1.0f,
+        .repeat_last_n = 64,
+        .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
+        .seed = 0,
+    };
+}
+
+enum llmopt_status sampler_params_validate(const struct sampler_params *p,
+                                           struct llmopt_err *err) {
+    if (!p) return err_set(err, LLMOPT_ERR_INVALID_ARG, "sampler: params is NULL");
+    if (!isfinite(p->temperature))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: temperature must be finite (<= 0 selects greedy), got %g",
+                       (double)p->temperature);
+    /* Written as !(in range) so that NaN fails too. */
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: top_p must be in (0, 1] (1 turns it off), got %g",
+                       (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: min_p must be in [0, 1] (0 turns it off), got %g",
+                       (double)p->min_p);
+    if (!(p->repeat_penalty > 0.0f && isfinite(p->repeat_penalty)))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: repeat_penalty must be finite and > 0 (1 turns it off), "
+                       "got %g",
+                       (double)p->repeat_penalty);
+    if (p->repeat_last_n < -1)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: repeat_last_n must be >= -1 (-1: whole history, "
+                       "0: penalties off), got %d",
+                       (int)p->repeat_last_n);
+    if (!isfinite(p->presence_penalty))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: presence_penalty must be finite, got %g",
+                       (double)p->presence_penalty);
+    if (!isfinite(p->frequency_penalty))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: frequency_penalty must be finite, got %g",
+                       (double)p->frequency_penalty);
+    return LLMOPT_OK;
+}
+
+/* ---- lifetime ---- */
+
+enum llmopt_status sampler_create(const struct sampler_params *p, int32_t n_vocab,
+                                  struct sampler **out, struct llmopt_err *err) {
+    if (!out) return err_set(err, LLMOPT_ERR_INVALID_ARG, "sampler: out is NULL");
+    *out = NULL;
+    enum llmopt_status st = sampler_params_validate(p, err);
+    if (st != LLMOPT_OK) return st;
+    if (n_vocab <= 0)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "sampler: n_vocab must be > 0, got %d", (int)n_vocab);
+
+    struct sampler *s = calloc(1, sizeof *s);
+    if (!s) goto fail_struct;
+    s->params = *p;
+    s->n_vocab = n_vocab;
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    if (!s->cand) goto fail_cand;
+    s->window_count = calloc((size_t)n_vocab, sizeof *s->window_count);
+    if (!s->window_count) goto fail_count;
+    sampler_reset(s, p->seed);
+    *out = s;
+    return LLMOPT_OK;
+
+fail_count:
+    free(s->cand);
+fail_cand:
+    free(s);
+fail_struct:
+    return err_set(err, LLMOPT_ERR_NOMEM,
+                   "sampler: out of memory allocating scratch for n_vocab %d",
+                   (int)n_vocab);
+}
+
+void sampler_free(struct sampler *s) {
+    if (!s) return;
+    free(s->window_count);
+    free(s->cand);
+    free(s);
+}
+
+void sampler_reset(struct sampler *s, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64_next(&x);
+    s->params.seed = seed;
+}
+
+/* ---- penalties ---- */
+
+static void sampler_apply_penalties(struct sampler *s, float *logits,
+                                    const int32_t *history, size_t n_history) {
+    const struct sampler_params *p = &s->params;
+    if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+        p->frequency_penalty == 0.0f)
+        return;
+    if (p->repeat_last_n == 0 || n_history == 0) return;
+    size_t window = n_history;
+    if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_history)
+        window = (size_t)p->repeat_last_n;
+    const int32_t *recent = history + (n_history - window);
+
+    /* Count, then visit the window again: the first visit of an id penalizes it and
+     * zeroes its count, which both skips its repeats and leaves window_count all zero
+     * for the next call, at O(window) cost instead of O(n_vocab). */
+    for (size_t i = 0; i < window; i++) {
+        int32_t id = recent[i];
+        if (id >= 0 && id < s->n_vocab && s->window_count[id] < INT32_MAX)
+            s->window_count[id]++;
+    }
+    for (size_t i = 0; i < window; i++) {
+        int32_t id = recent[i];
+        if (id < 0 || id >= s->n_vocab || s->window_count[id] == 0) continue;
+        int32_t count = s->window_count[id];
+        s->window_count[id] = 0;
+        float l = logits[id];
+        if (p->repeat_penalty != 1.0f)
+            l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+        l -= p->presence_penalty + (float)count * p->frequency_penalty;
+        logits[id] = l;
+    }
+}
+
+/* ---- ranking and heaps over candidates ---- */
+
+static inline float logit_sanitize(float l) {
+    if (isnan(l)) return -INFINITY;
+    if (l == INFINITY) return FLT_MAX;
+    return l;
+}
+
+/* Rank order: the higher logit first; equal logits put the lower id first, the same
+ * tie rule as greedy, so top_k = 1 is exactly greedy. */
+static inline bool cand_ranks_above(const struct sampler_cand *a,
+                                    const struct sampler_cand *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+/* Binary heap over h[0, n). best_on_top: the best-ranked candidate sits at the root
+ * (popped in rank order for top-p); otherwise the worst does (a bounded top-k
+ * selection evicts it when something better arrives). */
+static inline bool heap_above(const struct sampler_cand *a, const struct sampler_cand *b,
+                              bool best_on_top) {
+    return best_on_top ? cand_ranks_above(a, b) : cand_ranks_above(b, a);
+}
+
+static void heap_sift_down(struct sampler_cand *h, size_t n, size_t i, bool best_on_top) {
+    struct sampler_cand x = h[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && heap_above(&h[c + 1], &h[c], best_on_top)) c++;
+        if (!heap_above(&h[c], &x, best_on_top)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = x;
+}
+
+static void heap_sift_up(struct sampler_cand *h, size_t i, bool best_on_top) {
+    struct sampler_cand x = h[i];
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!heap_above(&x, &h[parent], best_on_top)) break;
+        h[i] = h[parent];
+        i = parent;
+    }
+    h[i] = x;
+}
+
+/* Moves the root to h[n - 1] and restores the heap on h[0, n - 1). */
+static void heap_pop(struct sampler_cand *h, size_t n, bool best_on_top) {
+    struct sampler_cand root = h[0];
+    h[0] = h[n - 1];
+    h[n - 1] = root;
+    heap_sift_down(h, n - 1, 0, best_on_top);
+}
+
+/* Top-p without top-k: candidates are binned by log-probability so that only the
+ * bin where the cut falls must be ranked; better bins are kept whole, worse ones
+ * dropped. Bin width 1/8 nat; the last bin takes everything below e^-31.9. */
+#define TOP_P_BINS 256
+#define TOP_P_BINS_PER_NAT 8
+
+static inline size_t top_p_bin(float logit, float max_logit, float temperature) {
+    float neg_log_p = (max_logit - logit) / temperature; /* >= 0, may be +inf */
+    const float last = (float)(TOP_P_BINS - 1) / TOP_P_BINS_PER_NAT;
+    return neg_log_p < last ? (size_t)(neg_log_p * TOP_P_BINS_PER_NAT) : TOP_P_BINS - 1;
+}
+
+/* ---- sampling ---- */
+
+static int32_t sampler_greedy(const struct sampler *s, const float *logits,
+                              float *prob_out) {
+    int32_t best = 0;
+    float best_logit = -INFINITY;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float l = logit_sanitize(logits[i]);
+        if (l > best_logit) { /* strict: the lowest id wins ties */
+            best_logit = l;
+            best = i;
+        }
+    }
+    if (prob_out) {
+        if (best_logit == -INFINITY) {
+            *prob_out = 0.0f;
+        } else {
+            double z = 0.0;
+            for (int32_t i = 0; i < s->n_vocab; i++)
+                z += expf(logit_sanitize(logits[i]) - best_logit);
+            *prob_out = (float)(1.0 / z);
+        }
+    }
+    return best;
+}
+
+/* No heap allocation on this path, by design: every buffer it touches (cand,
+ * window_count) was sized to n_vocab by sampler_create, and the only sort is an
+ * in-place heap (qsort is avoided: glibc's may malloc a merge buffer). */
+int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
+                       size_t n_history, float *prob_out) {
+    LLMOPT_ASSERT(s && logits && (history || n_history == 0));
+    const struct sampler_params *p = &s->params;
+    sampler_apply_penalties(s, logits, history, n_history);
+    if (p->temperature <= 0.0f) return sampler_greedy(s, logits, prob_out);
+
+    /* Gather candidates (finite logits). With top-k on, a worst-on-top heap of size k
+     * keeps the best k in O(n_vocab log k), then a heap sort orders them best first;
+     * the vocab is never fully sorted. */
+    struct sampler_cand *cand = s->cand;
+    size_t top_k = p->top_k > 0 && p->top_k < s->n_vocab ? (size_t)p->top_k : 0;
+    size_t m = 0;
+    float max_logit = -INFINITY;
+    bool sorted = false;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float l = logit_sanitize(logits[i]);
+        if (l == -INFINITY) continue;
+        struct sampler_cand c = {.id = i, .logit = l, .p = 0.0f};
+        if (!top_k) {
+            cand[m++] = c;
+        } else if (m < top_k) {
+            cand[m] = c;
+            heap_sift_up(cand, m++, false);
+        } else if (cand_ranks_above(&c, &cand[0])) {
+            cand[0] = c;
+            heap_sift_down(cand, m, 0, false);
+        }
+        if (l > max_logit) max_logit = l;
+    }
+    if (m == 0) { /* everything masked: nothing to draw */
+        if (prob_out) *prob_out = 0.0f;
+        return 0;
+    }
+    if (top_k) {
+        for (size_t n = m; n > 1; n--) heap_pop(cand, n, false); /* worst to the back */
+        sorted = true;
+    }
+
+    /* Softmax with temperature, unnormalized: the best token gets exactly 1. Division
+     * rather than a reciprocal multiply: with a tiny temperature 1/T is inf and
+     * 0 * inf would be NaN for the best token. */
+    const float temperature = p->temperature;
+    double z = 0.0;
+    for (size_t j = 0; j < m; j++) {
+        cand[j].p = expf((cand[j].logit - max_logit) / temperature);
+        z += cand[j].p;
+    }
+
+    /* min-p, before top-p: both keep a best-first prefix of the ranked candidates, so
+     * applying them in either order keeps the shorter prefix, and filtering first
+     * shrinks what top-p must rank. p_max is 1 here, so the bar is min_p itself.
+     * Zero-probability tokens go too; the order of what stays is kept. */
+    size_t kept = 0;
+    for (size_t j = 0; j < m; j++)
+        if (cand[j].p > 0.0f && cand[j].p >= p->min_p) cand[kept++] = cand[j];
+
+    /* top-p, against the full softmax (z, before min-p): the smallest best-first set
+     * whose mass reaches top_p. The survivors end up as cand[first, first + n_keep). */
+    size_t first = 0, n_keep = kept;
+    if (p->top_p < 1.0f && kept > 1) {
+        const double target = (double)p->top_p * z;
+        if (sorted) {
+            double cum = 0.0;
+            for (size_t j = 0; j < kept; j++) {
+                cum += cand[j].p;
+                if (cum >= target) {
+                    n_keep = j + 1;
+                    break;
+                }
+            }
+        } else {
+            /* Find the bin where the cumulative mass reaches the target. Bins are
+             * monotone in the logit, so every better bin is inside the set and every
+             * worse one outside. If no bin gets there (min-p took the mass), top-p
+             * removes nothing. */
+            double bin_mass[TOP_P_BINS] = {0};
+            for (size_t j = 0; j < kept; j++)
+                bin_mass[top_p_bin(cand[j].logit, max_logit, temperature)] += cand[j].p;
+            size_t cut = TOP_P_BINS;
+            double above = 0.0; /* mass of the bins better than cut */
+            for (size_t b = 0; b < TOP_P_BINS; b++) {
+                if (above + bin_mass[b] >= target) {
+                    cut = b;
+                    break;
+                }
+                above += bin_mass[b];
+            }
+            if (cut < TOP_P_BINS) {
+                /* Three-way partition: [cut bin | better bins | worse bins (dropped)]. */
+                size_t lo = 0, mid = 0, hi = kept;
+                while (mid < hi) {
+                    size_t b = top_p_bin(cand[mid].logit, max_logit, temperature);
+                    struct sampler_cand tmp = cand[mid];
+                    if (b == cut) {
+                        cand[mid++] = cand[lo];
+                        cand[lo++] = tmp;
+                    } else if (b < cut) {
+                        mid++;
+                    } else {
+                        cand[mid] = cand[--hi];
+                        cand[hi] = tmp;
+                    }
+                }
+                /* Rank the cut bin with a best-on-top heap, popping only until the
+                 * target is met; popped tokens collect at the bin's back, right
+                 * before the better bins, so the set stays contiguous. */
+                const size_t n_cut = lo;
+                for (size_t j = n_cut / 2; j-- > 0;) heap_sift_down(cand, n_cut, j, true);
+                size_t heap_n = n_cut;
+                double cum = above;
+                while (heap_n > 0) {
+                    heap_pop(cand, heap_n, true);
+                    heap_n--;
+                    cum += cand[heap_n].p;
+                    if (cum >= target) break;
+                }
+                first = heap_n;
+                n_keep = mid - heap_n;
+            }
+        }
+    }
+
+    /* Renormalize over the survivors and draw. */
+    const struct sampler_cand *keep = cand + first;
+    double z_keep = 0.0;
+    for (size_t j = 0; j < n_keep; j++) z_keep += keep[j].p;
+    const double target = rng_uniform(s->rng) * z_keep;
+    double cum = 0.0;
+    size_t pick = n_keep - 1; /* if rounding leaves target >= the sum */
+    for (size_t j = 0; j < n_keep; j++) {
+        cum += keep[j].p;
+        if (target < cum) {
+            pick = j;
+            break;
+        }
+    }
+    if (prob_out) *prob_out = (float)(keep[pick].p / z_keep);
+    return keep[pick].id;
+}

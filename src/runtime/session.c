@@ -1,0 +1,179 @@
+/* Sessions: a backend's compiled plan plus the paged KV cache, and token-batch
+ * forwards over them. A forward validates its batch, reserves KV blocks from the
+ * preallocated pool and runs the plan: no heap allocation per step. */
+#include "runtime/model.h"
+#include "runtime/session.h"
+
+#include "backend/backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SESSION_BLOCK_SIZE 16
+#define SESSION_MAX_CTX (1 << 20)
+
+struct llmopt_session {
+    const struct llmopt_model *model;
+    const struct backend_ops *backend;
+    void *plan;               /* backend state */
+    struct kv_cache *kv;
+    int32_t n_ctx, n_batch, n_slots;
+    int32_t *next_pos;        /* (n_slots) scratch for batch validation */
+    int32_t *chunk_pos;       /* (n_batch) */
+    int32_t *chunk_slot;      /* (n_batch) */
+};
+
+enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
+                                         const struct llmopt_session_opts *opts,
+                                         struct llmopt_session **out, struct llmopt_err *err) {
+    if (!m->ir.arena)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: the model was loaded vocab-only");
+    struct llmopt_session_opts o = opts ? *opts : (struct llmopt_session_opts){0};
+    if (o.n_ctx < 0 || o.n_batch < 0 || o.n_slots < 0 || o.n_ctx > SESSION_MAX_CTX ||
+        o.n_slots > 4096)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "session: n_ctx %d / n_batch %d / n_slots %d out of range", o.n_ctx,
+                       o.n_batch, o.n_slots);
+    if (!o.n_ctx) o.n_ctx = m->ctx_train < 4096 ? m->ctx_train : 4096;
+    if (!o.n_batch) o.n_batch = 256;
+    if (!o.n_slots) o.n_slots = 1;
+    if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
+
+    struct llmopt_session *s = calloc(1, sizeof *s);
+    if (!s) return err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
+    s->model = m;
+    s->backend = &cpu_backend_ops;
+    s->n_ctx = o.n_ctx;
+    s->n_batch = o.n_batch;
+    s->n_slots = o.n_slots;
+    enum llmopt_status st = LLMOPT_OK;
+    int32_t n_layers = m->ir.n_kv_layers;
+    int32_t *row_elems = calloc((size_t)(n_layers ? n_layers : 1), sizeof *row_elems);
+    s->next_pos = calloc((size_t)o.n_slots, sizeof *s->next_pos);
+    s->chunk_pos = calloc((size_t)o.n_batch, sizeof *s->chunk_pos);
+    s->chunk_slot = calloc((size_t)o.n_batch, sizeof *s->chunk_slot);
+    if (!row_elems || !s->next_pos || !s->chunk_pos || !s->chunk_slot) {
+        st = err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
+        goto fail;
+    }
+    /* KV row width of each attention layer: Hkv * Dh of its K operand [1, Hkv, N, Dh]. */
+    for (int32_t i = 0; i < m->ir.n_nodes; i++) {
+        const struct ir_node *n = &m->ir.nodes[i];
+        if (n->op != IR_OP_ATTENTION) continue;
+        const struct ir_shape *k = &m->ir.nodes[n->in[1]].shape;
+        row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
+    }
+    int32_t blocks_per_seq = (o.n_ctx + SESSION_BLOCK_SIZE - 1) / SESSION_BLOCK_SIZE;
+    st = kv_cache_create(n_layers, row_elems, o.n_slots, o.n_ctx, blocks_per_seq * o.n_slots,
+                         SESSION_BLOCK_SIZE, &s->kv, err);
+    if (st) goto fail;
+    st = s->backend->prepare(&m->ir, o.n_batch, o.n_ctx, &s->plan, err);
+    if (st) goto fail;
+    free(row_elems);
+    *out = s;
+    return LLMOPT_OK;
+fail:
+    free(row_elems);
+    llmopt_session_free(s);
+    return st;
+}
+
+void llmopt_session_free(struct llmopt_session *s) {
+    if (!s) return;
+    if (s->plan) s->backend->release(s->plan);
+    kv_cache_free(s->kv);
+    free(s->next_pos);
+    free(s->chunk_pos);
+    free(s->chunk_slot);
+    free(s);
+}
+
+enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
+                                          const int32_t *tokens, const int32_t *positions,
+                                          const int32_t *slots, int32_t n_out,
+                                          const int32_t *out_rows, const float **logits,
+                                          struct llmopt_err *err) {
+    if (n < 1 || n > s->n_batch)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: %d tokens, batch holds 1..%d", n,
+                       s->n_batch);
+    if (n_out < 1 || n_out > n)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: %d output rows for %d tokens", n_out, n);
+    for (int32_t j = 0; j < n_out; j++)
+        if (out_rows[j] < 0 || out_rows[j] >= n)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: out_rows[%d] = %d not in [0, %d)", j,
+                           out_rows[j], n);
+    /* Every token must continue its sequence: position == tokens already there. */
+    for (int32_t t = 0; t < n; t++)
+        if (slots[t] < 0 || slots[t] >= s->n_slots)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: token %d slot %d not in [0, %d)", t,
+                           slots[t], s->n_slots);
+    for (int32_t t = 0; t < n; t++) s->next_pos[slots[t]] = s->kv->slot_len[slots[t]];
+    for (int32_t t = 0; t < n; t++) {
+        int32_t *next = &s->next_pos[slots[t]];
+        if (positions[t] != *next)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "forward: token %d of slot %d has position %d, the sequence continues at %d",
+                           t, slots[t], positions[t], *next);
+        if (*next >= s->n_ctx)
+            return err_set(err, LLMOPT_ERR_LIMIT, "forward: slot %d is full (context %d)", slots[t],
+                           s->n_ctx);
+        (*next)++;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        enum llmopt_status st = kv_cache_reserve(s->kv, slots[t], s->next_pos[slots[t]], err);
+        if (st) return st;
+    }
+    struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
+    enum llmopt_status st = s->backend->run(s->plan, &b, s->kv, logits, err);
+    if (st) return st;
+    for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
+    return LLMOPT_OK;
+}
+
+enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
+                                         const int32_t *tokens, int32_t n, const float **logits,
+                                         struct llmopt_err *err) {
+    if (slot < 0 || slot >= s->n_slots)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "slot %d not in [0, %d)", slot, s->n_slots);
+    if (n < 1) return err_set(err, LLMOPT_ERR_INVALID_ARG, "append: no tokens");
+    if ((int64_t)s->kv->slot_len[slot] + n > s->n_ctx)
+        return err_set(err, LLMOPT_ERR_LIMIT, "append: %d + %d tokens exceed the context of %d",
+                       s->kv->slot_len[slot], n, s->n_ctx);
+    for (int32_t done = 0; done < n;) {
+        int32_t chunk = n - done < s->n_batch ? n - done : s->n_batch;
+        int32_t start = s->kv->slot_len[slot];
+        for (int32_t t = 0; t < chunk; t++) {
+            s->chunk_pos[t] = start + t;
+            s->chunk_slot[t] = slot;
+        }
+        int32_t last = chunk - 1;
+        enum llmopt_status st = llmopt_session_forward(s, chunk, tokens + done, s->chunk_pos,
+                                                       s->chunk_slot, 1, &last, logits, err);
+        if (st) return st;
+        done += chunk;
+    }
+    return LLMOPT_OK;
+}
+
+int32_t llmopt_session_seq_len(const struct llmopt_session *s, int32_t slot) {
+    return slot >= 0 && slot < s->n_slots ? s->kv->slot_len[slot] : 0;
+}
+
+void llmopt_session_reset(struct llmopt_session *s, int32_t slot) { kv_cache_release(s->kv, slot); }
+
+int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s) {
+    return kv_cache_blocks_in_use(s->kv);
+}
+
+uint64_t llmopt_session_kernels_run(const struct llmopt_session *s) {
+    struct backend_stats st;
+    s->backend->stats(s->plan, &st);
+    return st.kernels_run;
+}
+
+size_t llmopt_session_arena_bytes(const struct llmopt_session *s) {
+    return s->backend->arena_bytes(s->plan);
+}
+
+int32_t session_n_ctx(const struct llmopt_session *s) { return s->n_ctx; }
+const struct llmopt_model *session_model(const struct llmopt_session *s) { return s->model; }

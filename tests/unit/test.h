@@ -1,0 +1,76 @@
+/* Minimal test harness: CHECK records a failure and continues; each test file ends
+ * with TEST_MAIN(fn, fn, ...), which prints "N passed, N failed" and exits non-zero
+ * on any failure. */
+#ifndef LLMOPT_TEST_H
+#define LLMOPT_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_failures_in_current;
+
+#define CHECK(cond)                                                                \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            fprintf(stderr, "  %s:%d: CHECK failed: %s\n", __FILE__, __LINE__,     \
+                    #cond);                                                        \
+            test_failures_in_current++;                                            \
+        }                                                                          \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                       \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            fprintf(stderr, "  %s:%d: CHECK failed: %s: ", __FILE__, __LINE__,     \
+                    #cond);                                                        \
+            fprintf(stderr, __VA_ARGS__);                                          \
+            fputc('\n', stderr);                                                   \
+            test_failures_in_current++;                                            \
+        }                                                                          \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                         \
+    do {                                                                           \
+        long long check_a_ = (long long)(a), check_b_ = (long long)(b);           \
+        if (check_a_ != check_b_) {                                                \
+            fprintf(stderr, "  %s:%d: CHECK failed: %s == %s (%lld vs %lld)\n",    \
+                    __FILE__, __LINE__, #a, #b, check_a_, check_b_);               \
+            test_failures_in_current++;                                            \
+        }                                                                          \
+    } while (0)
+
+typedef void (*test_fn)(void);
+
+static inline int test_run_all(const char *const *names, const test_fn *fns, int n) {
+    int passed = 0, failed = 0;
+    for (int i = 0; i < n; i++) {
+        test_failures_in_current = 0;
+        fns[i]();
+        if (test_failures_in_current) {
+            fprintf(stderr, "FAIL %s\n", names[i] ? names[i] : "?");
+            failed++;
+        } else {
+            fprintf(stderr, "ok   %s\n", names[i] ? names[i] : "?");
+            passed++;
+        }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
+
+#define TEST_MAIN(...)                                                             \
+    int main(void) {                                                               \
+        const test_fn fns[] = {__VA_ARGS__};                                       \
+        char names_buf[] = #__VA_ARGS__;                                           \
+        const char *names[sizeof fns / sizeof fns[0]] = {0};                             \
+        int n = (int)(sizeof fns / sizeof fns[0]), k = 0;                          \
+        char *save = NULL;                                                         \
+        for (char *tok = strtok_r(names_buf, ", ", &save); tok && k < n;          \
+             tok = strtok_r(NULL, ", ", &save))                                    \
+            names[k++] = tok;                                                      \
+        return test_run_all(names, fns, n);                                        \
+    }
+
+#endif

@@ -1,0 +1,108 @@
+/* Graph file import: a small graph with a `repeat`, and malformed variants that must
+ * each fail with a message naming what is wrong. */
+#include "format/graph_file.h"
+#include "ir/import.h"
+#include "test.h"
+
+static const char *graph_text =
+    "{\"format\": \"llmopt-graph\", \"version\": 1, \"name\": \"toy\","
+    " \"hparams\": [\"vocab\", \"d_model\", \"n_layers\"],"
+    " \"inputs\": [{\"name\": \"tokens\", \"dtype\": \"i32\", \"shape\": [\"N\"]},"
+    "            {\"name\": \"positions\", \"dtype\": \"i32\", \"shape\": [\"N\"]},"
+    "            {\"name\": \"seq_slots\", \"dtype\": \"i32\", \"shape\": [\"N\"]},"
+    "            {\"name\": \"out_rows\", \"dtype\": \"i32\", \"shape\": [\"M\"]}],"
+    " \"params\": [{\"name\": \"emb\", \"dtype\": \"f32\", \"shape\": [\"vocab\", \"d_model\"]},"
+    "            {\"name\": \"layers.{i}.w\", \"dtype\": \"f32\", \"shape\": [\"d_model\", \"d_model\"]},"
+    "            {\"name\": \"head\", \"dtype\": \"f32\", \"shape\": [\"vocab\", \"d_model\"]}],"
+    " \"nodes\": ["
+    "  {\"id\": \"x\", \"op\": \"embedding\", \"in\": [\"emb\", \"tokens\"], \"shape\": [\"N\", \"d_model\"]},"
+    "  {\"op\": \"repeat\", \"count\": \"n_layers\", \"index\": \"i\", \"carry\": {\"h\": \"x\"},"
+    "   \"body\": ["
+    "     {\"id\": \"y\", \"op\": \"linear\", \"in\": [\"h\", \"layers.{i}.w\"], \"shape\": [\"N\", \"d_model\"]},"
+    "     {\"id\": \"z\", \"op\": \"add\", \"in\": [\"h\", \"y\"], \"shape\": [\"N\", \"d_model\"]}],"
+    "   \"yield\": {\"h\": \"z\"}, \"out\": {\"h\": \"hN\"}},"
+    "  {\"id\": \"sel\", \"op\": \"select_rows\", \"in\": [\"hN\", \"out_rows\"], \"shape\": [\"M\", \"d_model\"]},"
+    "  {\"id\": \"logits\", \"op\": \"linear\", \"in\": [\"sel\", \"head\"], \"shape\": [\"M\", \"vocab\"]}],"
+    " \"outputs\": [{\"name\": \"logits\", \"value\": \"logits\"}]}";
+
+static float weights[3][64];
+static int n_bound;
+
+static enum llmopt_status toy_bind(void *ctx, const char *tmpl, int layer, const struct ir_shape *shape,
+                                   struct ir_weight *out, struct llmopt_err *err) {
+    (void)ctx;
+    if (shape->rank != 2 || shape->dims[0].coef * shape->dims[1].coef > 64)
+        return err_set(err, LLMOPT_ERR_BIND, "toy: unexpected shape for %s", tmpl);
+    *out = (struct ir_weight){weights[layer < 0 ? 2 : layer], IR_DTYPE_F32, 256, tmpl};
+    n_bound++;
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status import_text(const char *text, struct ir_graph *g, struct llmopt_err *err) {
+    json_t *root = NULL;
+    enum llmopt_status st = graph_file_parse(text, strlen(text), &root, err);
+    if (st) return st;
+    st = graph_file_check(root, err);
+    if (!st) {
+        struct ir_hparams hp = {.n = 3, .names = {"vocab", "d_model", "n_layers"}, .values = {8, 4, 3}};
+        st = ir_import(root, &hp, toy_bind, NULL, g, err);
+    }
+    json_decref(root);
+    return st;
+}
+
+static void test_import_unrolls_layers(void) {
+    struct ir_graph g;
+    struct llmopt_err err = {0};
+    n_bound = 0;
+    CHECK_MSG(import_text(graph_text, &g, &err) == LLMOPT_OK, "%s", err.msg);
+    if (err.status) return;
+    /* 4 inputs + emb + x + 3 layers x (w, y, z) + sel + head + logits */
+    CHECK_EQ_INT(g.n_nodes, 4 + 2 + 9 + 3);
+    CHECK_EQ_INT(n_bound, 5);
+    int linears = 0;
+    for (int32_t i = 0; i < g.n_nodes; i++) linears += g.nodes[i].op == IR_OP_LINEAR;
+    CHECK_EQ_INT(linears, 4);
+    char buf[64];
+    CHECK(!strcmp(ir_shape_str(&g.nodes[g.output].shape, buf, sizeof buf), "[M, 8]"));
+    CHECK(!strcmp(g.nodes[g.n_nodes - 4].name, "z@2"));
+    ir_graph_free(&g);
+}
+
+/* Replaces the first occurrence of `from` with `to` and expects an error mentioning `needle`. */
+static void expect_failure(const char *from, const char *to, const char *needle) {
+    const char *at = strstr(graph_text, from);
+    CHECK_MSG(at != NULL, "pattern %s", from);
+    if (!at) return;
+    size_t n = strlen(graph_text) + strlen(to) + 1;
+    char *text = malloc(n);
+    size_t pre = (size_t)(at - graph_text);
+    memcpy(text, graph_text, pre);
+    strcpy(text + pre, to);
+    strcat(text, at + strlen(from));
+    struct ir_graph g;
+    struct llmopt_err err = {0};
+    enum llmopt_status st = import_text(text, &g, &err);
+    CHECK_MSG(st != LLMOPT_OK, "'%s' -> '%s' was accepted", from, to);
+    if (st == LLMOPT_OK) ir_graph_free(&g);
+    else CHECK_MSG(strstr(err.msg, needle) != NULL, "message '%s' lacks '%s'", err.msg, needle);
+    free(text);
+}
+
+static void test_malformed_graphs(void) {
+    expect_failure("\"version\": 1", "\"version\": 2", "version 2");
+    expect_failure("\"format\": \"llmopt-graph\"", "\"format\": \"other\"", "format");
+    expect_failure("\"op\": \"add\"", "\"op\": \"frobnicate\"", "frobnicate");
+    expect_failure("[\"h\", \"y\"]", "[\"h\", \"nope\"]", "nope");
+    expect_failure("\"shape\": [\"M\", \"vocab\"]", "\"shape\": [\"M\", \"d_model\"]", "inferred shape");
+    expect_failure("\"name\": \"tokens\"", "\"name\": \"ids\"", "tokens");
+    expect_failure("\"count\": \"n_layers\"", "\"count\": \"n_layers_x\"", "n_layers_x");
+    expect_failure("\"count\": \"n_layers\"", "\"count\": -1", "count");
+    expect_failure("\"shape\": [\"d_model\", \"d_model\"]", "\"shape\": [\"N\", \"d_model\"]", "N or M");
+    expect_failure("\"value\": \"logits\"", "\"value\": \"missing\"", "missing");
+    expect_failure("\"id\": \"sel\"", "\"id\": \"x\"", "defined twice");
+    expect_failure("\"yield\": {\"h\": \"z\"}", "\"yield\": {}", "yield");
+    expect_failure("{\"format\"", "[{\"format\"", "");
+}
+
+TEST_MAIN(test_import_unrolls_layers, test_malformed_graphs)
