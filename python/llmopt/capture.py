@@ -147,8 +147,9 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
                               "was not used" % (n_calls, hp["n_layers"]))
     d_op = max_rel(got, want)
     log("check eager llmopt::attention vs model attention (2 sequences): max_abs=%.3g max_rel=%.3g" % d_op)
+    problems = []
     if d_op[1] > 1e-4:
-        raise ir.CaptureError("llmopt::attention disagrees with the model's attention")
+        problems.append("llmopt::attention disagrees with the model's attention")
 
     # 2. export
     t0 = time.time()
@@ -166,12 +167,17 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     if len(layers) != hp["n_layers"]:
         raise ir.CaptureError("layer list %s has %d layers, probe n_layers=%d" % (layers_fqn, len(layers), hp["n_layers"]))
     conv = Converter(ep, sym, layers_fqn, type(layers[0]).__name__, len(layers), hp["rope_theta"],
-                     param_prefix="hf.", log=log)
+                     param_prefix="hf.", log=log, root=wrapper)
     logits = conv.run()
     log("converted: %d canonical nodes; layers found by %s; %s" % (
         len(conv.b.nodes), conv.layer_method, "; ".join(sorted(set(conv.notes))) or "no notes"))
     nodes = ir.dce(conv.b.nodes, [logits.ref])
     nodes, outs = ir.fold_reshape_chains(nodes, [logits.ref])
+    if debug_dir:
+        with open(os.path.join(debug_dir, "ir_%s.txt" % arch_name), "w") as f:
+            for n in nodes:
+                f.write("%-6s L%-4s %-12s %-60s %-40s %s  <- %s\n" % (
+                    n.id, n.layer, n.op, n.ins, n.shape, json.dumps(n.attrs), n.src))
     layer_prefix = layers_fqn[len("hf."):] if layers_fqn.startswith("hf.") else layers_fqn
     pre, rep, post = ir.extract_repeat(nodes, outs, len(layers), layer_prefix)
     params = []
@@ -194,6 +200,13 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     graph = ir.to_graph(arch.name, source, arch.hparams, conv.inputs, params, pre, rep, post, outs)
     ir.validate(graph, ir.CANONICAL_OPS)
     check_map(graph, arch.param_map)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "graph.json"), "w") as f:
+        f.write(ir.dumps_graph(graph))
+    with open(os.path.join(out_dir, "map.json"), "w") as f:
+        f.write(json.dumps(arch.param_map, indent=2) + "\n")
+    hist = ir.op_histogram(graph)
+    log("graph: %d nodes (%d top level), ops: %s" % (ir.count_nodes(graph), len(graph["nodes"]), json.dumps(hist)))
 
     # 4. the written graph, interpreted, vs eager (different N and M too)
     sd = {k[len("hf."):]: v for k, v in wrapper.state_dict().items() if k.startswith("hf.")}
@@ -205,6 +218,7 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     log("check ref_interp(graph.json) vs model attention (N=%d, M=%d): max_abs=%.3g max_rel=%.3g" % (
         len(tokens), len(out_rows), *d_int))
     one = tuple(t[:4] for t in inputs[:3]) + (torch.tensor([3, 0], dtype=torch.int64),)
+    ops.set_attn_implementation(model, "eager")
     want1 = eager_reference(model, *one)
     prog.reset()
     got1 = prog.forward(*[t.tolist() for t in one])
@@ -212,15 +226,9 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     log("check ref_interp(graph.json) vs model attention (N=4, M=2): max_abs=%.3g max_rel=%.3g" % d_int1)
     worst = max(d_ep[1], d_int[1], d_int1[1])
     if worst > 1e-4:
-        raise ir.CaptureError("captured graph disagrees with eager torch (max_rel %.3g)" % worst)
-
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "graph.json"), "w") as f:
-        f.write(ir.dumps_graph(graph))
-    with open(os.path.join(out_dir, "map.json"), "w") as f:
-        f.write(json.dumps(arch.param_map, indent=2) + "\n")
-    hist = ir.op_histogram(graph)
-    log("graph: %d nodes (%d top level), ops: %s" % (ir.count_nodes(graph), len(graph["nodes"]), json.dumps(hist)))
+        problems.append("captured graph disagrees with eager torch (max_rel %.3g)" % worst)
+    if problems:
+        raise ir.CaptureError("; ".join(problems))
     return graph, {"eager_op": d_op, "export": d_ep, "interp": d_int, "interp_n4": d_int1}
 
 
@@ -249,6 +257,8 @@ def main(argv=None):
     try:
         capture(args.hf_arch, args.out, debug_dir=args.debug_dir, command=cmd)
     except ir.CaptureError as e:
+        import traceback
+        traceback.print_exc()
         print("capture failed: %s" % e, file=sys.stderr)
         return 1
     return 0

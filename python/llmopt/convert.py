@@ -61,13 +61,16 @@ def norm_module_path(p):
     p = re.sub(r"\._modules\['([^']+)'\]", r".\1", p)
     p = re.sub(r"\['([^']+)'\]", r".\1", p)
     p = re.sub(r"\[(\d+)\]", r".\1", p)
+    # iterating `layers[:n]` (an index-preserving slice) records the slice in the path
+    p = re.sub(r"\.slice\(None, *[^,()]*, *None\)", "", p)
     return p.strip(".")
 
 
 class Converter:
     def __init__(self, ep, sym, layers_fqn, layer_cls_name, n_layers, rope_theta,
-                 param_prefix="hf.", log=print):
+                 param_prefix="hf.", log=print, root=None):
         self.ep = ep
+        self.root = root
         self.sym = sym
         self.layers_fqn = norm_module_path(layers_fqn)
         self.layer_cls_name = layer_cls_name
@@ -251,6 +254,11 @@ class Converter:
         for d in (getattr(ep, "constants", {}), ep.state_dict):
             if target in d:
                 return d[target]
+        if self.root is not None:
+            try:
+                return self.root.get_buffer(target)
+            except AttributeError:
+                pass
         raise CaptureError("constant %s not found in the exported program" % target)
 
     def constant_tensor(self, name, t):
@@ -519,7 +527,6 @@ class Converter:
 
     def op_aten_slice(self, n, a, k):
         x = self.tensor(a[0])
-        nd = len(x.shape)
         dim = int(a[1] if len(a) > 1 else k.get("dim", 0))
         start = a[2] if len(a) > 2 else k.get("start")
         end = a[3] if len(a) > 3 else k.get("end")

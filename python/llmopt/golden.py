@@ -119,8 +119,8 @@ def write_llama_gguf(model, hp, path, name):
 
 def _has_numpy():
     try:
-        import numpy  # noqa: F401
-        return True
+        import numpy
+        return numpy is not None
     except ImportError:
         return False
 
@@ -261,7 +261,7 @@ def check_llmopt_op(model, case_steps_cases, log):
                 case["name"], d, rel))
     finally:
         ops.set_attn_implementation(model, "eager")
-    if worst > 1e-5:
+    if worst > 1e-4:
         raise RuntimeError("llmopt::attention path disagrees with the model's attention (max_rel %.3g)" % worst)
     return worst
 

@@ -271,6 +271,7 @@ static enum llmopt_status fail_at(struct parser *p, enum llmopt_status st, uint6
 /* Takes n bytes at the cursor or fails naming field as truncated. */
 static enum llmopt_status take(struct parser *p, const char *field, uint64_t n,
                                const uint8_t **out) {
+    *out = NULL; /* err_set's result is opaque to the compiler: always assign */
     if (n > remaining(p))
         return fail_at(p, LLMOPT_ERR_FORMAT, p->pos, field,
                        "truncated: needs %" PRIu64 " bytes, only %" PRIu64

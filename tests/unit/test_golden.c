@@ -1,0 +1,114 @@
+/* Parity with PyTorch: every tests/golden/<case>/ holds a small random-weight model
+ * (model.gguf, laid out as llama.cpp's converter does) and golden.json with torch's
+ * f32 logits (python/llmopt/golden.py, run on the GPU machine). Each case's steps are
+ * replayed in order on one session; every logits row must match within a relative
+ * error of 1e-4 (max |ours - torch| / max |torch|) and pick the same argmax. */
+#include "format/graph_file.h"
+#include "llmopt.h"
+#include "test.h"
+
+#include <dirent.h>
+
+#define GOLDEN_DIR "tests/golden"
+#define REL_TOL 1e-4
+
+static int read_ints(const json_t *arr, int32_t *out, int cap) {
+    int n = (int)json_array_size(arr);
+    if (n > cap) return -1;
+    for (int i = 0; i < n; i++) out[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+    return n;
+}
+
+static void check_case_dir(const char *dir, int *n_rows_checked) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    json_t *root = NULL;
+    struct llmopt_err err = {0};
+    CHECK_MSG(json_load_file_capped(path, 64u << 20, &root, &err) == LLMOPT_OK, "%s", err.msg);
+    if (!root) return;
+    snprintf(path, sizeof path, "%s/model.gguf", dir);
+    struct llmopt_model *m = NULL;
+    CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
+    size_t ci;
+    json_t *c;
+    json_array_foreach(json_object_get(root, "cases"), ci, c) {
+        if (!m) break;
+        const json_t *steps = json_object_get(c, "steps");
+        int max_slot = 0, max_batch = 1;
+        size_t si;
+        json_t *s;
+        json_array_foreach(steps, si, s) {
+            int32_t slots[4096];
+            int n = read_ints(json_object_get(s, "seq_slots"), slots, 4096);
+            if (n > max_batch) max_batch = n;
+            for (int i = 0; i < n; i++) max_slot = slots[i] > max_slot ? slots[i] : max_slot;
+        }
+        struct llmopt_session *sess = NULL;
+        struct llmopt_session_opts so = {.n_ctx = 128, .n_batch = max_batch, .n_slots = max_slot + 1};
+        CHECK_MSG(llmopt_session_create(m, &so, &sess, &err) == LLMOPT_OK, "%s", err.msg);
+        if (!sess) continue;
+        int32_t n_vocab = llmopt_model_n_vocab(m);
+        double worst = 0;
+        json_array_foreach(steps, si, s) {
+            int32_t tokens[4096], pos[4096], slots[4096], rows[4096];
+            int n = read_ints(json_object_get(s, "tokens"), tokens, 4096);
+            read_ints(json_object_get(s, "positions"), pos, 4096);
+            read_ints(json_object_get(s, "seq_slots"), slots, 4096);
+            int m_rows = read_ints(json_object_get(s, "out_rows"), rows, 4096);
+            const float *logits = NULL;
+            enum llmopt_status st =
+                llmopt_session_forward(sess, n, tokens, pos, slots, m_rows, rows, &logits, &err);
+            CHECK_MSG(st == LLMOPT_OK, "%s case %zu step %zu: %s", dir, ci, si, err.msg);
+            if (st) break;
+            const json_t *want_rows = json_object_get(s, "logits");
+            const json_t *argmax = json_object_get(s, "argmax");
+            CHECK_EQ_INT(json_array_size(want_rows), m_rows);
+            for (int r = 0; r < m_rows && r < (int)json_array_size(want_rows); r++) {
+                const json_t *want = json_array_get(want_rows, (size_t)r);
+                CHECK_EQ_INT(json_array_size(want), n_vocab);
+                double max_ref = 0, max_diff = 0;
+                int best = 0;
+                for (int v = 0; v < n_vocab; v++) {
+                    double w = json_number_value(json_array_get(want, (size_t)v));
+                    double d = fabs((double)logits[r * n_vocab + v] - w);
+                    max_ref = fabs(w) > max_ref ? fabs(w) : max_ref;
+                    max_diff = d > max_diff ? d : max_diff;
+                    if (logits[r * n_vocab + v] > logits[r * n_vocab + best]) best = v;
+                }
+                double rel = max_ref > 0 ? max_diff / max_ref : max_diff;
+                worst = rel > worst ? rel : worst;
+                CHECK_MSG(rel <= REL_TOL, "%s case %zu step %zu row %d: relative error %.3g", dir, ci, si, r, rel);
+                CHECK_MSG(best == json_integer_value(json_array_get(argmax, (size_t)r)),
+                          "%s case %zu step %zu row %d: argmax %d, torch %lld", dir, ci, si, r, best,
+                          (long long)json_integer_value(json_array_get(argmax, (size_t)r)));
+                (*n_rows_checked)++;
+            }
+        }
+        fprintf(stderr, "  %s case '%s': %zu steps, worst relative error %.3g\n", dir,
+                json_string_value(json_object_get(c, "name")), json_array_size(steps), worst);
+        llmopt_session_free(sess);
+    }
+    llmopt_model_free(m);
+    json_decref(root);
+}
+
+static void test_golden_cases(void) {
+    DIR *d = opendir(GOLDEN_DIR);
+    CHECK_MSG(d != NULL, "no %s directory", GOLDEN_DIR);
+    if (!d) return;
+    int n_dirs = 0, n_rows = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char dir[400];
+        snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, e->d_name);
+        check_case_dir(dir, &n_rows);
+        n_dirs++;
+    }
+    closedir(d);
+    CHECK(n_dirs >= 1);
+    CHECK(n_rows >= 32);
+    fprintf(stderr, "  %d golden models, %d logits rows compared\n", n_dirs, n_rows);
+}
+
+TEST_MAIN(test_golden_cases)
