@@ -7,7 +7,7 @@
 #   log.txt export_llama.txt ir_llama.txt    (logs)
 set -x
 set -o pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out/capture}
 mkdir -p "$OUT/llama" "$OUT/llama_tiny"

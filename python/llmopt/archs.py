@@ -10,14 +10,15 @@ import inspect
 # Probe values: every dimension expression that can appear in a graph has a distinct
 # value (none equal to 0, 1 or 2), so each concrete size seen in the exported graph
 # maps back to exactly one expression. Floats likewise.
+# transformers requires d_model % n_heads == 0 (even with an explicit head_dim).
 PROBE = {
     "vocab": 211,
-    "d_model": 53,
+    "d_model": 105,
     "d_ff": 97,
     "n_layers": 2,
-    "n_heads": 21,
-    "n_kv_heads": 7,
-    "head_dim": 26,
+    "n_heads": 15,
+    "n_kv_heads": 5,
+    "head_dim": 22,
     "rms_eps": 1.2345e-5,
     "rope_theta": 12345.0,
 }
@@ -25,7 +26,7 @@ PROBE = {
 # Integer expressions a concrete dimension may stand for (checked unambiguous at the probe).
 DIM_EXPRS = [
     "vocab", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim", "head_dim/2",
-    "n_heads*head_dim", "n_kv_heads*head_dim", "n_heads/n_kv_heads",
+    "n_heads*head_dim", "n_kv_heads*head_dim", "n_heads/n_kv_heads", "d_model/n_heads",
 ]
 # Float expressions a scalar constant may stand for.
 FLOAT_EXPRS = ["rms_eps", "head_dim^-0.5", "rope_theta"]
@@ -52,23 +53,38 @@ def _llama_config(hp):
         bos_token_id=1,
         eos_token_id=2,
     )
-    params = inspect.signature(LlamaConfig.__init__).parameters
-    if "rope_parameters" in params:
-        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": hp["rope_theta"]}
+    names = set(inspect.signature(LlamaConfig.__init__).parameters)
+    names |= {f.name for f in getattr(LlamaConfig, "__dataclass_fields__", {}).values()}
+    rope = {"rope_type": "default", "rope_theta": hp["rope_theta"]}
+    if "rope_parameters" in names:
+        cfg = LlamaConfig(rope_parameters=dict(rope), **kw)
     else:
-        kw["rope_theta"] = hp["rope_theta"]
-    cfg = LlamaConfig(**kw)
-    theta = None
-    rp = getattr(cfg, "rope_parameters", None)
-    if isinstance(rp, dict) and "rope_theta" in rp:
-        theta = rp["rope_theta"]
-    elif getattr(cfg, "rope_theta", None) is not None:
-        theta = cfg.rope_theta
-    if theta is None or float(theta) != float(hp["rope_theta"]):
+        cfg = LlamaConfig(rope_theta=hp["rope_theta"], **kw)
+    if _rope_theta(cfg) != float(hp["rope_theta"]):
+        # older/newer spellings: set both, then check again
+        try:
+            cfg.rope_parameters = dict(rope)
+        except Exception:
+            pass
+        try:
+            cfg.rope_theta = hp["rope_theta"]
+        except Exception:
+            pass
+    theta = _rope_theta(cfg)
+    if theta != float(hp["rope_theta"]):
         raise RuntimeError("LlamaConfig did not take rope_theta=%r (got %r)" % (hp["rope_theta"], theta))
     if getattr(cfg, "head_dim", hp["head_dim"]) != hp["head_dim"]:
         raise RuntimeError("LlamaConfig did not take head_dim")
     return cfg
+
+
+def _rope_theta(cfg):
+    rp = getattr(cfg, "rope_parameters", None)
+    if isinstance(rp, dict) and "rope_theta" in rp:
+        return float(rp["rope_theta"])
+    if getattr(cfg, "rope_theta", None) is not None:
+        return float(cfg.rope_theta)
+    return None
 
 
 def build_llama(hp):

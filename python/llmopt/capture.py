@@ -60,11 +60,11 @@ def example_batch(vocab, seed=7):
     """Two sequences in one token batch (slots 1 and 0), positions restarting at 0."""
     import torch
     g = torch.Generator().manual_seed(seed)
-    la, lb = 6, 5
+    la, lb = 6, 7  # N=13 and M=4 are no probe values
     tokens = torch.randint(0, vocab, (la + lb,), generator=g, dtype=torch.int64)
     positions = torch.tensor(list(range(la)) + list(range(lb)), dtype=torch.int64)
     seq_slots = torch.tensor([1] * la + [0] * lb, dtype=torch.int64)
-    out_rows = torch.tensor([la - 1, la + lb - 1, 2], dtype=torch.int64)
+    out_rows = torch.tensor([la - 1, la + lb - 1, 2, 7], dtype=torch.int64)
     return tokens, positions, seq_slots, out_rows
 
 

@@ -275,19 +275,36 @@ def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
     if arch_name != "llama":
         raise SystemExit("goldens are only defined for llama so far")
     hp = dict(LLAMA_TINY)
-    torch.manual_seed(seed)
-    model = ARCHS[arch_name].build(hp)
-    init_random(model, seed)
-    ops.set_attn_implementation(model, "eager")
-    ref = Reference(model)
-    g = torch.Generator().manual_seed(seed + 1)
 
-    def rand_ids(n):
-        return [1] + torch.randint(3, hp["vocab"], (n - 1,), generator=g).tolist()
+    def build(sd):
+        torch.manual_seed(sd)
+        model = ARCHS[arch_name].build(hp)
+        init_random(model, sd)
+        ops.set_attn_implementation(model, "eager")
+        ref = Reference(model)
+        g = torch.Generator().manual_seed(sd + 1)
 
-    prompt = rand_ids(12)
-    cases = [prompt_case(ref, prompt, n_decode),
-             batch_case(ref, [rand_ids(7), rand_ids(5)], [1, 0], 4)]
+        def rand_ids(n):
+            return [1] + torch.randint(3, hp["vocab"], (n - 1,), generator=g).tolist()
+
+        prompt = rand_ids(12)
+        cases = [prompt_case(ref, prompt, n_decode),
+                 batch_case(ref, [rand_ids(7), rand_ids(5)], [1, 0], 4)]
+        ratio = min(m / max(abs(x) for x in row)
+                    for c in cases for st in c["steps"] for m, row in zip(st["margin"], st["logits"]))
+        return ratio, model, prompt, cases
+
+    # the C test compares argmax exactly: take the seed whose closest top-1/top-2 call is
+    # widest relative to the logit scale (a few tries)
+    best = None
+    for sd in range(seed, seed + 8):
+        r = build(sd)
+        log("golden seed %d: min margin / max |logit| = %.3g" % (sd, r[0]))
+        if best is None or r[0] > best[1][0]:
+            best = (sd, r)
+        if r[0] >= 0.01:
+            break
+    seed, (ratio, model, prompt, cases) = best
     worst = check_llmopt_op(model, cases, log)
     os.makedirs(out_dir, exist_ok=True)
     size = write_llama_gguf(model, hp, os.path.join(out_dir, "model.gguf"), "llama_tiny (random weights, llmopt golden)")
@@ -301,7 +318,8 @@ def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
         "source": {"torch": torch.__version__, "transformers": transformers.__version__,
                    "attention": "transformers eager attention, f32 on CPU, each sequence re-run whole",
                    "command": "python3 -m llmopt.golden --arch %s -o tests/golden/%s_tiny" % (arch_name, arch_name)},
-        "check": {"llmopt_attention_max_rel": float("%.3g" % worst)},
+        "check": {"llmopt_attention_max_rel": float("%.3g" % worst),
+                  "min_margin_over_max_logit": float("%.3g" % ratio)},
         "notes": "Replay each case's steps in order on one KV cache: step 0 is a prefill, later steps "
                  "decode. logits[j] is the row for out_rows[j]. Near-ties: compare argmax only where "
                  "margin is clearly above the tolerance.",

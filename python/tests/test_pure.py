@@ -43,13 +43,15 @@ class TestExpr(unittest.TestCase):
 
     def test_probe_unambiguous(self):
         s = E.Symbolizer(PROBE, DIM_EXPRS, FLOAT_EXPRS)
-        self.assertEqual(s.dim(546), "n_heads*head_dim")
-        self.assertEqual(s.dim(13), "head_dim/2")
+        self.assertEqual(s.dim(330), "n_heads*head_dim")
+        self.assertEqual(s.dim(110), "n_kv_heads*head_dim")
+        self.assertEqual(s.dim(11), "head_dim/2")
+        self.assertEqual(s.dim(7), "d_model/n_heads")
         self.assertEqual(s.dim(1), "1")
         with self.assertRaises(E.ExprError):
             s.dim(99)
         self.assertEqual(s.float_value(PROBE["rms_eps"]), "rms_eps")
-        self.assertEqual(s.float_value(26 ** -0.5), "head_dim^-0.5")
+        self.assertEqual(s.float_value(22 ** -0.5), "head_dim^-0.5")
         self.assertEqual(s.float_value(1.0), 1)
         self.assertEqual(s.float_value(0.5), 0.5)
         with self.assertRaises(E.ExprError):
@@ -255,7 +257,7 @@ def random_weights(hp, seed=3):
 
 def naive_llama(hp, w, seq):
     """Straightforward HF-semantics Llama forward of one sequence: logits per position."""
-    D, H, Hk, Dh = hp["d_model"], hp["n_heads"], hp["n_kv_heads"], hp["head_dim"]
+    H, Hk, Dh = hp["n_heads"], hp["n_kv_heads"], hp["head_dim"]
 
     def W(name):
         shape, data = w[name]

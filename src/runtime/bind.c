@@ -273,6 +273,38 @@ static enum llmopt_status bind_param(void *ctx, const char *tmpl, int layer,
     return LLMOPT_OK;
 }
 
+/* Lists up to 8 tensors the map names that the file lacks (layers 0..n_layers-1),
+ * so a refusal says everything that did not bind, not only the first. */
+static enum llmopt_status check_tensors_present(struct binder *b, int n_layers,
+                                                struct llmopt_err *err) {
+    char missing[700] = "";
+    int n_missing = 0;
+    const char *pname;
+    json_t *spec;
+    json_object_foreach((json_t *)b->params_map, pname, spec) {
+        const char *names[2] = {json_string_value(json_object_get(spec, "tensor")),
+                                json_string_value(json_object_get(spec, "fallback"))};
+        bool per_layer = names[0] && strstr(names[0], "{i}");
+        for (int layer = 0; layer < (per_layer ? n_layers : 1); layer++) {
+            char tname[BIND_NAME_MAX], first[BIND_NAME_MAX] = "";
+            bool found = false;
+            for (int k = 0; k < 2 && !found; k++) {
+                if (!names[k] || !ir_substitute_layer(names[k], per_layer ? layer : -1, tname, sizeof tname))
+                    continue;
+                if (k == 0) snprintf(first, sizeof first, "%s", tname);
+                found = gguf_find_tensor(b->m->gguf, tname) != NULL;
+            }
+            if (found) continue;
+            if (n_missing++ < 8)
+                snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%.100s'",
+                         n_missing > 1 ? ", " : "", first);
+        }
+    }
+    if (!n_missing) return LLMOPT_OK;
+    return err_set(err, LLMOPT_ERR_BIND, "%d tensors the program needs are missing: %s%s", n_missing,
+                   missing, n_missing > 8 ? ", ..." : "");
+}
+
 static bool load_program_files(struct llmopt_model *m, const char *dir, struct llmopt_err *err) {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/graph.json", dir);
@@ -318,7 +350,25 @@ enum llmopt_status model_bind_program(struct llmopt_model *m, const char *progra
     b.params_map = json_object_get(json_object_get(m->map, "gguf"), "params");
     b.tensor_used = calloc(m->gguf->n_tensors ? m->gguf->n_tensors : 1, sizeof(bool));
     enum llmopt_status st = b.tensor_used ? LLMOPT_OK : err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
-    if (!st) st = resolve_hparams(&b, err);
+    if (!st) {
+        /* Missing tensors explain a refusal best; then hparams; then import's checks. */
+        double n_layers = 1;
+        struct llmopt_err hp_err = {0};
+        enum llmopt_status hp_st = resolve_hparams(&b, &hp_err);
+        if (!hp_st) {
+            /* the layer count is the graph's repeat count */
+            size_t i;
+            json_t *node;
+            json_array_foreach(json_object_get(m->graph, "nodes"), i, node) {
+                const json_t *count = json_object_get(node, "count");
+                struct llmopt_err ignored;
+                if (count && ir_number_from_json(count, &m->hp, &n_layers, &ignored)) n_layers = 1;
+            }
+        }
+        if (n_layers < 1 || n_layers > 4096) n_layers = 1;
+        st = check_tensors_present(&b, (int)n_layers, err);
+        if (!st && hp_st) st = err_set(err, hp_st, "%s", hp_err.msg);
+    }
     if (!st) {
         /* ir_import initializes m->ir; parameter strings live in its arena. */
         st = ir_import(m->graph, &m->hp, bind_param, &b, &m->ir, err);

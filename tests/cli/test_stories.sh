@@ -50,6 +50,21 @@ got=$("$LLMOPT" tokenize $M/stories260K-F32.gguf "$text")
 got=$("$LLMOPT" tokenize $M/stories260K-F32.gguf "$text" --no-bos)
 [ "$got" = "${want#1 }" ] && ok "tokenize --no-bos" || bad "tokenize --no-bos"
 
+# 4b. The Llama-2 reference encodings through the CLI with the vocabulary-only GGUF.
+python3 - "$LLMOPT" <<'PY' && ok "llama2 reference encodings (CLI)" || bad "llama2 reference encodings (CLI)"
+import json, subprocess, sys
+ref = json.load(open("../shared/models/llama2-tokenizer/reference_encodings.json"))
+bad = 0
+for e in ref["encodings"]:
+    out = subprocess.run([sys.argv[1], "tokenize", "../shared/tokenizers/ggml-vocab-llama-spm.gguf",
+                          e["text"], "--no-bos"], capture_output=True, text=True)
+    got = [int(x) for x in out.stdout.split()]
+    if out.returncode != 0 or got != e["ids"]:
+        print("  %r: got %s want %s %s" % (e["text"], got, e["ids"], out.stderr.strip()))
+        bad += 1
+sys.exit(1 if bad else 0)
+PY
+
 # 5. Seeded sampling: same seed, same output; a prompt is continued.
 a=$("$LLMOPT" run $M/stories260K-F32.gguf -p "Once upon a time" -n 40 --temp 0.9 --seed 42 --ids 2>/dev/null)
 b=$("$LLMOPT" run $M/stories260K-F32.gguf -p "Once upon a time" -n 40 --temp 0.9 --seed 42 --ids 2>/dev/null)
