@@ -1,0 +1,57 @@
+/* Shared helpers of the llmopt CLI (see cli.h). */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+const char cli_usage_text[] =
+    "usage: llmopt COMMAND ...\n"
+    "\n"
+    "commands:\n"
+    "  run MODEL [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+    "            [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ctx N] [--ids] [-v]\n"
+    "      generate text from a GGUF model (greedy with --temp 0)\n"
+    "  tokenize MODEL TEXT [--no-bos]     print token ids, space-separated\n"
+    "  inspect FILE.gguf                  print metadata and the tensor table\n"
+    "  compile MODEL --dump-ir            bind the stock program and print the IR\n"
+    "\n"
+    "common options: --programs DIR (stock programs; default: the build's programs/)\n";
+
+int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "llmopt: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n\n%s", cli_usage_text);
+    return 2;
+}
+
+int fail(const struct llmopt_err *err) {
+    fprintf(stderr, "llmopt: error: %s\n", err->msg[0] ? err->msg : llmopt_status_str(err->status));
+    return 1;
+}
+
+/* Parses a whole-string number; false on junk or out of range. */
+bool parse_long(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+bool parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return false;
+    *out = v;
+    return true;
+}
+
+/* Value of option argv[*i] (advancing *i), or NULL when missing. */
+const char *option_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) return NULL;
+    return argv[++*i];
+}
+
