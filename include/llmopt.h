@@ -124,6 +124,16 @@ struct llmopt_sampling {
 };
 void llmopt_sampling_default(struct llmopt_sampling *p);
 
+/* A sampler for one sequence (per-request sampling in a server). sample() may modify
+ * logits in place and allocates nothing; prob_out (optional) gets the chosen token's
+ * probability. */
+struct llmopt_sampler;
+enum llmopt_status llmopt_sampler_create(const struct llmopt_sampling *p, int32_t n_vocab,
+                                         struct llmopt_sampler **out, struct llmopt_err *err);
+int32_t llmopt_sampler_sample(struct llmopt_sampler *s, float *logits, const int32_t *history,
+                              size_t n_history, float *prob_out);
+void llmopt_sampler_free(struct llmopt_sampler *s);
+
 /* Called with each generated token; return false to stop. */
 typedef bool (*llmopt_token_cb)(void *user, int32_t id);
 

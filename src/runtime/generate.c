@@ -16,6 +16,26 @@ void llmopt_sampling_default(struct llmopt_sampling *p) {
                                   sp.presence_penalty, sp.frequency_penalty, sp.seed};
 }
 
+static struct sampler_params sampler_params_of(const struct llmopt_sampling *p) {
+    return (struct sampler_params){p->temperature,      p->top_k,          p->top_p,
+                                   p->min_p,            p->repeat_penalty, p->repeat_last_n,
+                                   p->presence_penalty, p->frequency_penalty, p->seed};
+}
+
+/* The public sampler is the runtime's sampler under another name. */
+enum llmopt_status llmopt_sampler_create(const struct llmopt_sampling *p, int32_t n_vocab,
+                                         struct llmopt_sampler **out, struct llmopt_err *err) {
+    struct sampler_params sp = sampler_params_of(p);
+    return sampler_create(&sp, n_vocab, (struct sampler **)out, err);
+}
+
+int32_t llmopt_sampler_sample(struct llmopt_sampler *s, float *logits, const int32_t *history,
+                              size_t n_history, float *prob_out) {
+    return sampler_sample((struct sampler *)s, logits, history, n_history, prob_out);
+}
+
+void llmopt_sampler_free(struct llmopt_sampler *s) { sampler_free((struct sampler *)s); }
+
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -37,11 +57,7 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
         return err_set(err, LLMOPT_ERR_LIMIT, "generate: prompt of %d tokens exceeds the context of %d",
                        n_prompt, n_ctx);
     if (max_new > n_ctx - n_prompt) max_new = n_ctx - n_prompt;
-    struct sampler_params sp = {sampling->temperature,    sampling->top_k,
-                                sampling->top_p,          sampling->min_p,
-                                sampling->repeat_penalty, sampling->repeat_last_n,
-                                sampling->presence_penalty, sampling->frequency_penalty,
-                                sampling->seed};
+    struct sampler_params sp = sampler_params_of(sampling);
     struct sampler *smp = NULL;
     enum llmopt_status st = sampler_create(&sp, m->n_vocab, &smp, err);
     if (st) return st;
