@@ -75,6 +75,28 @@ const char *llmopt_detok_push(struct llmopt_detok *d, int32_t id);
 const char *llmopt_detok_flush(struct llmopt_detok *d);
 void llmopt_detok_free(struct llmopt_detok *d);
 
+/* ---- Chat templates ---------------------------------------------------------------
+ * The model's own Jinja2 chat template (GGUF `tokenizer.chat_template`, or
+ * `chat_template` of a directory's tokenizer_config.json), interpreted in C. */
+struct llmopt_chat_template;
+/* path: a GGUF file, or a directory holding tokenizer_config.json. */
+enum llmopt_status llmopt_chat_template_load(const char *path, struct llmopt_chat_template **out,
+                                             struct llmopt_err *err);
+/* Template text given directly (e.g. --chat-template FILE); bos/eos may be NULL. */
+enum llmopt_status llmopt_chat_template_from_text(const char *text, size_t len,
+                                                  const char *bos_token, const char *eos_token,
+                                                  struct llmopt_chat_template **out,
+                                                  struct llmopt_err *err);
+/* Renders messages (a JSON array of {"role", "content", ...} objects, OpenAI style).
+ * extra_json: NULL or a JSON object whose members join the template context (e.g.
+ * "tools", "enable_thinking"). *out is NUL-terminated; release it with free(). */
+enum llmopt_status llmopt_chat_template_render(const struct llmopt_chat_template *t,
+                                               const char *messages_json, size_t len,
+                                               bool add_generation_prompt,
+                                               const char *extra_json, char **out,
+                                               size_t *out_len, struct llmopt_err *err);
+void llmopt_chat_template_free(struct llmopt_chat_template *t);
+
 /* ---- Sessions ------------------------------------------------------------------
  * A session owns the KV cache (paged, shared by n_slots sequences) and the backend's
  * compiled plan. Every forward is a token batch (DESIGN decision 1). */

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # Installs what llmopt needs to build and test, on Debian 12, as root. Idempotent:
 # packages already present are not touched, and nothing is fetched when all are there.
+#   build: compiler, CMake, Ninja, pkg-config, jansson (JSON), PCRE2 (pre-tokenizer
+#          regexes), libmicrohttpd (HTTP server)
+#   tests: python3 (CLI test drivers), python3-jinja2 (oracle for chat templates),
+#          Node.js + npm (the official OpenAI client drives the server tests)
 set -euo pipefail
 
-packages=(build-essential cmake ninja-build pkg-config libjansson-dev python3)
+packages=(build-essential cmake ninja-build pkg-config libjansson-dev libpcre2-dev
+          libmicrohttpd-dev python3 python3-jinja2)
+# Node.js may come from another source (a newer nodejs package bundles npm); only ask
+# Debian for it when no node/npm is on the PATH.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
