@@ -42,6 +42,13 @@ struct llmopt_load_opts {
     const char *programs_dir; /* NULL: $LLMOPT_PROGRAMS, else the programs/ of this build */
     bool verbose;             /* print which program bound and why to stderr */
     bool vocab_only;          /* load only the tokenizer (works on vocab-only GGUFs) */
+    bool no_passes;           /* run the graph as imported: no canonicalization/fusion */
+};
+
+/* What the compiler's passes did to the imported graph. */
+struct llmopt_compile_stats {
+    int32_t nodes_imported, nodes_compiled;
+    int32_t kernels_imported, kernels_compiled; /* kernels one forward runs */
 };
 
 enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_opts *opts,
@@ -53,15 +60,52 @@ int32_t llmopt_model_n_vocab(const struct llmopt_model *m);
 int32_t llmopt_model_ctx_train(const struct llmopt_model *m);   /* positions it was trained for */
 /* Prints a GGUF file's metadata and tensor table (llmopt inspect). */
 enum llmopt_status llmopt_inspect_gguf(const char *path, FILE *out, struct llmopt_err *err);
+void llmopt_model_compile_stats(const struct llmopt_model *m, struct llmopt_compile_stats *out);
 /* Prints the imported IR (llmopt compile --dump-ir). */
 void llmopt_model_dump_ir(const struct llmopt_model *m, FILE *out);
 
-/* ---- Tokenizer ------------------------------------------------------------------ */
+/* ---- Model Programs ---------------------------------------------------------------
+ * `llmopt compile` writes ENGINE_DIR/model.llmopt (docs/formats/model-program.md): the
+ * compiled graph with its kernels and memory plan, weights file references with
+ * checksums, tokenizer and generation facts, state layout and target. Passing
+ * ENGINE_DIR (or the .llmopt file) to llmopt_model_load loads it without passes. */
+struct llmopt_program_opts {
+    int32_t n_batch;          /* tokens per forward the plan is for; 0: 256 */
+    const char *profile_path; /* target profile from `llmopt probe`, or NULL */
+};
+/* m must have been loaded from weights_path (a GGUF). */
+enum llmopt_status llmopt_program_write(const struct llmopt_model *m, const char *weights_path,
+                                        const struct llmopt_program_opts *opts,
+                                        const char *out_path, struct llmopt_err *err);
+/* Full validation (whole-file weight checksum, plan, state layout, tokenizer ids). */
+enum llmopt_status llmopt_program_check(const char *path, struct llmopt_err *err);
+/* Bytes of the memory plan (arena) and of all intermediates without reuse. */
+void llmopt_model_plan_bytes(const struct llmopt_model *m, int32_t n_batch, size_t *arena,
+                             size_t *naive);
+
+/* ---- Tokenizer ------------------------------------------------------------------
+ * SentencePiece BPE (Llama 2 family) or byte-level BPE (GPT-2, Llama 3, Qwen), from a
+ * GGUF or, with vocab_only, also from a Hugging Face tokenizer directory
+ * (tokenizer.json, or vocab.json + merges.txt, + tokenizer_config.json) or a
+ * SentencePiece tokenizer.model. */
 int32_t llmopt_token_bos(const struct llmopt_model *m); /* -1 when none */
 int32_t llmopt_token_eos(const struct llmopt_model *m);
+/* End of generation: eos, eot/eom, the eos of HF configs, and control tokens spelled
+ * as a well-known end of turn (<|im_end|>, <|eot_id|>, <end_of_turn>, <|endoftext|>,
+ * ...; the full rule is in src/tokenizer/tokenizer.h). */
 bool llmopt_token_is_eog(const struct llmopt_model *m, int32_t id);
+/* All end-of-generation ids, ascending; returns how many (*ids valid with m). */
+int llmopt_token_eog_ids(const struct llmopt_model *m, const int32_t **ids);
 bool llmopt_add_bos_default(const struct llmopt_model *m);
-/* LLMOPT_ERR_LIMIT with *n_ids = the count needed when cap is too small. */
+/* Encodes text. parse_special: control tokens written in the text (<|im_start|>,
+ * <s>, <|eot_id|>) become their ids, as a rendered chat template needs; false keeps
+ * them plain text (untrusted user content). User-defined added tokens (<think>) are
+ * always recognised. LLMOPT_ERR_LIMIT with *n_ids = the count needed when cap is too
+ * small. */
+enum llmopt_status llmopt_tokenize_ex(const struct llmopt_model *m, const char *text, size_t len,
+                                      bool add_bos, bool parse_special, int32_t *ids, size_t cap,
+                                      size_t *n_ids, struct llmopt_err *err);
+/* llmopt_tokenize_ex with parse_special = true (llama.cpp's default for prompts). */
 enum llmopt_status llmopt_tokenize(const struct llmopt_model *m, const char *text, size_t len,
                                    bool add_bos, int32_t *ids, size_t cap, size_t *n_ids,
                                    struct llmopt_err *err);
@@ -171,6 +215,20 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
                                    const struct llmopt_sampling *sampling, llmopt_token_cb cb,
                                    void *user, struct llmopt_generate_result *result,
                                    struct llmopt_err *err);
+
+/* ---- Server support --------------------------------------------------------------
+ * Small facts the HTTP server (src/server/) needs beyond the API above; implemented
+ * in src/runtime/server_support.c. */
+/* The text bytes of one token as the detokenizer produces them ("▁" -> ' ', <0xXX> ->
+ * that byte, control tokens -> nothing), without the streaming rules. Writes
+ * min(length, cap) bytes, no NUL; returns the full length (0 for an id out of range).
+ * The bytes need not be valid UTF-8 on their own. */
+size_t llmopt_token_piece(const struct llmopt_model *m, int32_t id, char *buf, size_t cap);
+/* The token's piece as stored in the vocabulary ("<s>", "▁the"); not NUL-terminated.
+ * NULL and *len = 0 for an id out of range. */
+const char *llmopt_token_text(const struct llmopt_model *m, int32_t id, size_t *len);
+/* Positions per sequence the session was created with (its resolved n_ctx). */
+int32_t llmopt_session_n_ctx(const struct llmopt_session *s);
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,14 @@ const char cli_usage_text[] =
     "      generate text from a GGUF model (greedy with --temp 0)\n"
     "  tokenize MODEL TEXT [--no-bos]     print token ids, space-separated\n"
     "  inspect FILE.gguf                  print metadata and the tensor table\n"
-    "  compile MODEL --dump-ir            bind the stock program and print the IR\n"
+    "  serve MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel N] [--ctx TOKENS]\n"
+    "        [--chat-template FILE] [--max-body BYTES] [--queue N] [--prefill-chunk N] [-v]\n"
+    "      OpenAI-compatible HTTP server with continuous batching (docs/server.md)\n"
+    "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--dump-ir] [--no-passes]\n"
+    "      bind the stock program, run the passes, plan memory, write ENGINE_DIR/model.llmopt\n"
+    "  check ENGINE_DIR/model.llmopt      validate a compiled Model Program\n"
+    "  probe [-o PROFILE.json] [--quick] [-t THREADS] | --show PROFILE.json\n"
+    "      measure this machine (dispatch, bandwidth, FMA and int8 peaks) into a target profile\n"
     "\n"
     "common options: --programs DIR (stock programs; default: the build's programs/)\n";
 

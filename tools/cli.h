@@ -24,5 +24,8 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
 
 #endif

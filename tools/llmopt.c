@@ -13,6 +13,9 @@ static const struct {
     {"tokenize", cmd_tokenize},
     {"inspect", cmd_inspect},
     {"compile", cmd_compile},
+    {"serve", cmd_serve},
+    {"check", cmd_check},
+    {"probe", cmd_probe},
 };
 
 int main(int argc, char **argv) {

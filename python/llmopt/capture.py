@@ -1,6 +1,7 @@
 """Capture a Hugging Face causal LM into a graph file and a parameter map.
 
     python3 -m llmopt.capture --hf-arch llama -o programs/llama
+    python3 -m llmopt.capture --hf-arch all -o programs          (every architecture)
 
 Builds the model from *probe* hyper-parameters (random weights, nothing downloaded),
 routes attention through llmopt::attention, exports the token-batch forward with
@@ -24,7 +25,8 @@ from .expr import Symbolizer
 
 def init_random(model, seed):
     """Weights with unit-scale activations (embeddings N(0,1), projections
-    N(0, 1/fan_in), norm gains 1 + 0.1 N(0,1)), so logits are well separated."""
+    N(0, 1/fan_in), norm gains 1 + 0.1 N(0,1), biases 0.2 N(0,1)), so logits are well
+    separated."""
     import torch
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -36,6 +38,8 @@ def init_random(model, seed):
             r = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if id(p) in emb:
                 p.copy_(r)
+            elif p.dim() == 1 and name.endswith(".bias"):
+                p.copy_(0.2 * r)
             elif p.dim() == 1:
                 p.copy_(1.0 + 0.1 * r)
             else:
@@ -233,33 +237,53 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
 
 
 def check_map(graph, pmap):
-    """Every graph param and hparam has a binding in the map, and nothing else."""
-    spec = pmap["gguf"]
-    gp = {p["name"] for p in graph["params"]}
-    mp = set(spec["params"])
-    if gp - mp:
-        raise ir.CaptureError("params without a GGUF binding: %s" % sorted(gp - mp))
-    if mp - gp:
-        raise ir.CaptureError("map binds params the graph does not use: %s" % sorted(mp - gp))
-    gh = set(graph["hparams"])
-    mh = set(spec["hparams"])
-    if gh - mh:
-        raise ir.CaptureError("hparams without a GGUF binding: %s" % sorted(gh - mh))
+    """Every graph param and hparam has a binding in each section of the map (gguf,
+    safetensors), and no section binds a param the graph does not use."""
+    for section in ("gguf", "safetensors"):
+        spec = pmap.get(section)
+        if spec is None:
+            raise ir.CaptureError("map has no %r section" % section)
+        gp = {p["name"] for p in graph["params"]}
+        mp = set(spec["params"])
+        if gp - mp:
+            raise ir.CaptureError("params without a %s binding: %s" % (section, sorted(gp - mp)))
+        if mp - gp:
+            raise ir.CaptureError("%s map binds params the graph does not use: %s" % (section, sorted(mp - gp)))
+        gh = set(graph["hparams"])
+        mh = set(spec["hparams"])
+        if gh - mh:
+            raise ir.CaptureError("hparams without a %s binding: %s" % (section, sorted(gh - mh)))
+        if "max_positions" not in mh:
+            raise ir.CaptureError("%s map has no max_positions rule" % section)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="capture a Hugging Face model into an llmopt graph file")
-    ap.add_argument("--hf-arch", required=True, choices=sorted(ARCHS))
+    ap.add_argument("--hf-arch", required=True,
+                    help="architecture to capture (%s), a comma-separated list of them, or all; with more "
+                         "than one, -o is the parent folder (DIR/<arch>/)" % ", ".join(sorted(ARCHS)))
     ap.add_argument("-o", "--out", required=True, help="output folder (graph.json, map.json)")
-    ap.add_argument("--debug-dir", help="write the raw exported graph here")
+    ap.add_argument("--debug-dir", help="write the raw exported graph and the capture IR here")
     args = ap.parse_args(argv)
-    cmd = "python3 -m llmopt.capture --hf-arch %s -o programs/%s" % (args.hf_arch, args.hf_arch)
-    try:
-        capture(args.hf_arch, args.out, debug_dir=args.debug_dir, command=cmd)
-    except ir.CaptureError as e:
-        import traceback
-        traceback.print_exc()
-        print("capture failed: %s" % e, file=sys.stderr)
+    names = sorted(ARCHS) if args.hf_arch == "all" else [a for a in args.hf_arch.split(",") if a]
+    unknown = [a for a in names if a not in ARCHS]
+    if unknown or not names:
+        ap.error("unknown architecture(s) %s; known: %s" % (unknown, ", ".join(sorted(ARCHS))))
+    failed = []
+    for name in names:
+        out = os.path.join(args.out, name) if args.hf_arch == "all" or "," in args.hf_arch else args.out
+        cmd = "python3 -m llmopt.capture --hf-arch %s -o programs/%s" % (name, name)
+        print("==================== capture %s ====================" % name, flush=True)
+        try:
+            capture(name, out, debug_dir=args.debug_dir, command=cmd)
+            print("capture %s: OK" % name, flush=True)
+        except Exception as e:  # one architecture's failure must not hide the others'
+            import traceback
+            traceback.print_exc()
+            print("capture %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        print("capture failed for: %s" % " ".join(failed), file=sys.stderr)
         return 1
     return 0
 

@@ -1,14 +1,21 @@
-"""Golden data for CI: a small random-weight model as GGUF plus torch's logits.
+"""Golden data for CI: a small random-weight model as a Hugging Face checkpoint and as
+GGUF, plus torch's logits.
 
     python3 -m llmopt.golden --arch llama -o tests/golden/llama_tiny
+    python3 -m llmopt.golden --arch all -o tests/golden          (DIR/<arch>_tiny/)
 
-Writes model.gguf (F32, laid out the way llama.cpp's converter lays out a Llama:
-llama.* keys, Q/K rows permuted for interleaved RoPE, a plausible dummy vocab) and
-golden.json: a list of cases, each a list of forward steps to replay in order on one
-KV cache. Every step gives the token batch (tokens, positions, seq_slots, out_rows)
-and torch's f32 logits for each out row, computed by re-running each whole sequence
-with the model's own eager attention (not llmopt's op), plus argmax and the top-1 /
-top-2 margin of each row.
+Writes, from one model (`archs.TINY` config, random weights, seed in golden.json):
+- hf/: config.json + model.safetensors, saved by transformers (save_pretrained);
+- model.gguf: F32, converted from hf/ the way llama.cpp's convert_hf_to_gguf.py writes
+  that architecture (`llamacpp.py`: <arch>.* keys, Q/K rows permuted for Llama only,
+  Gemma's norm weights stored as w + 1, no output.weight when tied), with a small dummy
+  vocabulary of the family's kind (`vocabs.py`);
+- golden.json: a list of cases, each a list of forward steps to replay in order on one
+  KV cache. Every step gives the token batch (tokens, positions, seq_slots, out_rows)
+  and torch's f32 logits for each out row, computed by re-running each whole sequence
+  with the model's own eager attention (not llmopt's op), plus argmax and the top-1 /
+  top-2 margin of each row;
+- README.md.
 """
 
 import argparse
@@ -17,112 +24,20 @@ import math
 import os
 import sys
 
-from .gguf_writer import (GGUFWriter, FLOAT32, INT32, STRING, TOKEN_BYTE, TOKEN_CONTROL,
-                          TOKEN_NORMAL, TOKEN_UNKNOWN, f32_bytes, GGML_F32)
+from . import llamacpp, vocabs
+from .safetensors_io import HFCheckpoint
 
-LLAMA_TINY = {
-    "vocab": 384,
-    "d_model": 64,
-    "d_ff": 160,
-    "n_layers": 2,
-    "n_heads": 8,
-    "n_kv_heads": 4,
-    "head_dim": 8,
-    "rms_eps": 1e-5,
-    "rope_theta": 10000.0,
-}
+# Which dummy vocabulary, and the prompt ids: (BOS or None, lowest, highest + 1 normal id).
+TOKENIZER = {"llama": "llama", "gemma": "gemma", "qwen2": "qwen2", "qwen3": "qwen2"}
 
 
-def dummy_vocab(n):
-    """<unk>, <s>, </s>, the 256 byte tokens, then filler pieces (SentencePiece-like)."""
-    tokens = ["<unk>", "<s>", "</s>"]
-    types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL]
-    for b in range(256):
-        tokens.append("<0x%02X>" % b)
-        types.append(TOKEN_BYTE)
-    letters = "etaoinshrdlucmfwypvbgkjqxz"
-    k = 0
-    while len(tokens) < n:
-        a, b = divmod(k, len(letters))
-        piece = ("\u2581" if a % 2 == 0 else "") + letters[b] + (letters[a // 2 % len(letters)] if a >= 2 else "")
-        k += 1
-        if piece in tokens:
-            continue
-        tokens.append(piece)
-        types.append(TOKEN_NORMAL)
-    tokens, types = tokens[:n], types[:n]
-    scores = [0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(n - 259)]
-    return tokens, scores[:n], types
-
-
-def permute_rope_rows(w, heads):
-    """HF (split-halves) row order -> llama.cpp file order (interleaved pairs):
-    within each head, HF row half*(Dh/2)+j becomes file row 2*j+half."""
-    rows, cols = w.shape
-    dh = rows // heads
-    return w.reshape(heads, 2, dh // 2, cols).transpose(1, 2).reshape(rows, cols).contiguous()
-
-
-def write_llama_gguf(model, hp, path, name):
-    import torch
-    sd = {k: v.detach().to(torch.float32).cpu().contiguous() for k, v in model.state_dict().items()}
-    w = GGUFWriter()
-    w.add_string("general.architecture", "llama")
-    w.add_string("general.name", name)
-    w.add_u32("general.file_type", 0)  # all F32
-    w.add_u32("llama.vocab_size", hp["vocab"])
-    w.add_u32("llama.context_length", 2048)
-    w.add_u32("llama.embedding_length", hp["d_model"])
-    w.add_u32("llama.block_count", hp["n_layers"])
-    w.add_u32("llama.feed_forward_length", hp["d_ff"])
-    w.add_u32("llama.rope.dimension_count", hp["head_dim"])
-    w.add_u32("llama.attention.head_count", hp["n_heads"])
-    w.add_u32("llama.attention.head_count_kv", hp["n_kv_heads"])
-    if hp["head_dim"] != hp["d_model"] // hp["n_heads"]:
-        w.add_u32("llama.attention.key_length", hp["head_dim"])
-        w.add_u32("llama.attention.value_length", hp["head_dim"])
-    w.add_f32("llama.attention.layer_norm_rms_epsilon", hp["rms_eps"])
-    w.add_f32("llama.rope.freq_base", hp["rope_theta"])
-    tokens, scores, types = dummy_vocab(hp["vocab"])
-    w.add_string("tokenizer.ggml.model", "llama")
-    w.add_array("tokenizer.ggml.tokens", STRING, tokens)
-    w.add_array("tokenizer.ggml.scores", FLOAT32, scores)
-    w.add_array("tokenizer.ggml.token_type", INT32, types)
-    w.add_u32("tokenizer.ggml.bos_token_id", 1)
-    w.add_u32("tokenizer.ggml.eos_token_id", 2)
-    w.add_u32("tokenizer.ggml.unknown_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", True)
-    w.add_bool("tokenizer.ggml.add_eos_token", False)
-
-    def put(gname, t):
-        data = t.numpy().astype("<f4").tobytes() if _has_numpy() else f32_bytes(t.reshape(-1).tolist())
-        w.add_tensor(gname, list(t.shape), GGML_F32, data)
-
-    put("token_embd.weight", sd["model.embed_tokens.weight"])
-    for i in range(hp["n_layers"]):
-        p = "model.layers.%d." % i
-        b = "blk.%d." % i
-        put(b + "attn_norm.weight", sd[p + "input_layernorm.weight"])
-        put(b + "attn_q.weight", permute_rope_rows(sd[p + "self_attn.q_proj.weight"], hp["n_heads"]))
-        put(b + "attn_k.weight", permute_rope_rows(sd[p + "self_attn.k_proj.weight"], hp["n_kv_heads"]))
-        put(b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
-        put(b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
-        put(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
-        put(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
-        put(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
-        put(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
-    put("output_norm.weight", sd["model.norm.weight"])
-    if "lm_head.weight" in sd and not hp.get("tied"):
-        put("output.weight", sd["lm_head.weight"])
-    return w.write(path)
-
-
-def _has_numpy():
-    try:
-        import numpy
-        return numpy is not None
-    except ImportError:
-        return False
+def prompt_ids(arch_name, hp):
+    v = hp["vocab"]
+    if arch_name == "llama":
+        return hp["tokens"]["bos_token_id"], 3, v
+    if arch_name == "gemma":
+        return hp["tokens"]["bos_token_id"], 4, v
+    return None, 0, v - 3  # byte-level BPE: no BOS; the 3 control tokens are last
 
 
 def _f(x):
@@ -266,26 +181,105 @@ def check_llmopt_op(model, case_steps_cases, log):
     return worst
 
 
+def write_hf(model, out_dir, log):
+    """Saves the checkpoint as transformers does (save_pretrained: config.json and
+    model.safetensors, a tied lm_head left out); falls back to config.to_json_file and
+    the safetensors package. Checks the saved tensors equal the model's, bit for bit."""
+    import torch
+    os.makedirs(out_dir, exist_ok=True)
+    cfg_path = os.path.join(out_dir, "config.json")
+    st_path = os.path.join(out_dir, "model.safetensors")
+    how = "save_pretrained"
+    try:
+        model.save_pretrained(out_dir)
+    except Exception as e:  # keep going with the fallback, but say so
+        log("save_pretrained failed (%s: %s); writing config.json and model.safetensors directly" % (
+            type(e).__name__, str(e)[:500]))
+        how = None
+    if how is None or not (os.path.exists(cfg_path) and os.path.exists(st_path)):
+        from safetensors.torch import save_file
+        how = "config.to_json_file + safetensors.torch.save_file"
+        model.config.architectures = [type(model).__name__]
+        model.config.to_json_file(cfg_path)
+        sd = model.state_dict()
+        if getattr(model.config, "tie_word_embeddings", False):
+            sd.pop("lm_head.weight", None)
+        save_file({k: v.detach().float().contiguous().clone() for k, v in sd.items()}, st_path,
+                  metadata={"format": "pt"})
+    ck = HFCheckpoint(out_dir)
+    sd = model.state_dict()
+    for name in ck.tensor_order:
+        want = sd[name].detach().float().reshape(-1)
+        got = torch.tensor(ck.tensor_values(name), dtype=torch.float32)
+        if list(sd[name].shape) != ck.tensors[name]["shape"] or not torch.equal(got, want):
+            raise RuntimeError("hf/model.safetensors: tensor %s differs from the model's" % name)
+    missing = set(sd) - set(ck.tensors)
+    if missing - {"lm_head.weight"}:
+        raise RuntimeError("hf/model.safetensors lacks %s" % sorted(missing))
+    log("hf/: %s; files %s; %d tensors%s" % (how, sorted(os.listdir(out_dir)), len(ck.tensors),
+                                             " (lm_head tied, not stored)" if "lm_head.weight" in missing else ""))
+    return ck, how
+
+
+README = """# {name} — torch goldens for a small random {family}
+
+Made on the GPU machine by `scripts/capture_on_device.sh`
+(`PYTHONPATH=python python3 -m llmopt.golden --arch {arch} -o tests/golden/{name}`,
+torch {torch}, transformers {transformers}). Replayed without torch by
+`python3 -m unittest discover -s python/tests` (through `programs/{arch}`, from both files
+below) and by `tests/unit/test_golden.c` (model.gguf).
+
+- `hf/`: `{module}` with {desc}, random weights (seed {seed} in golden.json), saved by
+  transformers (`{how}`): config.json + model.safetensors{tied_note}.
+- `model.gguf`: the same weights, F32, converted from hf/ the way llama.cpp's
+  convert_hf_to_gguf.py writes `general.architecture = "{gguf_arch}"` ({conv_note}), with a
+  dummy {vocab_kind} vocabulary of {vocab} tokens.
+- `golden.json`: `cases`, each a list of `steps` replayed in order on one KV cache; a step
+  is one forward (tokens, positions, seq_slots, out_rows) with torch's f32 logits for each
+  out row, their argmax and top-1/top-2 margin. Logits come from the model's own eager
+  attention, re-running each whole sequence (not from llmopt's op). Case `prompt`: a
+  12-token prefill, then 32 greedy decode steps. Case `batch`: two prompts (7 and 5
+  tokens, slots 1 and 0, positions from 0) in one batch, then 4 batched decode steps.
+"""
+
+CONV_NOTES = {
+    "llama": "llama.* keys; Q/K rows permuted for llama.cpp's interleaved RoPE",
+    "qwen2": "qwen2.* keys; q/k/v biases; no row permutation (NEOX RoPE)",
+    "qwen3": "qwen3.* keys; attn_q_norm/attn_k_norm; no row permutation (NEOX RoPE)",
+    "gemma": "gemma.* keys; every norm weight stored as w + 1; no row permutation (NEOX RoPE); "
+             "no output.weight",
+}
+FAMILY = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
+
+
+def _desc(hp):
+    return ("vocab %d, d_model %d, d_ff %d, %d layers, %d heads, %d KV heads, head_dim %d, rms_eps %g, "
+            "rope_theta %g, %s lm_head" % (hp["vocab"], hp["d_model"], hp["d_ff"], hp["n_layers"], hp["n_heads"],
+                                           hp["n_kv_heads"], hp["head_dim"], hp["rms_eps"], hp["rope_theta"],
+                                           "tied" if hp.get("tied") else "untied"))
+
+
 def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
     import torch
     import transformers
-    from . import ops
     from .archs import ARCHS
     from .capture import init_random
-    if arch_name != "llama":
-        raise SystemExit("goldens are only defined for llama so far")
-    hp = dict(LLAMA_TINY)
+    from . import ops
+    arch = ARCHS[arch_name]
+    hp = dict(arch.tiny)
+    bos, lo, hi = prompt_ids(arch_name, hp)
 
     def build(sd):
         torch.manual_seed(sd)
-        model = ARCHS[arch_name].build(hp)
+        model = arch.build(hp)
         init_random(model, sd)
         ops.set_attn_implementation(model, "eager")
         ref = Reference(model)
         g = torch.Generator().manual_seed(sd + 1)
 
         def rand_ids(n):
-            return [1] + torch.randint(3, hp["vocab"], (n - 1,), generator=g).tolist()
+            head = [bos] if bos is not None else []
+            return head + torch.randint(lo, hi, (n - len(head),), generator=g).tolist()
 
         prompt = rand_ids(12)
         cases = [prompt_case(ref, prompt, n_decode),
@@ -299,23 +293,34 @@ def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
     best = None
     for sd in range(seed, seed + 8):
         r = build(sd)
-        log("golden seed %d: min margin / max |logit| = %.3g" % (sd, r[0]))
+        log("golden %s seed %d: min margin / max |logit| = %.3g" % (arch_name, sd, r[0]))
         if best is None or r[0] > best[1][0]:
             best = (sd, r)
         if r[0] >= 0.01:
             break
     seed, (ratio, model, prompt, cases) = best
+    if bool(getattr(model.config, "tie_word_embeddings", False)) != bool(hp.get("tied")):
+        raise RuntimeError("model tie_word_embeddings is %r, wanted %r" % (model.config.tie_word_embeddings,
+                                                                         hp.get("tied")))
     worst = check_llmopt_op(model, cases, log)
     os.makedirs(out_dir, exist_ok=True)
-    size = write_llama_gguf(model, hp, os.path.join(out_dir, "model.gguf"), "llama_tiny (random weights, llmopt golden)")
+    ck, how = write_hf(model, os.path.join(out_dir, "hf"), log)
+    tensors = {n: (ck.tensors[n]["shape"], ck.tensor_values(n)) for n in ck.tensor_order}
+    gguf_path = os.path.join(out_dir, "model.gguf")
+    name = "%s_tiny (random weights, llmopt golden)" % arch_name
+    kind = TOKENIZER[arch_name]
+    blob = llamacpp.write_gguf(ck.config, tensors, name,
+                               lambda w, a: vocabs.add_tokenizer(w, kind, hp["vocab"], hp["tokens"]), gguf_path)
     golden = {
         "format": "llmopt-golden",
         "version": 1,
         "model": "model.gguf",
+        "hf": "hf",
         "arch": arch_name,
         "config": hp,
         "seed": seed,
         "source": {"torch": torch.__version__, "transformers": transformers.__version__,
+                   "module": arch.module,
                    "attention": "transformers eager attention, f32 on CPU, each sequence re-run whole",
                    "command": "python3 -m llmopt.golden --arch %s -o tests/golden/%s_tiny" % (arch_name, arch_name)},
         "check": {"llmopt_attention_max_rel": float("%.3g" % worst),
@@ -328,19 +333,49 @@ def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
     text = dumps_golden(golden)
     with open(os.path.join(out_dir, "golden.json"), "w") as f:
         f.write(text)
-    log("golden: model.gguf %d bytes, golden.json %d bytes; prompt %s; greedy %s; min margin %.3g" % (
-        size, len(text), prompt, cases[0]["greedy"],
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write(README.format(
+            name="%s_tiny" % arch_name, family=FAMILY[arch_name], arch=arch_name, torch=torch.__version__,
+            transformers=transformers.__version__, module=arch.model_class, desc=_desc(hp), seed=seed, how=how,
+            tied_note=" (no lm_head.weight: tied to the embedding)" if hp.get("tied") else "",
+            gguf_arch=llamacpp.GGUF_ARCH[arch.model_class], conv_note=CONV_NOTES[arch_name],
+            vocab_kind={"llama": "SentencePiece (Llama 2 layout)", "gemma": "SentencePiece (Gemma's special ids)",
+                        "qwen2": "byte-level BPE (with merges)"}[kind],
+            vocab=hp["vocab"]))
+    log("golden %s: model.gguf %d bytes, golden.json %d bytes; prompt %s; greedy %s; min margin %.3g" % (
+        arch_name, len(blob), len(text), prompt, cases[0]["greedy"],
         min(m for c in cases for s in c["steps"] for m in s["margin"])))
     return golden
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="write golden GGUF + logits for CI")
-    ap.add_argument("--arch", default="llama")
+    ap = argparse.ArgumentParser(description="write golden checkpoints (HF + GGUF) and torch logits for CI")
+    ap.add_argument("--arch", default="llama", help="an architecture of llmopt.archs, a comma-separated list, "
+                                                   "or all; with more than one, -o is the parent folder "
+                                                   "(DIR/<arch>_tiny/)")
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args(argv)
-    make_golden(args.arch, args.out, args.seed)
+    from .archs import ARCHS
+    names = sorted(ARCHS) if args.arch == "all" else [a for a in args.arch.split(",") if a]
+    unknown = [a for a in names if a not in ARCHS]
+    if unknown or not names:
+        ap.error("unknown architecture(s) %s; known: %s" % (unknown, ", ".join(sorted(ARCHS))))
+    failed = []
+    for name in names:
+        out = os.path.join(args.out, "%s_tiny" % name) if args.arch == "all" or "," in args.arch else args.out
+        print("==================== golden %s ====================" % name, flush=True)
+        try:
+            make_golden(name, out, args.seed)
+            print("golden %s: OK" % name, flush=True)
+        except Exception as e:  # one architecture's failure must not hide the others'
+            import traceback
+            traceback.print_exc()
+            print("golden %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        print("golden failed for: %s" % " ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -78,6 +78,17 @@ def hf_attention(module, query, key, value, attention_mask, scaling=None, dropou
         raise RuntimeError("llmopt attention wants batch 1 (the token batch), got %d" % query.shape[0])
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    # Attention variants the canonical op cannot express yet: refuse rather than drop them
+    # silently (docs/capture.md lists what each needs).
+    if kwargs.get("softcap"):
+        raise RuntimeError("llmopt attention: attention logit softcapping (softcap=%r) is not an attribute of "
+                           "the canonical attention op yet" % kwargs["softcap"])
+    for k in ("s_aux", "sinks"):
+        if kwargs.get(k) is not None:
+            raise RuntimeError("llmopt attention: attention sinks (%s) are not supported by the canonical "
+                               "attention op yet" % k)
+    if dropout:
+        raise RuntimeError("llmopt attention: dropout %r at inference" % dropout)
     window = kwargs.get("sliding_window") or 0
     CTX.calls += 1
     out = torch.ops.llmopt.attention(query, key, value, CTX.positions, CTX.seq_slots, float(scaling), int(window))

@@ -1,7 +1,9 @@
 """Reference interpreter of graph files (docs/formats/graph.md), in pure Python.
 
-It unrolls `repeat`, evaluates expressions, binds parameters from a GGUF file through
-a parameter map (map.json, transforms included) or from a plain name -> tensor dict,
+It unrolls `repeat`, evaluates expressions, binds parameters from a GGUF file or a
+Hugging Face checkpoint directory (config.json + safetensors) through a parameter map
+(map.json: its "gguf" or "safetensors" section, transforms and match clause included) or
+from a plain name -> tensor dict,
 checks every node's declared shape and dtype, and runs the token-batch forward with a
 KV cache owned by the interpreter (the runtime's attention semantics). Slow but
 dependency-free: an oracle for small models only.
@@ -9,16 +11,19 @@ dependency-free: an oracle for small models only.
     python3 -m llmopt.ref_interp --graph programs/llama/graph.json \
         --map programs/llama/map.json --gguf tests/golden/llama_tiny/model.gguf \
         --golden tests/golden/llama_tiny/golden.json
+    python3 -m llmopt.ref_interp ... --hf tests/golden/llama_tiny/hf --golden ...
 """
 
 import argparse
 import json
 import math
 import operator
+import os
 import sys
 
 from . import expr as E
 from .gguf_writer import GGUFFile
+from .safetensors_io import HFCheckpoint
 
 
 class InterpError(RuntimeError):
@@ -374,25 +379,113 @@ class _Pending(Exception):
     pass
 
 
-def bind_gguf(graph, pmap, gg):
-    """Hparams and params of `graph` from GGUFFile `gg` through parameter map `pmap`."""
-    spec = pmap["gguf"]
-    arch = gg.kv.get("general.architecture", "")
+class BindError(InterpError):
+    """A program does not bind to a weights file (a refusal, not a broken program)."""
+
+
+def _config_get(config, path):
+    """Dotted path into config.json; None when absent (or null)."""
+    v = config
+    for part in path.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+class _GGUFSource:
+    section = "gguf"
+
+    def __init__(self, gg):
+        self.gg = gg
+        self.arch = gg.kv.get("general.architecture", "")
+        self.tensors = gg.tensors
+        self.tensor_order = gg.tensor_order
+
+    def meta(self, h, name):
+        if "key" not in h:
+            return None
+        key = h["key"].replace("{arch}", self.arch)
+        if key not in self.gg.kv:
+            return None
+        v = self.gg.kv[key]
+        if isinstance(v, list):
+            raise BindError("hparam %r: key %r is an array" % (name, key))
+        return v
+
+    def match_value(self, key):
+        return self.gg.kv.get(key)
+
+    def tensor_values(self, name):
+        return self.gg.tensor_values(name)
+
+
+class _HFSource:
+    section = "safetensors"
+
+    def __init__(self, ck):
+        self.ck = ck
+        self.tensors = ck.tensors
+        self.tensor_order = ck.tensor_order
+
+    def meta(self, h, name):
+        if "config" not in h:
+            return None
+        paths = h["config"] if isinstance(h["config"], list) else [h["config"]]
+        for p in paths:
+            v = _config_get(self.ck.config, p)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise BindError("hparam %r: config.json %s is %r, not a number" % (name, p, v))
+            return v
+        return None
+
+    def match_value(self, key):
+        return _config_get(self.ck.config, key)
+
+    def tensor_values(self, name):
+        return self.ck.tensor_values(name)
+
+
+def apply_transform(tr, shape, data, env, pname=""):
+    """The map transforms (docs/formats/graph.md), on row-major f32 data."""
+    op = tr.get("op")
+    if op == "unpermute_rope_rows":
+        return unpermute_rope_rows(shape, data, E.eval_int(tr["heads"], env))
+    if op == "add_scalar":
+        v = E.eval_float(tr["value"], env)
+        return [x + v for x in data]
+    raise BindError("param %r: unknown transform %r" % (pname, op))
+
+
+def check_match(pmap_section, src):
+    """The section's `match` clause: each metadata key must hold one of the listed values."""
+    for key, allowed in (pmap_section.get("match") or {}).items():
+        got = src.match_value(key)
+        if got not in allowed:
+            raise BindError("metadata %r is %r; this program wants one of %r" % (key, got, allowed))
+
+
+def bind_source(graph, pmap, src):
+    """Hparams and params of `graph` from a weights source through section
+    `src.section` of parameter map `pmap`. Returns (hparams, params, unused tensors).
+    Raises BindError when the program does not bind (missing tensor, wrong shape, ...)."""
+    if src.section not in pmap:
+        raise BindError("map.json has no %r section" % src.section)
+    spec = pmap[src.section]
+    check_match(spec, src)
     hspec = spec["hparams"]
 
     def lookup(name, env):
         if name not in hspec:
-            raise InterpError("map.json has no hparam %r" % name)
+            raise BindError("map.json has no hparam %r" % name)
         h = hspec[name]
-        if "key" in h:
-            key = h["key"].replace("{arch}", arch)
-            if key in gg.kv:
-                v = gg.kv[key]
-                if isinstance(v, list):
-                    raise InterpError("hparam %r: key %r is an array" % (name, key))
-                return v
+        v = src.meta(h, name)
+        if v is not None:
+            return v
         if "tensor" in h:
-            t = gg.tensors.get(h["tensor"])
+            t = src.tensors.get(h["tensor"])
             if t is not None:
                 return t["shape"][h.get("dim", 0)]
         if "default" in h:
@@ -401,9 +494,14 @@ def bind_gguf(graph, pmap, gg):
                 raise _Pending()
             v = E.evaluate(h["default"], env)
             return int(v) if not isinstance(v, float) and v.denominator == 1 else float(v)
-        raise InterpError("hparam %r: key %r absent and no default" % (name, h.get("key", h.get("tensor"))))
+        raise BindError("hparam %r: %s absent and no default" % (
+            name, h.get("key", h.get("config", h.get("tensor")))))
 
-    hp = _resolve_hparams(graph["hparams"], lookup)
+    names = list(graph["hparams"]) + [h for h in hspec if h not in graph["hparams"]]
+    try:
+        hp = _resolve_hparams(names, lookup)
+    except InterpError as e:
+        raise BindError(str(e)) from e
     params = {}
     n_layers = int(hp.get("n_layers", 0))
     pspec = spec["params"]
@@ -417,27 +515,67 @@ def bind_gguf(graph, pmap, gg):
         for i in layers:
             full = name if i is None else _subst_layer(name, i)
             tname = m["tensor"] if i is None else _subst_layer(m["tensor"], i)
-            if tname not in gg.tensors and "fallback" in m:
+            if tname not in src.tensors and "fallback" in m:
                 tname = m["fallback"] if i is None else _subst_layer(m["fallback"], i)
-            if tname not in gg.tensors:
-                raise InterpError("param %r: tensor %r not in the file" % (full, tname))
+            if tname not in src.tensors:
+                raise BindError("param %r: tensor %r not in the file" % (full, tname))
             used.add(tname)
-            shape = list(gg.tensors[tname]["shape"])
-            data = gg.tensor_values(tname)
+            shape = list(src.tensors[tname]["shape"])
             env = dict(hp)
             if i is not None:
                 env["i"] = i
             want = [E.eval_int(d, env) for d in p["shape"]]
             if shape != want:
-                raise InterpError("param %r (tensor %r): shape %r, graph wants %r" % (full, tname, shape, want))
+                raise BindError("param %r (tensor %r): shape %r, graph wants %r" % (full, tname, shape, want))
+            data = src.tensor_values(tname)
             tr = m.get("transform")
             if tr:
-                if tr["op"] != "unpermute_rope_rows":
-                    raise InterpError("unknown transform %r" % tr["op"])
-                data = unpermute_rope_rows(shape, data, E.eval_int(tr["heads"], env))
+                data = apply_transform(tr, shape, data, env, full)
             params[full] = Tensor(shape, data)
-    unused = [t for t in gg.tensor_order if t not in used]
+    unused = [t for t in src.tensor_order if t not in used]
     return hp, params, unused
+
+
+def bind_gguf(graph, pmap, gg):
+    """Hparams and params of `graph` from GGUFFile `gg` through the map's "gguf" section."""
+    return bind_source(graph, pmap, _GGUFSource(gg))
+
+
+def bind_safetensors(graph, pmap, ck):
+    """... from an HFCheckpoint (config.json + safetensors) through the "safetensors" section."""
+    return bind_source(graph, pmap, _HFSource(ck))
+
+
+def load_program(program_dir):
+    with open(os.path.join(program_dir, "graph.json")) as f:
+        graph = json.load(f)
+    with open(os.path.join(program_dir, "map.json")) as f:
+        pmap = json.load(f)
+    return graph, pmap
+
+
+def select_program(programs_dir, weights):
+    """The runtime's structure matching, in Python: tries every program of `programs_dir`
+    (sorted by name) on `weights` (a GGUFFile or an HFCheckpoint) and returns
+    (name, hparams, params, refusals) of the first whose params all bind and which uses
+    every tensor of the file; name is None when none does."""
+    refusals = {}
+    for name in sorted(os.listdir(programs_dir)):
+        d = os.path.join(programs_dir, name)
+        if not os.path.exists(os.path.join(d, "graph.json")):
+            continue
+        graph, pmap = load_program(d)
+        src = _GGUFSource(weights) if isinstance(weights, GGUFFile) else _HFSource(weights)
+        try:
+            hp, params, unused = bind_source(graph, pmap, src)
+        except BindError as e:
+            refusals[name] = str(e)
+            continue
+        if unused:
+            refusals[name] = "tensors the program does not use: %s" % unused[:8]
+            continue
+        return name, hp, params, refusals
+    return None, None, None, refusals
 
 
 def bind_dict(graph, hparams, tensors):
@@ -731,7 +869,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graph", required=True)
     ap.add_argument("--map", required=True)
-    ap.add_argument("--gguf", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", help="bind a GGUF file through the map's gguf section")
+    src.add_argument("--hf", help="bind a Hugging Face directory (config.json + safetensors) through the "
+                                  "map's safetensors section")
     ap.add_argument("--golden", required=True)
     ap.add_argument("--max-rel", type=float, default=1e-4, help="fail above this relative error")
     args = ap.parse_args(argv)
@@ -741,8 +882,10 @@ def main(argv=None):
         pmap = json.load(f)
     with open(args.golden) as f:
         golden = json.load(f)
-    gg = GGUFFile(args.gguf)
-    hp, params, unused = bind_gguf(graph, pmap, gg)
+    if args.gguf:
+        hp, params, unused = bind_gguf(graph, pmap, GGUFFile(args.gguf))
+    else:
+        hp, params, unused = bind_safetensors(graph, pmap, HFCheckpoint(args.hf))
     print("bound hparams:", json.dumps(hp))
     if unused:
         print("tensors in the file the graph does not use:", unused)
@@ -751,7 +894,7 @@ def main(argv=None):
     worst = max(s.max_rel for s in res.values())
     mism = sum(s.argmax_mismatch for s in res.values())
     print("ref_interp: max_rel=%.3g argmax_mismatch=%d" % (worst, mism))
-    if worst > args.max_rel or mism:
+    if worst > args.max_rel or mism or unused:
         print("ref_interp: FAILED", file=sys.stderr)
         return 1
     print("ref_interp: OK")

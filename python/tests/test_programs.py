@@ -1,7 +1,9 @@
 """The committed artifacts agree with each other, checked with the pure-Python
-interpreter (no torch): programs/llama (graph.json + map.json) replays the torch
-goldens of tests/golden/llama_tiny, and reproduces stories260K's known greedy
-continuation from ../shared/models when that folder is there.
+interpreter (no torch): every programs/<arch> (graph.json + map.json) replays the torch
+goldens of tests/golden/<arch>_tiny from both of its files (model.gguf through the map's
+"gguf" section, hf/ through its "safetensors" section), each golden file selects exactly
+its own program, and programs/llama reproduces stories260K's known greedy continuation
+from ../shared/models when that folder is there.
 
     python3 -m unittest discover -s python/tests
 """
@@ -18,10 +20,12 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 from llmopt import ir  # noqa: E402
 from llmopt import ref_interp as RI  # noqa: E402
 from llmopt.gguf_writer import GGUFFile  # noqa: E402
+from llmopt.safetensors_io import HFCheckpoint  # noqa: E402
 
-PROGRAM = os.path.join(ROOT, "programs", "llama")
-GOLDEN = os.path.join(ROOT, "tests", "golden", "llama_tiny")
+PROGRAMS = os.path.join(ROOT, "programs")
+GOLDEN = os.path.join(ROOT, "tests", "golden")
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared", "models"))
+EXPECTED = ["gemma", "llama", "qwen2", "qwen3"]
 
 
 def load(path):
@@ -29,31 +33,85 @@ def load(path):
         return json.load(f)
 
 
-@unittest.skipUnless(os.path.exists(os.path.join(PROGRAM, "graph.json")), "no programs/llama")
-class TestLlamaProgram(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.graph = load(os.path.join(PROGRAM, "graph.json"))
-        cls.pmap = load(os.path.join(PROGRAM, "map.json"))
+def program_names():
+    return sorted(n for n in os.listdir(PROGRAMS) if os.path.exists(os.path.join(PROGRAMS, n, "graph.json")))
+
+
+class TestPrograms(unittest.TestCase):
+    def test_expected_programs(self):
+        self.assertTrue(set(EXPECTED) <= set(program_names()), program_names())
+        for arch in EXPECTED:
+            self.assertTrue(os.path.exists(os.path.join(GOLDEN, "%s_tiny" % arch, "golden.json")), arch)
 
     def test_structure(self):
-        g = self.graph
-        ir.validate(g, ir.CANONICAL_OPS)
-        self.assertEqual([i["name"] for i in g["inputs"]], ["tokens", "positions", "seq_slots", "out_rows"])
-        self.assertEqual(sum(1 for n in g["nodes"] if n["op"] == "repeat"), 1)
-        self.assertEqual({p["name"] for p in g["params"]}, set(self.pmap["gguf"]["params"]))
-        self.assertTrue(set(g["hparams"]) <= set(self.pmap["gguf"]["hparams"]))
+        for arch in program_names():
+            with self.subTest(arch=arch):
+                g = load(os.path.join(PROGRAMS, arch, "graph.json"))
+                pmap = load(os.path.join(PROGRAMS, arch, "map.json"))
+                ir.validate(g, ir.CANONICAL_OPS)
+                self.assertEqual([i["name"] for i in g["inputs"]], ["tokens", "positions", "seq_slots", "out_rows"])
+                self.assertEqual(sum(1 for n in g["nodes"] if n["op"] == "repeat"), 1)
+                rep = [n for n in g["nodes"] if n["op"] == "repeat"][0]
+                self.assertEqual(sum(1 for n in rep["body"] if n["op"] == "attention"), 1)
+                for section in ("gguf", "safetensors"):
+                    self.assertEqual({p["name"] for p in g["params"]}, set(pmap[section]["params"]), section)
+                    self.assertTrue(set(g["hparams"]) | {"max_positions"} <= set(pmap[section]["hparams"]), section)
 
-    @unittest.skipUnless(os.path.exists(os.path.join(GOLDEN, "golden.json")), "no llama_tiny golden")
-    def test_golden_replay(self):
-        golden = load(os.path.join(GOLDEN, "golden.json"))
-        hp, params, unused = RI.bind_gguf(self.graph, self.pmap, GGUFFile(os.path.join(GOLDEN, "model.gguf")))
+
+class GoldenReplay:
+    """Mixed into one TestCase per committed golden (below)."""
+    arch = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = os.path.join(GOLDEN, "%s_tiny" % cls.arch)
+        cls.graph = load(os.path.join(PROGRAMS, cls.arch, "graph.json"))
+        cls.pmap = load(os.path.join(PROGRAMS, cls.arch, "map.json"))
+        cls.golden = load(os.path.join(cls.dir, "golden.json"))
+
+    def replay(self, hp, params, unused):
         self.assertEqual(unused, [])
-        res = RI.check_golden(RI.Program(self.graph, hp, params), golden, log=lambda *a: None)
+        for k, v in self.golden["config"].items():
+            if k in hp:
+                self.assertAlmostEqual(float(hp[k]), float(v), places=6, msg=k)
+        self.assertEqual(hp["max_positions"], self.golden["config"]["max_positions"])
+        res = RI.check_golden(RI.Program(self.graph, hp, params), self.golden, log=lambda *a: None)
         for name, st in res.items():
             self.assertLess(st.max_rel, 1e-4, name)
             self.assertEqual(st.argmax_mismatch, 0, name)
+        prompt = self.golden["cases"][0]
+        self.assertEqual(len(prompt["greedy"]), 32)
+        self.assertEqual(sum(1 for s in prompt["steps"] if len(s["tokens"]) == 1), 32)
         self.assertGreaterEqual(sum(st.rows for st in res.values()), 32)
+        return res
+
+    def test_gguf(self):
+        gg = GGUFFile(os.path.join(self.dir, "model.gguf"))
+        self.replay(*RI.bind_gguf(self.graph, self.pmap, gg))
+
+    def test_safetensors(self):
+        ck = HFCheckpoint(os.path.join(self.dir, "hf"))
+        self.replay(*RI.bind_safetensors(self.graph, self.pmap, ck))
+
+    def test_selects_own_program(self):
+        for w in (GGUFFile(os.path.join(self.dir, "model.gguf")), HFCheckpoint(os.path.join(self.dir, "hf"))):
+            name, _, _, refusals = RI.select_program(PROGRAMS, w)
+            self.assertEqual(name, self.arch, refusals)
+
+
+for _arch in EXPECTED:
+    if os.path.exists(os.path.join(GOLDEN, "%s_tiny" % _arch, "golden.json")) and \
+            os.path.exists(os.path.join(PROGRAMS, _arch, "graph.json")):
+        globals()["TestGolden_%s" % _arch] = type("TestGolden_%s" % _arch, (GoldenReplay, unittest.TestCase),
+                                                  {"arch": _arch})
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(PROGRAMS, "llama", "graph.json")), "no programs/llama")
+class TestLlamaRealFiles(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.graph = load(os.path.join(PROGRAMS, "llama", "graph.json"))
+        cls.pmap = load(os.path.join(PROGRAMS, "llama", "map.json"))
 
     @unittest.skipUnless(os.path.exists(os.path.join(SHARED, "stories260K", "expected_greedy.json")),
                          "no shared stories260K")
@@ -64,6 +122,9 @@ class TestLlamaProgram(unittest.TestCase):
         hp, params, unused = RI.bind_gguf(self.graph, self.pmap, gg)
         self.assertEqual((hp["n_layers"], hp["n_kv_heads"], hp["head_dim"]), (5, 4, 8))
         self.assertEqual(unused, [])  # tied embeddings: output.weight falls back to token_embd
+        # a tied Llama has a Gemma GGUF's structure: only the llama program may take it
+        name, _, _, refusals = RI.select_program(PROGRAMS, gg)
+        self.assertEqual(name, "llama", refusals)
         prog = RI.Program(self.graph, hp, params)
         prog.check_shapes = False
         tok, got = 1, []

@@ -5,6 +5,7 @@
 
 #include "backend/kv_cache.h"
 #include "ir/ir.h"
+#include "passes/memplan.h"
 
 /* One token-batch forward (DESIGN decision 1). */
 struct exec_batch {
@@ -26,8 +27,11 @@ struct backend_ops {
     /* Plans memory for batches of up to n_max tokens over sequences of up to max_ctx
      * positions and allocates everything a step needs; *state is the backend's
      * compiled form of g (g must outlive it). */
+    /* plan: a memory plan for g at n_max (e.g. from a Model Program), or NULL to plan
+     * here. */
     enum llmopt_status (*prepare)(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
-                                  void **state, struct llmopt_err *err);
+                                  const struct mem_plan *plan, void **state,
+                                  struct llmopt_err *err);
     /* Runs one batch; *logits points at (M, vocab) floats valid until the next run. */
     enum llmopt_status (*run)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
                               const float **logits, struct llmopt_err *err);

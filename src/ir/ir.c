@@ -258,8 +258,10 @@ enum llmopt_status ir_infer_node(struct ir_graph *g, int32_t idx, struct llmopt_
         return LLMOPT_OK; /* set by the importer */
     case IR_OP_CONST:
         out->rank = 0;
+        node->constant = true;
         break;
     case IR_OP_ROPE_FREQS:
+        node->constant = true;
         if (at->axis <= 0 || at->axis % 2) INFER_FAIL("dim must be even and positive");
         out->rank = 1;
         out->dims[0] = dim_const(at->axis / 2);
@@ -273,7 +275,15 @@ enum llmopt_status ir_infer_node(struct ir_graph *g, int32_t idx, struct llmopt_
         break;
     }
     case IR_OP_LINEAR: {
-        if (node->n_in != 2 && node->n_in != 3) INFER_FAIL("takes 2 or 3 operands");
+        uint32_t fl = at->linear_flags;
+        int want_in = 2 + !!(fl & IR_LINEAR_BIAS) + !!(fl & IR_LINEAR_GATE) + !!(fl & IR_LINEAR_RESIDUAL);
+        if (node->n_in == 3 && fl == 0) {
+            at->linear_flags = fl = IR_LINEAR_BIAS; /* graph files give a bias as operand 3 */
+            want_in = 3;
+        }
+        if (node->n_in != want_in) INFER_FAIL("takes %d operands for its epilogue, got %d", want_in, node->n_in);
+        if (at->linear_act != IR_OP_INPUT && !ir_op_is_unary_elementwise(at->linear_act))
+            INFER_FAIL("epilogue activation %s is not a unary op", ir_op_name(at->linear_act));
         if (b->shape.rank != 2) INFER_FAIL("weight must be 2-D, is %s",
                                            ir_shape_str(&b->shape, b1, sizeof b1));
         if (a->shape.rank < 1 || !ir_dim_eq(a->shape.dims[a->shape.rank - 1], b->shape.dims[1]))
@@ -282,13 +292,31 @@ enum llmopt_status ir_infer_node(struct ir_graph *g, int32_t idx, struct llmopt_
         if (b->shape.dims[1].coef % ir_dtype_block_elems(b->dtype))
             INFER_FAIL("weight row length is not a multiple of the %s block",
                        ir_dtype_name(b->dtype));
-        if (node->n_in == 3) {
-            const struct ir_node *bias = &g->nodes[node->in[2]];
+        int k = 2;
+        if (fl & IR_LINEAR_BIAS) {
+            const struct ir_node *bias = &g->nodes[node->in[k++]];
             if (bias->shape.rank != 1 || !ir_dim_eq(bias->shape.dims[0], b->shape.dims[0]))
                 INFER_FAIL("bias shape mismatch");
         }
         *out = a->shape;
         out->dims[out->rank - 1] = b->shape.dims[0];
+        for (; k < node->n_in; k++)
+            if (!ir_shape_eq(&g->nodes[node->in[k]].shape, out))
+                INFER_FAIL("epilogue operand %d shape %s differs from the output's %s", k,
+                           ir_shape_str(&g->nodes[node->in[k]].shape, b1, sizeof b1),
+                           ir_shape_str(out, b2, sizeof b2));
+        break;
+    }
+    case IR_OP_ROPE: {
+        struct ir_shape tmp;
+        const struct ir_shape *c = &g->nodes[node->in[1]].shape, *s = &g->nodes[node->in[2]].shape;
+        if (a->shape.rank < 1 || a->shape.dims[a->shape.rank - 1].sym ||
+            a->shape.dims[a->shape.rank - 1].coef % 2)
+            INFER_FAIL("x needs an even last dimension");
+        if (!ir_shape_eq(c, s) || infer_broadcast(&a->shape, c, &tmp) || !ir_shape_eq(&tmp, &a->shape))
+            INFER_FAIL("cos/sin %s must broadcast to x %s", ir_shape_str(c, b1, sizeof b1),
+                       ir_shape_str(&a->shape, b2, sizeof b2));
+        *out = a->shape;
         break;
     }
     case IR_OP_MATMUL: {
@@ -494,6 +522,36 @@ void ir_count_uses(struct ir_graph *g) {
     if (g->output != IR_NONE) g->nodes[g->output].n_uses++;
 }
 
+void ir_replace_uses(struct ir_graph *g, int32_t from, int32_t to) {
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++)
+            if (g->nodes[i].in[k] == from) g->nodes[i].in[k] = to;
+    if (g->output == from) g->output = to;
+}
+
+enum llmopt_status ir_set_operands(struct ir_graph *g, int32_t idx, const int32_t *in, int n_in,
+                                   struct llmopt_err *err) {
+    int32_t *ops = n_in ? arena_alloc(g->arena, (size_t)n_in * sizeof *ops) : NULL;
+    if (n_in && !ops) return err_set(err, LLMOPT_ERR_NOMEM, "ir: out of memory");
+    for (int k = 0; k < n_in; k++) {
+        LLMOPT_ASSERT(in[k] >= 0 && in[k] < idx);
+        ops[k] = in[k];
+    }
+    g->nodes[idx].in = ops;
+    g->nodes[idx].n_in = n_in;
+    return LLMOPT_OK;
+}
+
+int32_t ir_count_kernels(const struct ir_graph *g) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *node = &g->nodes[i];
+        enum ir_op op = node->op;
+        n += !(op == IR_OP_INPUT || op == IR_OP_PARAM || op == IR_OP_RESHAPE || node->constant);
+    }
+    return n;
+}
+
 void ir_print(const struct ir_graph *g, FILE *out) {
     char buf[160];
     for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -511,6 +569,12 @@ void ir_print(const struct ir_graph *g, FILE *out) {
             break;
         case IR_OP_SOFTMAX:
         case IR_OP_CONCAT: fprintf(out, "  dim=%" PRId64, n->attrs.axis); break;
+        case IR_OP_LINEAR:
+            if (n->attrs.linear_act != IR_OP_INPUT) fprintf(out, "  act=%s", ir_op_name(n->attrs.linear_act));
+            if (n->attrs.linear_flags & IR_LINEAR_BIAS) fprintf(out, " +bias");
+            if (n->attrs.linear_flags & IR_LINEAR_GATE) fprintf(out, " *gate");
+            if (n->attrs.linear_flags & IR_LINEAR_RESIDUAL) fprintf(out, " +residual");
+            break;
         case IR_OP_SLICE:
             fprintf(out, "  dim=%" PRId64 " start=%" PRId64 " end=%" PRId64 "%s step=%" PRId64,
                     n->attrs.axis, n->attrs.start.coef, n->attrs.end.coef,
@@ -518,6 +582,7 @@ void ir_print(const struct ir_graph *g, FILE *out) {
             break;
         default: break;
         }
+        if (n->constant) fprintf(out, "  (constant)");
         if (n->name) fprintf(out, "  ; %s", n->name);
         if (n->op == IR_OP_PARAM && n->weight.source && strcmp(n->weight.source, n->name))
             fprintf(out, " <- %s", n->weight.source);

@@ -46,7 +46,8 @@ size_t ir_dtype_row_bytes(enum ir_dtype t, int64_t n);
     X(RMS_NORM, "rms_norm", 2) X(LAYER_NORM, "layer_norm", 3)                      \
     X(RESHAPE, "reshape", 1) X(PERMUTE, "permute", 1) X(EXPAND, "expand", 1)        \
     X(SLICE, "slice", 1) X(CONCAT, "concat", -1) X(CAST, "cast", 1)                 \
-    X(SELECT_ROWS, "select_rows", 2) X(ATTENTION, "attention", 5)
+    X(SELECT_ROWS, "select_rows", 2) X(ATTENTION, "attention", 5)                  \
+    X(ROPE, "rope", 3)
 
 enum ir_op {
 #define IR_OP_ENUM(name, str, arity) IR_OP_##name,
@@ -84,7 +85,16 @@ struct ir_weight {
     const void *data;
     enum ir_dtype dtype;
     uint64_t n_bytes;
-    const char *source; /* tensor name in the weights file, for messages */
+    const char *source;    /* tensor name in the weights file */
+    const char *transform; /* the map transform applied at bind (compact JSON), or NULL */
+};
+
+/* Epilogue of a fused linear: y = act(x W^T + bias) * gate + residual. Operands
+ * after x and w come in this order, each present only when its flag is set. */
+enum ir_linear_flags {
+    IR_LINEAR_BIAS = 1 << 0,
+    IR_LINEAR_GATE = 1 << 1,     /* multiply by an operand of the output's shape */
+    IR_LINEAR_RESIDUAL = 1 << 2, /* add an operand of the output's shape */
 };
 
 struct ir_attrs {
@@ -99,6 +109,8 @@ struct ir_attrs {
     enum ir_dtype cast_to;        /* cast */
     int64_t window;               /* attention: 0 = unlimited */
     int32_t kv_layer;             /* attention: index of its KV cache layer */
+    uint32_t linear_flags;        /* linear: enum ir_linear_flags */
+    enum ir_op linear_act;        /* linear: unary activation, or IR_OP_INPUT for none */
 };
 
 struct ir_node {
@@ -111,6 +123,7 @@ struct ir_node {
     const char *name;    /* graph-file id or param name (arena string) */
     struct ir_weight weight; /* PARAM only */
     int32_t n_uses;      /* filled by ir_count_uses */
+    bool constant;       /* depends on no input: computed once when a plan is prepared */
 };
 
 /* Inputs of every token-batch entrypoint (graph.md). */
@@ -147,6 +160,13 @@ enum llmopt_status ir_infer_node(struct ir_graph *g, int32_t idx, struct llmopt_
 /* Checks the whole graph: operand order, arities, shapes consistent, one output. */
 enum llmopt_status ir_verify(const struct ir_graph *g, struct llmopt_err *err);
 void ir_count_uses(struct ir_graph *g);
+/* Points every use of node `from` (and the output) at node `to`. */
+void ir_replace_uses(struct ir_graph *g, int32_t from, int32_t to);
+/* Sets node idx's operands (copied into the arena). */
+enum llmopt_status ir_set_operands(struct ir_graph *g, int32_t idx, const int32_t *in, int n_in,
+                                   struct llmopt_err *err);
+/* Nodes a step executes as kernels (not inputs, params, views or constants). */
+int32_t ir_count_kernels(const struct ir_graph *g);
 
 void ir_extent_of(const struct ir_shape *s, int64_t n, int64_t m, struct ir_extent *out);
 int64_t ir_extent_numel(const struct ir_extent *e);

@@ -21,6 +21,14 @@ struct mem_plan {
 
 enum llmopt_status mem_plan_build(const struct ir_graph *g, int64_t n_max, int64_t m_max,
                                   struct mem_plan *out, struct llmopt_err *err);
+/* A plan given from outside (a Model Program): takes the offsets (n_nodes entries)
+ * and checks them: every stored node inside the arena, views at their root's offset,
+ * and no two buffers live at the same time overlapping. Errors name the node. */
+enum llmopt_status mem_plan_from_offsets(const struct ir_graph *g, int64_t n_max, int64_t m_max,
+                                         const int64_t *offsets, size_t arena_bytes,
+                                         struct mem_plan *out, struct llmopt_err *err);
+enum llmopt_status mem_plan_copy(const struct mem_plan *src, struct mem_plan *dst,
+                                 struct llmopt_err *err);
 void mem_plan_free(struct mem_plan *p);
 /* Bytes a node's result needs at the plan's N_max/M_max. */
 size_t mem_plan_node_bytes(const struct ir_node *n, int64_t n_max, int64_t m_max);

@@ -55,33 +55,34 @@ static bool owned_push(struct llmopt_model *m, void *p) {
     return true;
 }
 
-static enum ir_dtype dtype_of_ggml(enum ggml_type t, bool *ok) {
+static enum ggml_type ggml_of_dtype(enum ir_dtype t, bool *ok) {
     *ok = true;
     switch (t) {
-    case GGML_TYPE_F32: return IR_DTYPE_F32;
-    case GGML_TYPE_F16: return IR_DTYPE_F16;
-    case GGML_TYPE_BF16: return IR_DTYPE_BF16;
-    case GGML_TYPE_Q8_0: return IR_DTYPE_Q8_0;
-    case GGML_TYPE_Q4_0: return IR_DTYPE_Q4_0;
-    default: *ok = false; return IR_DTYPE_F32;
+    case IR_DTYPE_F32: return GGML_TYPE_F32;
+    case IR_DTYPE_F16: return GGML_TYPE_F16;
+    case IR_DTYPE_BF16: return GGML_TYPE_BF16;
+    case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
+    case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
+    default: *ok = false; return GGML_TYPE_F32;
     }
 }
 
-/* Row-major shape of a GGUF tensor (ne reversed), padded/stripped to `rank` when the
- * extra dims are 1. False if it cannot be expressed at that rank. */
-static bool gguf_shape(const struct gguf_tensor *t, int rank, int64_t *dims) {
-    for (uint32_t d = (uint32_t)rank; d < t->n_dims; d++)
-        if (t->ne[d] != 1) return false;
+/* A tensor's row-major shape at `rank`: leading dims of 1 may be dropped or added.
+ * False if it cannot be expressed at that rank. */
+static bool tensor_shape(const struct weights_tensor *t, int rank, int64_t *dims) {
+    int extra = t->n_dims - rank;
+    for (int d = 0; d < extra; d++)
+        if (t->shape[d] != 1) return false;
     for (int d = 0; d < rank; d++) {
-        uint32_t k = (uint32_t)(rank - 1 - d);
-        dims[d] = k < t->n_dims ? (int64_t)t->ne[k] : 1;
+        int k = d + extra;
+        dims[d] = k >= 0 ? t->shape[k] : 1;
     }
     return true;
 }
 
 static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *err) {
     struct llmopt_model *m = b->m;
-    const json_t *hmap = json_object_get(json_object_get(m->map, "gguf"), "hparams");
+    const json_t *hmap = json_object_get(json_object_get(m->map, weights_kind_section(m->weights.kind)), "hparams");
     size_t n = json_object_size(hmap);
     if (n > IR_MAX_HPARAMS) return err_set(err, LLMOPT_ERR_LIMIT, "map: more than %d hparams", IR_MAX_HPARAMS);
     bool done[IR_MAX_HPARAMS] = {0};
@@ -97,28 +98,33 @@ static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *e
             if (done[i]) continue;
             double value = 0;
             bool have = false;
-            const char *key_tmpl = json_string_value(json_object_get(spec, "key"));
+            /* "key": GGUF metadata; "config": a dotted config.json path or a list of them */
+            const json_t *key_rule = json_object_get(spec, "key");
+            if (!key_rule) key_rule = json_object_get(spec, "config");
             const char *tensor = json_string_value(json_object_get(spec, "tensor"));
             const json_t *dflt = json_object_get(spec, "default");
-            if (key_tmpl) {
-                char key[BIND_NAME_MAX];
-                if (!substitute_arch(key_tmpl, b->arch, key, sizeof key))
-                    return err_set(err, LLMOPT_ERR_FORMAT, "map: key '%s' too long", key_tmpl);
-                have = gguf_get_f64(m->gguf, key, &value);
+            if (key_rule) {
+                char key[BIND_NAME_MAX] = "";
+                size_t n_alt = json_is_array(key_rule) ? json_array_size(key_rule) : 1;
+                for (size_t a = 0; a < n_alt && !have; a++) {
+                    const char *tmpl = json_string_value(json_is_array(key_rule) ? json_array_get(key_rule, a) : key_rule);
+                    if (!tmpl || !substitute_arch(tmpl, b->arch, key, sizeof key))
+                        return err_set(err, LLMOPT_ERR_FORMAT, "map: hparam '%s' has a bad key", name);
+                    have = weights_number(&m->weights, key, &value);
+                }
                 if (!have && !dflt)
-                    return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': metadata key '%s' not in the file",
-                                   name, key);
+                    return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': key '%s' not in the %s", name, key,
+                                   m->weights.kind == WEIGHTS_GGUF ? "file's metadata" : "config.json");
             }
             if (!have && tensor) {
-                const struct gguf_tensor *t = gguf_find_tensor(m->gguf, tensor);
+                struct weights_tensor t;
                 json_int_t dim = json_integer_value(json_object_get(spec, "dim"));
-                int64_t dims[GGUF_MAX_DIMS];
-                if (!t || dim < 0 || dim >= (json_int_t)t->n_dims || !gguf_shape(t, (int)t->n_dims, dims)) {
+                if (!weights_find(&m->weights, tensor, &t) || dim < 0 || dim >= t.n_dims) {
                     if (!dflt)
                         return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': tensor '%s' dim %lld not in the file",
                                        name, tensor, (long long)dim);
                 } else {
-                    value = (double)dims[dim];
+                    value = (double)t.shape[dim];
                     have = true;
                 }
             }
@@ -165,13 +171,14 @@ static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *e
 }
 
 /* Whole rows move: row half*(hd/2)+j of each head comes from row 2*j+half. */
-static enum llmopt_status transform_unpermute_rope_rows(struct binder *b, const json_t *spec,
+/* Whole rows move: row half*(hd/2)+j of each head comes from row 2*j+half. */
+static enum llmopt_status transform_unpermute_rope_rows(struct llmopt_model *m, const json_t *spec,
                                                         const char *pname, int64_t rows,
                                                         size_t row_bytes, struct ir_weight *w,
                                                         struct llmopt_err *err) {
     double heads_d;
     const json_t *heads = json_object_get(spec, "heads");
-    enum llmopt_status st = ir_number_from_json(heads, &b->m->hp, &heads_d, err);
+    enum llmopt_status st = ir_number_from_json(heads, &m->hp, &heads_d, err);
     if (st) {
         err_prefix(err, "param '%s' transform heads", pname);
         return st;
@@ -182,7 +189,7 @@ static enum llmopt_status transform_unpermute_rope_rows(struct binder *b, const 
                        pname, (long long)rows, (long long)n_heads);
     int64_t hd = rows / n_heads;
     uint8_t *dst = malloc((size_t)rows * row_bytes);
-    if (!dst || !owned_push(b->m, dst)) {
+    if (!dst || !owned_push(m, dst)) {
         free(dst);
         return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
     }
@@ -193,6 +200,97 @@ static enum llmopt_status transform_unpermute_rope_rows(struct binder *b, const 
                 memcpy(dst + (size_t)(h * hd + half * (hd / 2) + j) * row_bytes,
                        src + (size_t)(h * hd + 2 * j + half) * row_bytes, row_bytes);
     w->data = dst;
+    return LLMOPT_OK;
+}
+
+/* value added to every element of an f32 vector (e.g. Gemma's norms, stored as 1 + w). */
+static enum llmopt_status transform_add_scalar(struct llmopt_model *m, const json_t *spec,
+                                               const char *pname, int64_t n, struct ir_weight *w,
+                                               struct llmopt_err *err) {
+    double value;
+    enum llmopt_status st = ir_number_from_json(json_object_get(spec, "value"), &m->hp, &value, err);
+    if (st) {
+        err_prefix(err, "param '%s' transform value", pname);
+        return st;
+    }
+    if (w->dtype != IR_DTYPE_F32)
+        return err_set(err, LLMOPT_ERR_BIND, "param '%s': add_scalar needs an f32 vector", pname);
+    float *dst = malloc((size_t)n * sizeof(float));
+    if (!dst || !owned_push(m, dst)) {
+        free(dst);
+        return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
+    }
+    const float *src = w->data;
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i] + (float)value;
+    w->data = dst;
+    return LLMOPT_OK;
+}
+
+enum llmopt_status model_bind_tensor(struct llmopt_model *m, const char *pname,
+                                     const struct weights_tensor *t, const struct ir_shape *shape,
+                                     const json_t *transform, struct ir_weight *out,
+                                     struct llmopt_err *err) {
+    const char *tname = t->name;
+    int64_t dims[IR_MAX_RANK];
+    bool shape_ok = tensor_shape(t, shape->rank, dims);
+    for (int d = 0; shape_ok && d < shape->rank; d++) shape_ok = dims[d] == shape->dims[d].coef;
+    if (!shape_ok) {
+        char want[128], got[160] = "[";
+        ir_shape_str(shape, want, sizeof want);
+        for (int d = 0; d < t->n_dims; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%lld%s", (long long)t->shape[d],
+                     d + 1 < t->n_dims ? ", " : "");
+        snprintf(got + strlen(got), sizeof got - strlen(got), "]");
+        return err_set(err, LLMOPT_ERR_BIND, "tensor '%s' has shape %s, param '%s' needs %s", tname, got,
+                       pname, want);
+    }
+    if (!t->dtype_known)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "tensor '%s' has type %d, which llmopt does not read",
+                       tname, t->raw_type);
+    out->dtype = t->dtype;
+    out->data = t->data;
+    out->n_bytes = t->n_bytes;
+    out->source = ir_strdup(&m->ir, tname);
+    out->transform = NULL;
+    int64_t row_len = shape->rank ? shape->dims[shape->rank - 1].coef : 1;
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < shape->rank; d++) rows *= shape->dims[d].coef;
+    int64_t row_len_stored = row_len;
+
+    /* Vectors (norm weights, biases) are read by f32 kernels: widen them once. f32 data
+     * that is not 4-byte aligned (safetensors does not promise it) is copied too. */
+    if ((shape->rank <= 1 && out->dtype != IR_DTYPE_F32) ||
+        (out->dtype == IR_DTYPE_F32 && (uintptr_t)out->data % 4)) {
+        int64_t n = shape->rank <= 1 ? row_len : rows * row_len;
+        float *f = malloc((size_t)n * sizeof(float));
+        if (!f || !owned_push(m, f)) {
+            free(f);
+            return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
+        }
+        bool ok;
+        quant_dequantize_row(ggml_of_dtype(out->dtype, &ok), out->data, f, n);
+        row_len = n;
+        out->data = f;
+        out->dtype = IR_DTYPE_F32;
+        out->n_bytes = (uint64_t)row_len * 4;
+        row_len = row_len_stored;
+    }
+    if (transform) {
+        const char *op = json_string_value(json_object_get(transform, "op"));
+        enum llmopt_status st;
+        if (op && !strcmp(op, "unpermute_rope_rows") && shape->rank == 2)
+            st = transform_unpermute_rope_rows(m, transform, pname, rows,
+                                               ir_dtype_row_bytes(out->dtype, row_len), out, err);
+        else if (op && !strcmp(op, "add_scalar") && shape->rank == 1)
+            st = transform_add_scalar(m, transform, pname, row_len, out, err);
+        else
+            st = err_set(err, LLMOPT_ERR_UNSUPPORTED, "param '%s': unknown transform '%s'", pname,
+                         op ? op : "?");
+        if (st) return st;
+        char *text = json_dumps(transform, JSON_COMPACT | JSON_SORT_KEYS);
+        out->transform = text ? ir_strdup(&m->ir, text) : NULL;
+        free(text);
+    }
     return LLMOPT_OK;
 }
 
@@ -208,69 +306,21 @@ static enum llmopt_status bind_param(void *ctx, const char *tmpl, int layer,
         return err_set(err, LLMOPT_ERR_FORMAT, "map has no entry for param '%s'", tmpl);
     const char *names[2] = {json_string_value(json_object_get(spec, "tensor")),
                             json_string_value(json_object_get(spec, "fallback"))};
-    const struct gguf_tensor *t = NULL;
-    int64_t t_index = -1;
+    struct weights_tensor t;
+    bool found = false;
     char tname[BIND_NAME_MAX];
-    for (int k = 0; k < 2 && !t; k++) {
+    for (int k = 0; k < 2 && !found; k++) {
         if (!names[k]) continue;
         if (!ir_substitute_layer(names[k], layer, tname, sizeof tname))
             return err_set(err, LLMOPT_ERR_FORMAT, "map: bad tensor name '%s'", names[k]);
-        t = gguf_find_tensor(m->gguf, tname);
+        found = weights_find(&m->weights, tname, &t);
     }
-    if (!t)
+    if (!found)
         return err_set(err, LLMOPT_ERR_BIND, "tensor '%s' (for param '%s') is missing%s", names[0] ? names[0] : "?",
                        pname, names[1] ? " and so is its fallback" : "");
-    t_index = t - m->gguf->tensors;
-    int64_t dims[IR_MAX_RANK];
-    bool shape_ok = shape->rank <= GGUF_MAX_DIMS && gguf_shape(t, shape->rank, dims);
-    for (int d = 0; shape_ok && d < shape->rank; d++) shape_ok = dims[d] == shape->dims[d].coef;
-    if (!shape_ok) {
-        char want[128], got[128] = "[";
-        ir_shape_str(shape, want, sizeof want);
-        for (int d = (int)t->n_dims - 1; d >= 0; d--)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%llu%s",
-                     (unsigned long long)t->ne[d], d ? ", " : "]");
-        return err_set(err, LLMOPT_ERR_BIND, "tensor '%s' has shape %s, param '%s' needs %s", tname, got,
-                       pname, want);
-    }
-    bool type_ok;
-    out->dtype = dtype_of_ggml(t->type, &type_ok);
-    if (!type_ok)
-        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "tensor '%s' has type %d, which llmopt does not read",
-                       tname, (int)t->type);
-    out->data = t->data;
-    out->n_bytes = t->n_bytes;
-    out->source = ir_strdup(&m->ir, tname);
-    int64_t row_len = shape->rank ? shape->dims[shape->rank - 1].coef : 1;
-    int64_t rows = 1;
-    for (int d = 0; d + 1 < shape->rank; d++) rows *= shape->dims[d].coef;
-
-    const json_t *transform = json_object_get(spec, "transform");
-    if (transform) {
-        const char *op = json_string_value(json_object_get(transform, "op"));
-        enum llmopt_status st;
-        if (op && !strcmp(op, "unpermute_rope_rows") && shape->rank == 2)
-            st = transform_unpermute_rope_rows(b, transform, pname, rows,
-                                               ir_dtype_row_bytes(out->dtype, row_len), out, err);
-        else
-            st = err_set(err, LLMOPT_ERR_UNSUPPORTED, "param '%s': unknown transform '%s'", pname,
-                         op ? op : "?");
-        if (st) return st;
-    }
-    /* Vectors (norm weights, biases) are read by f32 kernels: widen them once. */
-    if (shape->rank <= 1 && out->dtype != IR_DTYPE_F32) {
-        float *f = malloc((size_t)row_len * sizeof(float));
-        if (!f || !owned_push(m, f)) {
-            free(f);
-            return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
-        }
-        quant_dequantize_row(t->type, out->data, f, row_len);
-        out->data = f;
-        out->dtype = IR_DTYPE_F32;
-        out->n_bytes = (uint64_t)row_len * 4;
-    }
-    b->tensor_used[t_index] = true;
-    return LLMOPT_OK;
+    enum llmopt_status st = model_bind_tensor(m, pname, &t, shape, json_object_get(spec, "transform"), out, err);
+    if (!st && t.index >= 0) b->tensor_used[t.index] = true;
+    return st;
 }
 
 /* Lists up to 8 tensors the map names that the file lacks (layers 0..n_layers-1),
@@ -292,7 +342,8 @@ static enum llmopt_status check_tensors_present(struct binder *b, int n_layers,
                 if (!names[k] || !ir_substitute_layer(names[k], per_layer ? layer : -1, tname, sizeof tname))
                     continue;
                 if (k == 0) snprintf(first, sizeof first, "%s", tname);
-                found = gguf_find_tensor(b->m->gguf, tname) != NULL;
+                struct weights_tensor t;
+                found = weights_find(&b->m->weights, tname, &t);
             }
             if (found) continue;
             if (n_missing++ < 8)
@@ -338,17 +389,20 @@ void model_unbind(struct llmopt_model *m) {
 enum llmopt_status model_bind_program(struct llmopt_model *m, const char *program_dir,
                                       struct llmopt_err *err) {
     struct binder b = {.m = m};
-    struct gguf_str arch;
-    if (gguf_get_str(m->gguf, "general.architecture", &arch) && arch.len < sizeof b.arch) {
-        memcpy(b.arch, arch.ptr, arch.len);
-        b.arch[arch.len] = 0;
-    }
+    if (!weights_arch(&m->weights, b.arch, sizeof b.arch)) b.arch[0] = 0;
     if (!load_program_files(m, program_dir, err)) {
         model_unbind(m);
         return err->status ? err->status : LLMOPT_ERR_FORMAT;
     }
-    b.params_map = json_object_get(json_object_get(m->map, "gguf"), "params");
-    b.tensor_used = calloc(m->gguf->n_tensors ? m->gguf->n_tensors : 1, sizeof(bool));
+    const char *section = weights_kind_section(m->weights.kind);
+    b.params_map = json_object_get(json_object_get(m->map, section), "params");
+    if (!json_is_object(b.params_map)) {
+        err_set(err, LLMOPT_ERR_BIND, "the program's map has no '%s' section", section);
+        model_unbind(m);
+        return LLMOPT_ERR_BIND;
+    }
+    int64_t n_tensors = weights_n_tensors(&m->weights);
+    b.tensor_used = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof(bool));
     enum llmopt_status st = b.tensor_used ? LLMOPT_OK : err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
     if (!st) {
         /* Missing tensors explain a refusal best; then hparams; then import's checks. */
@@ -377,12 +431,13 @@ enum llmopt_status model_bind_program(struct llmopt_model *m, const char *progra
         /* Structure matching: every tensor of the file must be used by the program. */
         char extra[600] = "";
         int n_extra = 0;
-        for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+        for (int64_t i = 0; i < n_tensors; i++) {
             if (b.tensor_used[i]) continue;
-            if (n_extra++ < 6)
-                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%s'%.*s'",
-                         n_extra > 1 ? ", " : "", (int)m->gguf->tensors[i].name.len,
-                         m->gguf->tensors[i].name.ptr);
+            char name[BIND_NAME_MAX];
+            struct weights_tensor t;
+            if (n_extra++ < 6 && weights_at(&m->weights, i, name, sizeof name, &t))
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%s'%.100s'",
+                         n_extra > 1 ? ", " : "", name);
         }
         if (n_extra)
             st = err_set(err, LLMOPT_ERR_BIND, "%d tensors of the file are not used by the program: %s%s",

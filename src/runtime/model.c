@@ -1,6 +1,9 @@
 /* llmopt_model: open a GGUF, find the stock program that binds to it, load the
  * tokenizer. */
 #include "runtime/model.h"
+#include "runtime/program.h"
+
+#include <sys/stat.h>
 
 #include <dirent.h>
 #include <stdlib.h>
@@ -12,25 +15,49 @@ static int compare_names(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* A Model Program: a .llmopt file, or a directory holding model.llmopt. */
+static bool program_path(const char *path, char *buf, size_t cap) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return false;
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(buf, cap, "%s/model.llmopt", path);
+        return stat(buf, &sb) == 0;
+    }
+    size_t n = strlen(path);
+    snprintf(buf, cap, "%s", path);
+    return n > 7 && !strcmp(path + n - 7, ".llmopt");
+}
+
 enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_opts *opts,
                                      struct llmopt_model **out, struct llmopt_err *err) {
+    char prog[PATH_MAX + 16];
+    if (!(opts && opts->vocab_only) && program_path(path, prog, sizeof prog)) {
+        enum llmopt_status pst = program_load(prog, false, out, err);
+        if (!pst && opts && opts->verbose)
+            fprintf(stderr, "llmopt: loaded the compiled program %s (program '%s', no passes run)\n", prog,
+                    (*out)->program_name);
+        return pst;
+    }
     struct llmopt_model *m = calloc(1, sizeof *m);
     if (!m) return err_set(err, LLMOPT_ERR_NOMEM, "out of memory");
-    enum llmopt_status st = gguf_open(path, &m->gguf, err);
-    if (st) {
-        free(m);
-        return st;
-    }
     if (opts && opts->vocab_only) {
-        st = tok_vocab_from_gguf(m->gguf, &m->vocab, err);
-        if (st) {
-            llmopt_model_free(m);
-            return st;
+        /* the tokenizer alone: a GGUF, a Hugging Face tokenizer directory or a
+         * SentencePiece tokenizer.model */
+        enum llmopt_status vst = tok_vocab_load(path, &m->vocab, err);
+        if (vst) {
+            free(m);
+            return vst;
         }
         m->n_vocab = tok_n_tokens(m->vocab);
         *out = m;
         return LLMOPT_OK;
     }
+    enum llmopt_status st = weights_open(path, &m->weights, err);
+    if (st) {
+        free(m);
+        return st;
+    }
+    m->gguf = m->weights.gguf;
     char dir_buf[PATH_MAX];
     const char *dir = model_programs_dir(opts, dir_buf, sizeof dir_buf);
     DIR *d = opendir(dir);
@@ -69,6 +96,21 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
         llmopt_model_free(m);
         return LLMOPT_ERR_BIND;
     }
+    m->passes.nodes_before = m->passes.nodes_after = m->ir.n_nodes;
+    m->passes.kernels_before = m->passes.kernels_after = ir_count_kernels(&m->ir);
+    /* LLMOPT_PASSES=name,name,... (or "none") picks passes, for bisecting a miscompile. */
+    uint32_t enabled = PASSES_ALL;
+    const char *env = getenv("LLMOPT_PASSES");
+    if (env && *env) {
+        enabled = 0;
+        for (int p = 0; p < PASS_COUNT; p++)
+            if (strstr(env, pass_names[p])) enabled |= 1u << p;
+    }
+    if (!(opts && opts->no_passes) && enabled && passes_run(&m->ir, enabled, &m->passes, err)) {
+        enum llmopt_status pst = err->status;
+        llmopt_model_free(m);
+        return pst ? pst : LLMOPT_ERR_FORMAT;
+    }
     const struct ir_shape *logits = &m->ir.nodes[m->ir.output].shape;
     m->n_vocab = (int32_t)logits->dims[logits->rank - 1].coef;
     double ctx = 0;
@@ -76,7 +118,9 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
                        ? (int32_t)ctx
                        : 2048;
     struct llmopt_err tok_err = {0};
-    if (tok_vocab_from_gguf(m->gguf, &m->vocab, &tok_err) != LLMOPT_OK) {
+    enum llmopt_status tok_st = m->gguf ? tok_vocab_from_gguf(m->gguf, &m->vocab, &tok_err)
+                                        : tok_vocab_from_dir(path, &m->vocab, &tok_err);
+    if (tok_st != LLMOPT_OK) {
         m->vocab = NULL;
         if (opts && opts->verbose) fprintf(stderr, "llmopt: no tokenizer: %s\n", tok_err.msg);
     } else if (tok_n_tokens(m->vocab) > m->n_vocab) {
@@ -86,13 +130,12 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
         return LLMOPT_ERR_FORMAT;
     }
     if (opts && opts->verbose) {
-        struct gguf_str arch = {"?", 1};
-        gguf_get_str(m->gguf, "general.architecture", &arch);
+        char arch[128] = "?";
+        weights_arch(&m->weights, arch, sizeof arch);
         fprintf(stderr,
-                "llmopt: program '%s' binds to %s: all %llu tensors matched by name and shape "
-                "(general.architecture '%.*s' is provenance only)\n",
-                m->program_name, path, (unsigned long long)m->gguf->n_tensors, (int)arch.len,
-                arch.ptr);
+                "llmopt: program '%s' binds to %s: all %lld tensors matched by name and shape "
+                "(architecture string '%s' is provenance only)\n",
+                m->program_name, path, (long long)weights_n_tensors(&m->weights), arch);
     }
     *out = m;
     return LLMOPT_OK;
@@ -100,9 +143,13 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
 
 void llmopt_model_free(struct llmopt_model *m) {
     if (!m) return;
+    if (m->plan) {
+        mem_plan_free(m->plan);
+        free(m->plan);
+    }
     model_unbind(m);
     tok_vocab_free(m->vocab);
-    gguf_close(m->gguf);
+    weights_close(&m->weights);
     free(m);
 }
 
@@ -118,6 +165,11 @@ enum llmopt_status llmopt_inspect_gguf(const char *path, FILE *out, struct llmop
     return LLMOPT_OK;
 }
 
+void llmopt_model_compile_stats(const struct llmopt_model *m, struct llmopt_compile_stats *out) {
+    *out = (struct llmopt_compile_stats){m->passes.nodes_before, m->passes.nodes_after,
+                                         m->passes.kernels_before, m->passes.kernels_after};
+}
+
 void llmopt_model_dump_ir(const struct llmopt_model *m, FILE *out) { ir_print(&m->ir, out); }
 
 int32_t llmopt_token_bos(const struct llmopt_model *m) { return m->vocab ? tok_bos(m->vocab) : -1; }
@@ -127,11 +179,22 @@ bool llmopt_token_is_eog(const struct llmopt_model *m, int32_t id) {
 }
 bool llmopt_add_bos_default(const struct llmopt_model *m) { return m->vocab && tok_add_bos(m->vocab); }
 
+enum llmopt_status llmopt_tokenize_ex(const struct llmopt_model *m, const char *text, size_t len,
+                                      bool add_bos, bool parse_special, int32_t *ids, size_t cap,
+                                      size_t *n_ids, struct llmopt_err *err) {
+    if (!m->vocab) return err_set(err, LLMOPT_ERR_UNSUPPORTED, "the model file has no tokenizer");
+    return tok_encode(m->vocab, text, len, add_bos, parse_special, ids, cap, n_ids, err);
+}
+
 enum llmopt_status llmopt_tokenize(const struct llmopt_model *m, const char *text, size_t len,
                                    bool add_bos, int32_t *ids, size_t cap, size_t *n_ids,
                                    struct llmopt_err *err) {
-    if (!m->vocab) return err_set(err, LLMOPT_ERR_UNSUPPORTED, "the model file has no tokenizer");
-    return tok_encode(m->vocab, text, len, add_bos, ids, cap, n_ids, err);
+    return llmopt_tokenize_ex(m, text, len, add_bos, true, ids, cap, n_ids, err);
+}
+
+int llmopt_token_eog_ids(const struct llmopt_model *m, const int32_t **ids) {
+    *ids = NULL;
+    return m->vocab ? tok_eog_ids(m->vocab, ids) : 0;
 }
 
 struct llmopt_detok {

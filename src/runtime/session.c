@@ -67,7 +67,9 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     st = kv_cache_create(n_layers, row_elems, o.n_slots, o.n_ctx, blocks_per_seq * o.n_slots,
                          SESSION_BLOCK_SIZE, &s->kv, err);
     if (st) goto fail;
-    st = s->backend->prepare(&m->ir, o.n_batch, o.n_ctx, &s->plan, err);
+    /* A Model Program carries the plan for its batch size; other sizes plan again. */
+    const struct mem_plan *plan = m->plan && m->plan->n_max == o.n_batch ? m->plan : NULL;
+    st = s->backend->prepare(&m->ir, o.n_batch, o.n_ctx, plan, &s->plan, err);
     if (st) goto fail;
     free(row_elems);
     *out = s;

@@ -1,5 +1,6 @@
-/* Detokenizing: the text bytes of a token, and a streaming decoder that emits only
- * whole UTF-8 code points. */
+/* Detokenizing: the text bytes of a token (SentencePiece "▁" and <0xXX>, or GPT-2's
+ * byte-level code points), and a streaming decoder that emits only whole UTF-8 code
+ * points. */
 #include "tokenizer/tok_internal.h"
 
 #include <string.h>
@@ -14,12 +15,43 @@ static int hex_digit(char c) {
     return -1;
 }
 
+/* Code point of the 1- or 2-byte UTF-8 sequence at p[0..n) (byte-level pieces use
+ * U+0021..U+0143 only); -1 for anything else, with *k the bytes to skip. */
+static int32_t small_cp(const uint8_t *p, uint32_t n, uint32_t *k) {
+    *k = 1;
+    if (p[0] < 0x80) return p[0];
+    if (p[0] >= 0xc2 && p[0] <= 0xdf && n >= 2 && (p[1] & 0xc0) == 0x80) {
+        *k = 2;
+        return (int32_t)((p[0] & 0x1fu) << 6 | (p[1] & 0x3fu));
+    }
+    return -1;
+}
+
+/* A byte-level piece: each code point back to its byte. Hugging Face's ByteLevel
+ * decoder keeps a piece as written when any of its code points is not in the map. */
+static void bpe_visit(const uint8_t *p, uint32_t n, piece_byte_fn fn, void *ctx) {
+    uint32_t k;
+    for (uint32_t i = 0; i < n; i += k) {
+        int32_t cp = small_cp(p + i, n - i, &k);
+        if (cp < 0 || tok_cp_to_byte((uint32_t)cp) < 0) {
+            for (uint32_t j = 0; j < n; j++) fn(ctx, p[j]);
+            return;
+        }
+    }
+    for (uint32_t i = 0; i < n; i += k)
+        fn(ctx, (uint8_t)tok_cp_to_byte((uint32_t)small_cp(p + i, n - i, &k)));
+}
+
 static void piece_visit(const struct tok_vocab *v, int32_t id, piece_byte_fn fn, void *ctx) {
     if (id < 0 || id >= v->n_tokens) return;
     const uint8_t *p = (const uint8_t *)tok_piece_ptr(v, id);
     uint32_t n = tok_piece_len(v, id);
     switch ((enum tok_type)v->types[id]) {
     case TOK_TYPE_NORMAL:
+        if (v->kind == TOK_KIND_BPE) {
+            bpe_visit(p, n, fn, ctx);
+            return;
+        }
         for (uint32_t i = 0; i < n; i++) {
             if (i + 2 < n && p[i] == 0xe2 && p[i + 1] == 0x96 && p[i + 2] == 0x81) {
                 fn(ctx, ' '); /* "▁" is SentencePiece's space */
@@ -30,6 +62,10 @@ static void piece_visit(const struct tok_vocab *v, int32_t id, piece_byte_fn fn,
         }
         return;
     case TOK_TYPE_BYTE: {
+        if (v->kind == TOK_KIND_BPE) {
+            bpe_visit(p, n, fn, ctx);
+            return;
+        }
         int hi = n == 6 ? hex_digit((char)p[3]) : -1, lo = n == 6 ? hex_digit((char)p[4]) : -1;
         if (hi >= 0 && lo >= 0 && memcmp(p, "<0x", 3) == 0 && p[5] == '>') {
             fn(ctx, (uint8_t)(hi << 4 | lo));

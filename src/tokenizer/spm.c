@@ -120,11 +120,6 @@ static uint32_t utf8_char_len(uint8_t c) {
     return by_nibble[c >> 4];
 }
 
-static void emit(int32_t id, int32_t *ids, size_t cap, size_t *count) {
-    if (*count < cap) ids[*count] = id;
-    (*count)++;
-}
-
 /* One symbol left after merging: its piece, else its bytes as <0xXX> tokens, else unk. */
 static enum llmopt_status emit_symbol(const struct spm_work *w, const struct spm_sym *s,
                                       int32_t *ids, size_t cap, size_t *count,
@@ -133,17 +128,17 @@ static enum llmopt_status emit_symbol(const struct spm_work *w, const struct spm
     const uint8_t *bytes = (const uint8_t *)w->text + s->off;
     int32_t id = tok_find(v, (const char *)bytes, s->n);
     if (id >= 0) {
-        emit(id, ids, cap, count);
+        tok_emit(id, ids, cap, count);
         return LLMOPT_OK;
     }
-    bool all_bytes = true;
+    bool all_bytes = v->byte_fallback;
     for (uint32_t i = 0; i < s->n; i++) all_bytes = all_bytes && v->byte_ids[bytes[i]] >= 0;
     if (all_bytes) {
-        for (uint32_t i = 0; i < s->n; i++) emit(v->byte_ids[bytes[i]], ids, cap, count);
+        for (uint32_t i = 0; i < s->n; i++) tok_emit(v->byte_ids[bytes[i]], ids, cap, count);
         return LLMOPT_OK;
     }
     if (v->unk >= 0) {
-        emit(v->unk, ids, cap, count);
+        tok_emit(v->unk, ids, cap, count);
         return LLMOPT_OK;
     }
     return err_set(err, LLMOPT_ERR_UNSUPPORTED,
@@ -152,31 +147,40 @@ static enum llmopt_status emit_symbol(const struct spm_work *w, const struct spm
                    bytes[0], (unsigned)s->n);
 }
 
-/* Escapes text into w->text: the dummy prefix, then ' ' -> "▁". At most
- * 3 * (len + 1) bytes, under 2^26 by the text cap, so uint32_t offsets hold. */
+/* Escapes text into w->text: the dummy prefix, then ' ' -> "▁"; with
+ * remove_extra_ws (SentencePiece's normalizer flag) leading and trailing spaces are
+ * dropped and runs of spaces become one, and text of spaces only becomes empty. At
+ * most 3 * (len + 1) bytes, under 2^26 by the text cap, so uint32_t offsets hold. */
 static enum llmopt_status escape_text(struct spm_work *w, const char *text, size_t len,
                                       size_t *esc_len, struct llmopt_err *err) {
+    const struct tok_vocab *v = w->v;
     size_t n_spaces = 0;
     for (size_t i = 0; i < len; i++) n_spaces += text[i] == ' ';
-    size_t n = len + 2 * n_spaces + (w->v->add_space_prefix ? 3 : 0);
-    char *esc = malloc(n);
+    size_t n = len + 2 * n_spaces + (v->add_space_prefix ? 3 : 0);
+    char *esc = malloc(n ? n : 1);
     if (!esc) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %zu bytes of escaped text", n);
+    size_t begin = 0, end = len;
+    if (v->remove_extra_ws) {
+        while (begin < end && text[begin] == ' ') begin++;
+        while (end > begin && text[end - 1] == ' ') end--;
+    }
     size_t k = 0;
-    if (w->v->add_space_prefix) {
+    if (v->add_space_prefix && begin < end) {
         memcpy(esc, spm_space, 3);
         k = 3;
     }
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = begin; i < end; i++) {
         if (text[i] == ' ') {
+            if (v->remove_extra_ws && text[i - 1] == ' ') continue; /* i > begin here */
             memcpy(esc + k, spm_space, 3);
             k += 3;
         } else {
             esc[k++] = text[i];
         }
     }
-    LLMOPT_ASSERT(k == n);
+    LLMOPT_ASSERT(k <= n);
     w->text = esc;
-    *esc_len = n;
+    *esc_len = k;
     return LLMOPT_OK;
 }
 
@@ -238,13 +242,13 @@ nomem:
                    w->heap.cap, n_syms);
 }
 
-static enum llmopt_status encode_text(const struct tok_vocab *v, const char *text, size_t len,
-                                      int32_t *ids, size_t cap, size_t *count,
-                                      struct llmopt_err *err) {
+enum llmopt_status tok_spm_encode_fragment(const struct tok_vocab *v, const char *text,
+                                           size_t len, int32_t *ids, size_t cap,
+                                           size_t *count, struct llmopt_err *err) {
     struct spm_work w = {.v = v};
     size_t esc_len = 0, n_syms = 0;
     enum llmopt_status st;
-    if ((st = escape_text(&w, text, len, &esc_len, err)) ||
+    if ((st = escape_text(&w, text, len, &esc_len, err)) || esc_len == 0 ||
         (st = split_symbols(&w, esc_len, &n_syms, err)) ||
         (st = merge_symbols(&w, n_syms, err)))
         goto out;
@@ -256,31 +260,4 @@ out:
     free(w.syms);
     free(w.text);
     return st;
-}
-
-enum llmopt_status tok_encode(const struct tok_vocab *v, const char *text, size_t len,
-                              bool add_bos, int32_t *ids, size_t cap, size_t *n_ids,
-                              struct llmopt_err *err) {
-    *n_ids = 0;
-    if (!text && len) return err_set(err, LLMOPT_ERR_INVALID_ARG, "tokenizer: NULL text");
-    if (!ids && cap) return err_set(err, LLMOPT_ERR_INVALID_ARG, "tokenizer: NULL ids");
-    if (len > TOK_MAX_TEXT)
-        return err_set(err, LLMOPT_ERR_LIMIT,
-                       "tokenizer: text of %zu bytes exceeds the cap of %u bytes", len,
-                       TOK_MAX_TEXT);
-    if (add_bos && v->bos < 0)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG,
-                       "tokenizer: BOS requested but the vocab has no bos token");
-
-    size_t count = 0;
-    if (add_bos) emit(v->bos, ids, cap, &count);
-    if (len > 0) { /* empty text gets no dummy prefix: [] or [bos] */
-        enum llmopt_status st = encode_text(v, text, len, ids, cap, &count, err);
-        if (st) return st;
-    }
-    *n_ids = count;
-    if (count > cap)
-        return err_set(err, LLMOPT_ERR_LIMIT,
-                       "tokenizer: text needs %zu ids, the buffer holds %zu", count, cap);
-    return LLMOPT_OK;
 }

@@ -1,13 +1,17 @@
-/* Vocabulary: read from GGUF tokenizer.ggml.* metadata into one owned structure
- * (pieces in a single arena, scores, types, special ids, piece -> id hash map). */
+/* Vocabulary core: one owned structure (pieces in a single arena, scores, types,
+ * special ids, piece -> id map, merge map, special-token index), filled by the
+ * loaders (vocab_gguf.c, vocab_hf.c, spm_model.c) and finished here. */
 #include "tokenizer/tok_internal.h"
 
-#include <math.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *const tok_kind_names[TOK_KIND_COUNT] = {
     [TOK_KIND_SPM] = "spm",
+    [TOK_KIND_BPE] = "bpe",
 };
 _Static_assert(LLMOPT_ARRAY_LEN(tok_kind_names) == TOK_KIND_COUNT,
                "tok_kind name table out of sync");
@@ -40,7 +44,7 @@ static uint64_t piece_hash(const char *s, size_t n) {
 }
 
 int32_t tok_find(const struct tok_vocab *v, const char *s, size_t n) {
-    if (n > v->max_piece) return -1;
+    if (n > v->max_piece || !v->map) return -1;
     uint32_t slot = (uint32_t)piece_hash(s, n) & v->map_mask;
     for (;;) {
         int32_t id = v->map[slot];
@@ -48,6 +52,56 @@ int32_t tok_find(const struct tok_vocab *v, const char *s, size_t n) {
         if (tok_piece_len(v, id) == n && memcmp(tok_piece_ptr(v, id), s, n) == 0) return id;
         slot = (slot + 1) & v->map_mask;
     }
+}
+
+struct tok_vocab *tok_vocab_new(void) {
+    struct tok_vocab *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    v->bos = v->eos = v->unk = v->pad = v->eot = v->eom = -1;
+    v->add_bos = true;
+    v->add_space_prefix = true;
+    v->byte_fallback = true;
+    for (int b = 0; b < 256; b++) v->byte_ids[b] = -1;
+    return v;
+}
+
+enum llmopt_status tok_vocab_set_pieces(struct tok_vocab *v, int32_t n,
+                                        const struct tok_str *pieces, const char *what,
+                                        struct llmopt_err *err) {
+    if (n <= 0 || n > TOK_MAX_TOKENS)
+        return err_set(err, n > 0 ? LLMOPT_ERR_LIMIT : LLMOPT_ERR_FORMAT,
+                       "tokenizer: %s: expected 1 to %d tokens, found %d", what,
+                       TOK_MAX_TOKENS, (int)n);
+    uint64_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (pieces[i].len > TOK_MAX_PIECE)
+            return err_set(err, LLMOPT_ERR_LIMIT,
+                           "tokenizer: %s: token %d: piece of %u bytes exceeds the cap of %d",
+                           what, (int)i, (unsigned)pieces[i].len, TOK_MAX_PIECE);
+        total += pieces[i].len;
+        if (total > TOK_MAX_PIECE_BYTES)
+            return err_set(err, LLMOPT_ERR_LIMIT,
+                           "tokenizer: %s: pieces exceed the cap of %u bytes in all", what,
+                           TOK_MAX_PIECE_BYTES);
+        if (pieces[i].len > v->max_piece) v->max_piece = pieces[i].len;
+    }
+    v->n_tokens = n;
+    v->piece_bytes = malloc(total ? total : 1);
+    v->piece_off = malloc(sizeof *v->piece_off * ((size_t)n + 1));
+    v->scores = calloc((size_t)n, sizeof *v->scores);
+    v->types = malloc((size_t)n);
+    if (!v->piece_bytes || !v->piece_off || !v->scores || !v->types)
+        return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %s: %d tokens, %llu bytes of pieces",
+                       what, (int)n, (unsigned long long)total);
+    memset(v->types, TOK_TYPE_NORMAL, (size_t)n);
+    uint32_t off = 0;
+    for (int32_t i = 0; i < n; i++) {
+        v->piece_off[i] = off;
+        if (pieces[i].len) memcpy(v->piece_bytes + off, pieces[i].ptr, pieces[i].len);
+        off += pieces[i].len;
+    }
+    v->piece_off[n] = off;
+    return LLMOPT_OK;
 }
 
 /* Inserts every piece; a duplicate piece maps to its last id, as llama.cpp's map
@@ -77,233 +131,278 @@ static enum llmopt_status build_map(struct tok_vocab *v, struct llmopt_err *err)
     return LLMOPT_OK;
 }
 
-static bool is_int_type(enum gguf_type t) {
-    switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16:
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64:
-        return true;
-    default:
-        return false;
+/* ---- merges ------------------------------------------------------------------------- */
+
+static uint32_t pair_hash(int32_t left, int32_t right) {
+    uint64_t k = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    k *= 0x9e3779b97f4a7c15ull; /* Fibonacci hashing: the high bits are well mixed */
+    return (uint32_t)(k >> 32);
+}
+
+const struct tok_merge *tok_merge_find(const struct tok_vocab *v, int32_t left, int32_t right) {
+    if (!v->merges) return NULL;
+    uint32_t slot = pair_hash(left, right) & v->merge_mask;
+    for (;;) {
+        const struct tok_merge *m = &v->merges[slot];
+        if (m->left < 0) return NULL;
+        if (m->left == left && m->right == right) return m;
+        slot = (slot + 1) & v->merge_mask;
     }
 }
 
-/* Reads an optional token id. Absent -> def; -1 means "none"; anything else must
- * name a token. */
-static enum llmopt_status read_id(const struct gguf_file *f, const char *key, int32_t def,
-                                  int32_t n_tokens, int32_t *out, struct llmopt_err *err) {
-    const struct gguf_kv *kv = gguf_find_kv(f, key);
-    if (!kv) {
-        *out = def < n_tokens ? def : -1;
-        return LLMOPT_OK;
-    }
-    int64_t id;
-    if (!gguf_get_i64(f, key, &id))
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected an integer token id, found type %s (offset %llu)",
-                       key, gguf_type_name(kv->type), (unsigned long long)kv->offset);
-    if (id == -1) {
-        *out = -1;
-        return LLMOPT_OK;
-    }
-    if (id < 0 || id >= n_tokens)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected a token id in [0, %d), found %lld", key,
-                       (int)n_tokens, (long long)id);
-    *out = (int32_t)id;
-    return LLMOPT_OK;
+bool tok_split_merge(const char *s, size_t n, struct tok_str *left, struct tok_str *right) {
+    /* from the second byte: a piece may itself be a space in non-byte-level vocabs */
+    const char *sp = n > 1 ? memchr(s + 1, ' ', n - 1) : NULL;
+    if (!sp) return false;
+    size_t a = (size_t)(sp - s);
+    if (a + 1 >= n) return false; /* nothing after the space */
+    *left = (struct tok_str){s, (uint32_t)a};
+    *right = (struct tok_str){sp + 1, (uint32_t)(n - a - 1)};
+    return true;
 }
 
-/* Reads an optional flag; absent -> def. */
-static enum llmopt_status read_bool(const struct gguf_file *f, const char *key, bool def,
-                                    bool *out, struct llmopt_err *err) {
-    const struct gguf_kv *kv = gguf_find_kv(f, key);
-    *out = def;
-    if (kv && !gguf_get_bool(f, key, out))
-        return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: %s: expected a bool, found %s", key,
-                       gguf_type_name(kv->type));
-    return LLMOPT_OK;
-}
+/* Prints at most 48 bytes of a piece for a message. */
+static int show_len(uint32_t n) { return n > 48 ? 48 : (int)n; }
 
-/* Pieces into the arena: one pass to measure and validate, one to copy. */
-static enum llmopt_status read_pieces(struct tok_vocab *v, const struct gguf_kv *kv,
-                                      struct llmopt_err *err) {
-    struct gguf_str_iter it;
-    struct gguf_str s;
-    uint64_t total = 0;
-    gguf_str_iter_init(&it, kv);
-    for (int32_t i = 0; i < v->n_tokens; i++) {
-        if (!gguf_str_iter_next(&it, &s))
+enum llmopt_status tok_vocab_set_merges(struct tok_vocab *v, int32_t n,
+                                        const struct tok_str *lefts,
+                                        const struct tok_str *rights, const char *what,
+                                        struct llmopt_err *err) {
+    enum llmopt_status st = tok_vocab_finish_map(v, err); /* merges name pieces */
+    if (st) return st;
+    if (n < 0 || n > TOK_MAX_MERGES)
+        return err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: %d merges exceed the cap of %d",
+                       what, (int)n, TOK_MAX_MERGES);
+    uint32_t cap = 16;
+    while (cap < 2u * (uint32_t)n) cap <<= 1;
+    v->merges = malloc(sizeof *v->merges * cap);
+    if (!v->merges)
+        return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: merge map of %u slots", cap);
+    for (uint32_t i = 0; i < cap; i++) v->merges[i].left = -1;
+    v->merge_mask = cap - 1;
+    char *joined = malloc(v->max_piece + 1); /* left + right, when it can be a piece */
+    if (!joined) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: merge buffer");
+    for (int32_t i = 0; i < n; i++) {
+        const struct tok_str *a = &lefts[i], *b = &rights[i];
+        int32_t ia = tok_find(v, a->ptr, a->len), ib = tok_find(v, b->ptr, b->len);
+        if (ia < 0 || ib < 0) {
+            free(joined);
             return err_set(err, LLMOPT_ERR_FORMAT,
-                           "tokenizer: tokenizer.ggml.tokens: expected %d strings, found %d",
-                           (int)v->n_tokens, (int)i);
-        if (s.len > TOK_MAX_PIECE)
-            return err_set(err, LLMOPT_ERR_LIMIT,
-                           "tokenizer: token %d: piece of %llu bytes exceeds the cap of %d",
-                           (int)i, (unsigned long long)s.len, TOK_MAX_PIECE);
-        total += s.len;
-        if (total > TOK_MAX_PIECE_BYTES)
-            return err_set(err, LLMOPT_ERR_LIMIT,
-                           "tokenizer: pieces exceed the cap of %u bytes in all",
-                           TOK_MAX_PIECE_BYTES);
-        if (s.len > v->max_piece) v->max_piece = (uint32_t)s.len;
-    }
-    v->piece_bytes = malloc(total ? total : 1);
-    v->piece_off = malloc(sizeof *v->piece_off * ((size_t)v->n_tokens + 1));
-    if (!v->piece_bytes || !v->piece_off)
-        return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %llu bytes of pieces",
-                       (unsigned long long)total);
-    uint32_t off = 0;
-    gguf_str_iter_init(&it, kv);
-    for (int32_t i = 0; i < v->n_tokens; i++) {
-        LLMOPT_ASSERT(gguf_str_iter_next(&it, &s)); /* the first pass read them all */
-        v->piece_off[i] = off;
-        if (s.len) memcpy(v->piece_bytes + off, s.ptr, s.len);
-        off += (uint32_t)s.len;
-    }
-    v->piece_off[v->n_tokens] = off;
-    return LLMOPT_OK;
-}
-
-static enum llmopt_status read_scores(struct tok_vocab *v, const struct gguf_file *f,
-                                      struct llmopt_err *err) {
-    const char *key = "tokenizer.ggml.scores";
-    v->scores = calloc((size_t)v->n_tokens, sizeof *v->scores);
-    if (!v->scores) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: scores");
-    const struct gguf_kv *kv = gguf_find_kv(f, key);
-    if (!kv) return LLMOPT_OK; /* all 0: merges then go leftmost first, as llama.cpp */
-    if (kv->type != GGUF_TYPE_ARRAY || kv->array_type != GGUF_TYPE_FLOAT32)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected an array of float32, found %s of %s", key,
-                       gguf_type_name(kv->type), gguf_type_name(kv->array_type));
-    if (kv->array_len != (uint64_t)v->n_tokens)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected %d scores (one per token), found %llu", key,
-                       (int)v->n_tokens, (unsigned long long)kv->array_len);
-    for (int32_t i = 0; i < v->n_tokens; i++) {
-        float x;
-        memcpy(&x, kv->data + 4 * (size_t)i, sizeof x); /* float32, little-endian host */
-        /* NaN compares false both ways and would make the merge order undefined */
-        if (isnan(x))
+                           "tokenizer: %s: merge %d (\"%.*s\" \"%.*s\"): expected two vocab "
+                           "pieces, \"%.*s\" is not one",
+                           what, (int)i, show_len(a->len), a->ptr, show_len(b->len), b->ptr,
+                           ia < 0 ? show_len(a->len) : show_len(b->len),
+                           ia < 0 ? a->ptr : b->ptr);
+        }
+        int32_t ic = -1;
+        if ((size_t)a->len + b->len <= v->max_piece) {
+            memcpy(joined, a->ptr, a->len);
+            memcpy(joined + a->len, b->ptr, b->len);
+            ic = tok_find(v, joined, (size_t)a->len + b->len);
+        }
+        if (ic < 0) {
+            free(joined);
             return err_set(err, LLMOPT_ERR_FORMAT,
-                           "tokenizer: %s[%d]: expected a number, found NaN", key, (int)i);
-        v->scores[i] = x == 0 ? 0.0f : x; /* -0 -> +0: equal scores, equal merge keys */
+                           "tokenizer: %s: merge %d (\"%.*s\" \"%.*s\"): the merged piece is "
+                           "not in the vocab",
+                           what, (int)i, show_len(a->len), a->ptr, show_len(b->len), b->ptr);
+        }
+        uint32_t slot = pair_hash(ia, ib) & v->merge_mask;
+        for (;;) {
+            struct tok_merge *m = &v->merges[slot];
+            if (m->left < 0) {
+                *m = (struct tok_merge){ia, ib, ic, (uint32_t)i};
+                v->n_merges++;
+                break;
+            }
+            if (m->left == ia && m->right == ib) break; /* repeated: the first rank stays */
+            slot = (slot + 1) & v->merge_mask;
+        }
     }
+    free(joined);
     return LLMOPT_OK;
 }
 
-static enum llmopt_status read_types(struct tok_vocab *v, const struct gguf_file *f,
-                                     struct llmopt_err *err) {
-    const char *key = "tokenizer.ggml.token_type";
-    v->types = malloc((size_t)v->n_tokens);
-    if (!v->types) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: token types");
-    const struct gguf_kv *kv = gguf_find_kv(f, key);
-    if (!kv) {
-        /* llama.cpp treats every token as normal when the array is absent */
-        memset(v->types, TOK_TYPE_NORMAL, (size_t)v->n_tokens);
-        return LLMOPT_OK;
-    }
-    if (kv->type != GGUF_TYPE_ARRAY || !is_int_type(kv->array_type))
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected an array of integers, found %s of %s", key,
-                       gguf_type_name(kv->type), gguf_type_name(kv->array_type));
-    if (kv->array_len != (uint64_t)v->n_tokens)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected %d types (one per token), found %llu", key,
-                       (int)v->n_tokens, (unsigned long long)kv->array_len);
-    for (int32_t i = 0; i < v->n_tokens; i++) {
-        int64_t t = -1; /* a u64 over INT64_MAX does not read: rejected below */
-        if (!gguf_array_get_i64(kv, (uint64_t)i, &t)) t = -1;
-        if (t < 0 || t >= TOK_TYPE_COUNT)
-            return err_set(err, LLMOPT_ERR_FORMAT,
-                           "tokenizer: %s[%d]: expected a type in [0, %d), found %lld", key,
-                           (int)i, TOK_TYPE_COUNT, (long long)t);
-        v->types[i] = (uint8_t)t;
-    }
-    return LLMOPT_OK;
-}
+/* ---- finishing ------------------------------------------------------------------- */
 
-/* Byte tokens are found by their spelling "<0xXX>", as llama.cpp does, whatever
- * their type says. */
+/* Byte tokens are found by their spelling, as llama.cpp does, whatever their type
+ * says: "<0xXX>" for spm, the byte's GPT-2 code point for bpe. */
 static void find_byte_tokens(struct tok_vocab *v) {
     static const char hex[] = "0123456789ABCDEF";
     for (int b = 0; b < 256; b++) {
-        char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
-        v->byte_ids[b] = tok_find(v, name, sizeof name);
+        if (v->kind == TOK_KIND_SPM) {
+            char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+            v->byte_ids[b] = tok_find(v, name, sizeof name);
+        } else {
+            char c[2];
+            int n = tok_byte_char_utf8((uint8_t)b, c);
+            v->byte_ids[b] = tok_find(v, c, (size_t)n);
+        }
     }
 }
 
-static enum llmopt_status vocab_load(struct tok_vocab *v, const struct gguf_file *f,
-                                     struct llmopt_err *err) {
-    struct gguf_str model;
-    const struct gguf_kv *kv = gguf_find_kv(f, "tokenizer.ggml.model");
-    if (!kv)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: expected key tokenizer.ggml.model, found none");
-    if (!gguf_get_str(f, "tokenizer.ggml.model", &model))
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: tokenizer.ggml.model: expected a string, found %s",
-                       gguf_type_name(kv->type));
-    if (!gguf_str_eq(model, "llama")) {
-        int n = model.len > 64 ? 64 : (int)model.len;
-        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
-                       "tokenizer: tokenizer.ggml.model \"%.*s\" is not supported "
-                       "(expected \"llama\", SentencePiece BPE)",
-                       n, model.ptr);
+static bool is_special_type(uint8_t t) {
+    return t == TOK_TYPE_CONTROL || t == TOK_TYPE_USER_DEFINED || t == TOK_TYPE_UNKNOWN;
+}
+
+/* Sort order of the special index: first byte, then longer first, then lower id. */
+static _Thread_local const struct tok_vocab *sort_vocab; /* qsort has no context */
+static int compare_specials(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    const struct tok_vocab *v = sort_vocab;
+    uint8_t fa = (uint8_t)tok_piece_ptr(v, a)[0], fb = (uint8_t)tok_piece_ptr(v, b)[0];
+    if (fa != fb) return fa < fb ? -1 : 1;
+    uint32_t la = tok_piece_len(v, a), lb = tok_piece_len(v, b);
+    if (la != lb) return la > lb ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+static enum llmopt_status build_specials(struct tok_vocab *v, struct llmopt_err *err) {
+    free(v->specials); /* finishing again (a loader adding to a finished vocab) */
+    uint32_t n = 0;
+    for (int32_t id = 0; id < v->n_tokens; id++)
+        n += is_special_type(v->types[id]) && tok_piece_len(v, id) > 0;
+    v->specials = malloc(sizeof *v->specials * (n ? n : 1));
+    if (!v->specials) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %u special tokens", n);
+    n = 0;
+    for (int32_t id = 0; id < v->n_tokens; id++)
+        if (is_special_type(v->types[id]) && tok_piece_len(v, id) > 0) v->specials[n++] = id;
+    v->n_specials = n;
+    sort_vocab = v;
+    qsort(v->specials, n, sizeof *v->specials, compare_specials);
+    sort_vocab = NULL;
+    uint32_t i = 0;
+    for (int b = 0; b < 256; b++) {
+        v->special_start[b] = i;
+        while (i < n && (uint8_t)tok_piece_ptr(v, v->specials[i])[0] == b) i++;
     }
-    v->kind = TOK_KIND_SPM;
+    v->special_start[256] = n;
+    return LLMOPT_OK;
+}
 
-    kv = gguf_find_kv(f, "tokenizer.ggml.tokens");
-    if (!kv)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: expected key tokenizer.ggml.tokens, found none");
-    if (kv->type != GGUF_TYPE_ARRAY || kv->array_type != GGUF_TYPE_STRING)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: tokenizer.ggml.tokens: expected an array of strings, "
-                       "found %s of %s",
-                       gguf_type_name(kv->type), gguf_type_name(kv->array_type));
-    if (kv->array_len == 0 || kv->array_len > TOK_MAX_TOKENS)
-        return err_set(err, kv->array_len ? LLMOPT_ERR_LIMIT : LLMOPT_ERR_FORMAT,
-                       "tokenizer: tokenizer.ggml.tokens: expected 1 to %d tokens, found %llu",
-                       TOK_MAX_TOKENS, (unsigned long long)kv->array_len);
-    v->n_tokens = (int32_t)kv->array_len;
+/* Spellings of end-of-turn tokens that chat models declare as control tokens. */
+static const char *const eog_names[] = {
+    "<|eot_id|>",    "<|eom_id|>",      "<|im_end|>", "<|end|>",
+    "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+};
 
+void tok_vocab_add_eog(struct tok_vocab *v, int32_t id) {
+    if (id < 0 || v->n_extra_eog >= TOK_MAX_EOG) return;
+    for (int i = 0; i < v->n_extra_eog; i++)
+        if (v->extra_eog[i] == id) return;
+    v->extra_eog[v->n_extra_eog++] = id;
+}
+
+static void add_eog_sorted(struct tok_vocab *v, int32_t id) {
+    if (id < 0 || id >= v->n_tokens || v->n_eog >= TOK_MAX_EOG) return;
+    int i = 0;
+    while (i < v->n_eog && v->eog[i] < id) i++;
+    if (i < v->n_eog && v->eog[i] == id) return;
+    memmove(v->eog + i + 1, v->eog + i, sizeof *v->eog * (size_t)(v->n_eog - i));
+    v->eog[i] = id;
+    v->n_eog++;
+}
+
+static void build_eog(struct tok_vocab *v) {
+    v->n_eog = 0;
+    add_eog_sorted(v, v->eos);
+    add_eog_sorted(v, v->eot);
+    add_eog_sorted(v, v->eom);
+    for (int i = 0; i < v->n_extra_eog; i++) add_eog_sorted(v, v->extra_eog[i]);
+    for (size_t k = 0; k < LLMOPT_ARRAY_LEN(eog_names); k++) {
+        int32_t id = tok_find(v, eog_names[k], strlen(eog_names[k]));
+        if (id >= 0 && (v->types[id] == TOK_TYPE_CONTROL || v->types[id] == TOK_TYPE_USER_DEFINED))
+            add_eog_sorted(v, id);
+    }
+}
+
+enum llmopt_status tok_vocab_finish(struct tok_vocab *v, struct llmopt_err *err) {
     enum llmopt_status st;
-    if ((st = read_pieces(v, kv, err)) || (st = read_scores(v, f, err)) ||
-        (st = read_types(v, f, err)) || (st = build_map(v, err)))
-        return st;
+    if (!v->map && (st = build_map(v, err))) return st;
+    if ((st = build_specials(v, err))) return st;
     find_byte_tokens(v);
-
-    /* Defaults for absent keys are llama.cpp's for the "llama" model (old converters
-     * omitted them): bos 1, eos 2, unk 0. */
-    if ((st = read_id(f, "tokenizer.ggml.bos_token_id", 1, v->n_tokens, &v->bos, err)) ||
-        (st = read_id(f, "tokenizer.ggml.eos_token_id", 2, v->n_tokens, &v->eos, err)) ||
-        (st = read_id(f, "tokenizer.ggml.unknown_token_id", 0, v->n_tokens, &v->unk, err)) ||
-        (st = read_id(f, "tokenizer.ggml.padding_token_id", -1, v->n_tokens, &v->pad, err)) ||
-        (st = read_id(f, "tokenizer.ggml.eot_token_id", -1, v->n_tokens, &v->eot, err)))
-        return st;
-    if ((st = read_bool(f, "tokenizer.ggml.add_bos_token", true, &v->add_bos, err)) ||
-        (st = read_bool(f, "tokenizer.ggml.add_eos_token", false, &v->add_eos, err)) ||
-        (st = read_bool(f, "tokenizer.ggml.add_space_prefix", true, &v->add_space_prefix, err)))
-        return st;
+    build_eog(v);
+    if (v->kind == TOK_KIND_BPE) v->add_space_prefix = false;
     return LLMOPT_OK;
 }
 
-enum llmopt_status tok_vocab_from_gguf(const struct gguf_file *f, struct tok_vocab **out,
-                                       struct llmopt_err *err) {
-    if (!f || !out) return err_set(err, LLMOPT_ERR_INVALID_ARG, "tokenizer: NULL argument");
-    struct tok_vocab *v = calloc(1, sizeof *v);
-    if (!v) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: vocab");
-    enum llmopt_status st = vocab_load(v, f, err);
-    if (st) {
-        tok_vocab_free(v);
+enum llmopt_status tok_vocab_finish_map(struct tok_vocab *v, struct llmopt_err *err) {
+    return v->map ? LLMOPT_OK : build_map(v, err);
+}
+
+/* ---- files -------------------------------------------------------------------------- */
+
+enum llmopt_status tok_read_file(const char *path, bool optional, char **data, size_t *size,
+                                 struct llmopt_err *err) {
+    *data = NULL;
+    *size = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        if (optional && errno == ENOENT) return LLMOPT_OK;
+        return err_set(err, LLMOPT_ERR_IO, "tokenizer: %s: open failed: %s", path,
+                       strerror(errno));
+    }
+    struct stat sb;
+    enum llmopt_status st = LLMOPT_OK;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = err_set(err, LLMOPT_ERR_IO, "tokenizer: %s: not a regular file", path);
+        goto out;
+    }
+    if ((uint64_t)sb.st_size > TOK_MAX_FILE) {
+        st = err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: %lld bytes exceed the cap of %u",
+                     path, (long long)sb.st_size, TOK_MAX_FILE);
+        goto out;
+    }
+    size_t n = (size_t)sb.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        st = err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %s: %zu bytes", path, n);
+        goto out;
+    }
+    if (n && fread(buf, 1, n, fp) != n) {
+        free(buf);
+        st = err_set(err, LLMOPT_ERR_IO, "tokenizer: %s: short read", path);
+        goto out;
+    }
+    buf[n] = 0;
+    *data = buf;
+    *size = n;
+out:
+    fclose(fp);
+    return st;
+}
+
+enum llmopt_status tok_vocab_load(const char *path, struct tok_vocab **out,
+                                  struct llmopt_err *err) {
+    if (!path || !out) return err_set(err, LLMOPT_ERR_INVALID_ARG, "tokenizer: NULL argument");
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return err_set(err, LLMOPT_ERR_IO, "tokenizer: %s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) return tok_vocab_from_dir(path, out, err);
+    size_t n = strlen(path);
+    if (n >= 6 && strcmp(path + n - 6, ".model") == 0) {
+        char *data;
+        size_t size;
+        enum llmopt_status st = tok_read_file(path, false, &data, &size, err);
+        if (st) return st;
+        st = tok_vocab_from_spm_model((const uint8_t *)data, size, out, err);
+        free(data);
+        if (st) err_prefix(err, "%s", path);
         return st;
     }
-    *out = v;
-    return LLMOPT_OK;
+    struct gguf_file *f = NULL;
+    enum llmopt_status st = gguf_open(path, &f, err);
+    if (st) return st;
+    st = tok_vocab_from_gguf(f, out, err);
+    gguf_close(f);
+    return st;
 }
 
 void tok_vocab_free(struct tok_vocab *v) {
     if (!v) return;
+    tok_pretok_free(v->pretok);
+    free(v->specials);
+    free(v->merges);
     free(v->map);
     free(v->types);
     free(v->scores);
@@ -312,7 +411,10 @@ void tok_vocab_free(struct tok_vocab *v) {
     free(v);
 }
 
+/* ---- accessors ------------------------------------------------------------------ */
+
 enum tok_kind tok_vocab_kind(const struct tok_vocab *v) { return v->kind; }
+const char *tok_pre_name(const struct tok_vocab *v) { return v->pre_name; }
 int32_t tok_n_tokens(const struct tok_vocab *v) { return v->n_tokens; }
 int32_t tok_bos(const struct tok_vocab *v) { return v->bos; }
 int32_t tok_eos(const struct tok_vocab *v) { return v->eos; }
@@ -323,7 +425,15 @@ bool tok_add_bos(const struct tok_vocab *v) { return v->add_bos && v->bos >= 0; 
 bool tok_add_eos(const struct tok_vocab *v) { return v->add_eos && v->eos >= 0; }
 
 bool tok_is_eog(const struct tok_vocab *v, int32_t id) {
-    return id >= 0 && (id == v->eos || id == v->eot);
+    if (id < 0) return false;
+    for (int i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == id) return true;
+    return false;
+}
+
+int tok_eog_ids(const struct tok_vocab *v, const int32_t **ids) {
+    *ids = v->eog;
+    return v->n_eog;
 }
 
 const char *tok_token_text(const struct tok_vocab *v, int32_t id, size_t *len) {

@@ -19,14 +19,15 @@ static int read_ints(const json_t *arr, int32_t *out, int cap) {
     return n;
 }
 
-static void check_case_dir(const char *dir, int *n_rows_checked) {
+/* weights: "model.gguf" or "hf" (a Hugging Face directory of the same weights). */
+static void check_case_dir(const char *dir, const char *weights, int *n_rows_checked) {
     char path[512];
     snprintf(path, sizeof path, "%s/golden.json", dir);
     json_t *root = NULL;
     struct llmopt_err err = {0};
     CHECK_MSG(json_load_file_capped(path, 64u << 20, &root, &err) == LLMOPT_OK, "%s", err.msg);
     if (!root) return;
-    snprintf(path, sizeof path, "%s/model.gguf", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, weights);
     struct llmopt_model *m = NULL;
     CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
     size_t ci;
@@ -84,7 +85,7 @@ static void check_case_dir(const char *dir, int *n_rows_checked) {
                 (*n_rows_checked)++;
             }
         }
-        fprintf(stderr, "  %s case '%s': %zu steps, worst relative error %.3g\n", dir,
+        fprintf(stderr, "  %s/%s case '%s': %zu steps, worst relative error %.3g\n", dir, weights,
                 json_string_value(json_object_get(c, "name")), json_array_size(steps), worst);
         llmopt_session_free(sess);
     }
@@ -102,7 +103,14 @@ static void test_golden_cases(void) {
         if (e->d_name[0] == '.') continue;
         char dir[400];
         snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, e->d_name);
-        check_case_dir(dir, &n_rows);
+        check_case_dir(dir, "model.gguf", &n_rows);
+        char hf[520];
+        snprintf(hf, sizeof hf, "%s/hf/config.json", dir);
+        FILE *f = fopen(hf, "rb");
+        if (f) {
+            fclose(f);
+            check_case_dir(dir, "hf", &n_rows);
+        }
         n_dirs++;
     }
     closedir(d);

@@ -37,7 +37,7 @@ static long encode(const struct tok_vocab *v, const char *s, size_t len, bool bo
     size_t cap = len + 8, n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
     struct llmopt_err err = {0};
-    if (tok_encode(v, s, len, bos, ids, cap, &n, &err) != LLMOPT_OK) {
+    if (tok_encode(v, s, len, bos, false, ids, cap, &n, &err) != LLMOPT_OK) {
         fprintf(stderr, "  tok_encode: %s\n", err.msg);
         free(ids);
         return -1;
@@ -233,7 +233,7 @@ static void test_matches_naive_merges(void) {
         }
         size_t n = 0;
         struct llmopt_err err = {0};
-        CHECK_EQ_INT(tok_encode(v, text, len, false, got, 2048, &n, &err), LLMOPT_OK);
+        CHECK_EQ_INT(tok_encode(v, text, len, false, false, got, 2048, &n, &err), LLMOPT_OK);
         size_t nw = naive_encode(v, text, len, want);
         CHECK_EQ_INT(n, nw);
         bool same = n == nw;
@@ -596,26 +596,26 @@ static void test_limits(void) {
     struct llmopt_err err = {0};
     int32_t ids[4] = {-7, -7, -7, -7};
     size_t n = 99;
-    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, false, ids, 1, &n, &err), LLMOPT_ERR_LIMIT);
+    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, false, false, ids, 1, &n, &err), LLMOPT_ERR_LIMIT);
     CHECK_EQ_INT(n, 2);
     CHECK_EQ_INT(ids[0], 15043); /* the first cap ids are written */
     CHECK_EQ_INT(ids[1], -7);
-    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, true, ids, 2, &n, &err), LLMOPT_ERR_LIMIT);
+    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, true, false, ids, 2, &n, &err), LLMOPT_ERR_LIMIT);
     CHECK_EQ_INT(n, 3);
-    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, true, NULL, 0, &n, &err), LLMOPT_ERR_LIMIT);
+    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, true, false, NULL, 0, &n, &err), LLMOPT_ERR_LIMIT);
     CHECK_EQ_INT(n, 3);
-    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, true, ids, 3, &n, &err), LLMOPT_OK);
+    CHECK_EQ_INT(tok_encode(v, "Hello world", 11, true, false, ids, 3, &n, &err), LLMOPT_OK);
     CHECK_EQ_INT(n, 3);
-    CHECK_EQ_INT(tok_encode(v, "", 0, true, ids, 4, &n, &err), LLMOPT_OK);
+    CHECK_EQ_INT(tok_encode(v, "", 0, true, false, ids, 4, &n, &err), LLMOPT_OK);
     CHECK_EQ_INT(n, 1);
-    CHECK_EQ_INT(tok_encode(v, "", 0, false, ids, 4, &n, &err), LLMOPT_OK);
+    CHECK_EQ_INT(tok_encode(v, "", 0, false, false, ids, 4, &n, &err), LLMOPT_OK);
     CHECK_EQ_INT(n, 0);
 
     /* text over the cap is refused before any work */
     size_t big = (size_t)TOK_MAX_TEXT + 1;
     char *text = malloc(big);
     memset(text, 'a', big);
-    CHECK_EQ_INT(tok_encode(v, text, big, false, ids, 4, &n, &err), LLMOPT_ERR_LIMIT);
+    CHECK_EQ_INT(tok_encode(v, text, big, false, false, ids, 4, &n, &err), LLMOPT_ERR_LIMIT);
     free(text);
 
     /* decode into a small buffer: the needed size, and a prefix of whole code points */
@@ -736,11 +736,11 @@ static void test_synthetic_vocab(void) {
         size_t n = 0;
         /* "▁abab": "ab" (-3) and "ba" (-3) tie, leftmost "ab" first, then "ab" again;
          * then "▁ab" (-4) */
-        CHECK_EQ_INT(tok_encode(v, "abab", 4, false, ids, 16, &n, &err), LLMOPT_OK);
+        CHECK_EQ_INT(tok_encode(v, "abab", 4, false, false, ids, 16, &n, &err), LLMOPT_OK);
         CHECK_EQ_INT(n, 2);
         CHECK_EQ_INT(ids[0], 7);
         CHECK_EQ_INT(ids[1], 6);
-        CHECK_EQ_INT(tok_encode(v, "a\xc3\xa9", 3, true, ids, 16, &n, &err), LLMOPT_OK);
+        CHECK_EQ_INT(tok_encode(v, "a\xc3\xa9", 3, true, false, ids, 16, &n, &err), LLMOPT_OK);
         CHECK_EQ_INT(n, 4);
         CHECK_EQ_INT(ids[0], 1);
         CHECK_EQ_INT(ids[1], 3);
@@ -823,9 +823,9 @@ static void test_synthetic_vocab(void) {
         CHECK(!tok_add_bos(v));
         int32_t ids[4];
         size_t n = 0;
-        CHECK_EQ_INT(tok_encode(v, "a", 1, true, ids, 4, &n, &err), LLMOPT_ERR_INVALID_ARG);
+        CHECK_EQ_INT(tok_encode(v, "a", 1, true, false, ids, 4, &n, &err), LLMOPT_ERR_INVALID_ARG);
         /* "▁" is not a piece here and there are no byte tokens: unk, then "a" */
-        CHECK_EQ_INT(tok_encode(v, "a", 1, false, ids, 4, &n, &err), LLMOPT_OK);
+        CHECK_EQ_INT(tok_encode(v, "a", 1, false, false, ids, 4, &n, &err), LLMOPT_OK);
         CHECK_EQ_INT(n, 2);
         tok_vocab_free(v);
     }

@@ -250,13 +250,20 @@ static void run_norm(struct cpu_state *s, const struct ir_node *n, int32_t i) {
     }
 }
 
+/* y = act(x W^T + bias) * gate + residual; the epilogue operands follow x and w in
+ * that order when the node's flags say they are present. */
 static void run_linear(struct cpu_state *s, const struct ir_node *n, int32_t i) {
     const struct ir_extent *ex = &s->extent[n->in[0]];
     const struct ir_node *wn = &s->g->nodes[n->in[1]];
     int64_t k_len = ex->dims[ex->rank - 1], rows = k_len ? ir_extent_numel(ex) / k_len : 0;
     int64_t n_out = wn->shape.dims[0].coef;
+    uint32_t fl = n->attrs.linear_flags;
+    int k_op = 2;
     const float *x = node_f32(s, n->in[0]);
-    const float *bias = n->n_in > 2 ? node_f32(s, n->in[2]) : NULL;
+    const float *bias = fl & IR_LINEAR_BIAS ? node_f32(s, n->in[k_op++]) : NULL;
+    const float *gate = fl & IR_LINEAR_GATE ? node_f32(s, n->in[k_op++]) : NULL;
+    const float *residual = fl & IR_LINEAR_RESIDUAL ? node_f32(s, n->in[k_op++]) : NULL;
+    enum ir_op act = n->attrs.linear_act;
     float *o = node_f32(s, i);
     for (int64_t j = 0; j < n_out; j++) {
         const float *w = weight_row(&wn->weight, j, k_len, s->row_buf);
@@ -264,8 +271,37 @@ static void run_linear(struct cpu_state *s, const struct ir_node *n, int32_t i) 
             const float *xr = x + r * k_len;
             float acc = 0;
             for (int64_t k = 0; k < k_len; k++) acc += xr[k] * w[k];
-            o[r * n_out + j] = acc + (bias ? bias[j] : 0.0f);
+            acc += bias ? bias[j] : 0.0f;
+            if (act != IR_OP_INPUT) acc = unary_apply(act, acc);
+            if (gate) acc *= gate[r * n_out + j];
+            if (residual) acc += residual[r * n_out + j];
+            o[r * n_out + j] = acc;
         }
+    }
+}
+
+/* Split-half rotary embedding: out = x*cos + rotate_half(x)*sin, where
+ * rotate_half(x) = concat(-x[D/2:], x[:D/2]) over the last dim; cos/sin broadcast. */
+static void run_rope(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *eo = &s->extent[i];
+    int64_t d = eo->dims[eo->rank - 1], half = d / 2, rows = d ? ir_extent_numel(eo) / d : 0;
+    const float *x = node_f32(s, n->in[0]), *c = node_f32(s, n->in[1]), *sn = node_f32(s, n->in[2]);
+    float *o = node_f32(s, i);
+    /* Offsets of each row's cos/sin: broadcast over every dim but the last. */
+    struct ir_extent rows_ext = *eo;
+    rows_ext.dims[rows_ext.rank - 1] = 1;
+    struct ir_extent cs_ext = s->extent[n->in[1]];
+    int64_t strides[1][IR_MAX_RANK];
+    broadcast_strides(&cs_ext, eo, strides[0]);
+    int64_t idx[IR_MAX_RANK] = {0}, off[1] = {0};
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d, *cr = c + off[0], *sr = sn + off[0];
+        float *orow = o + r * d;
+        for (int64_t k = 0; k < half; k++) {
+            orow[k] = xr[k] * cr[k] - xr[k + half] * sr[k];
+            orow[k + half] = xr[k + half] * cr[k + half] + xr[k] * sr[k + half];
+        }
+        index_step(&rows_ext, idx, 1, off, strides);
     }
 }
 
@@ -355,8 +391,8 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
     return LLMOPT_OK;
 }
 
-static enum llmopt_status run_node(struct cpu_state *s, int32_t i, struct kv_cache *kv,
-                                   struct llmopt_err *err) {
+static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct kv_cache *kv,
+                                          struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
     const struct ir_node *n = &g->nodes[i];
     const struct ir_extent *eo = &s->extent[i];
@@ -382,6 +418,7 @@ static enum llmopt_status run_node(struct cpu_state *s, int32_t i, struct kv_cac
         return LLMOPT_OK;
     }
     case IR_OP_LINEAR: run_linear(s, n, i); return LLMOPT_OK;
+    case IR_OP_ROPE: run_rope(s, n, i); return LLMOPT_OK;
     case IR_OP_MATMUL: run_matmul(s, n, i); return LLMOPT_OK;
     case IR_OP_MEAN:
     case IR_OP_SUM:
@@ -478,11 +515,16 @@ static enum llmopt_status run_node(struct cpu_state *s, int32_t i, struct kv_cac
     return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cpu: no kernel for op %s", ir_op_name(n->op));
 }
 
-/* Constants are computed once, in prepare. */
-static void compute_constants(struct cpu_state *s) {
+/* Constants (CONST, ROPE_FREQS and every node the folding pass marked constant) are
+ * computed once, in prepare, in graph order. */
+static enum llmopt_status compute_constants(struct cpu_state *s, struct llmopt_err *err) {
+    for (int32_t i = 0; i < s->g->n_nodes; i++) ir_extent_of(&s->g->nodes[i].shape, 1, 1, &s->extent[i]);
     for (int32_t i = 0; i < s->g->n_nodes; i++) {
         const struct ir_node *n = &s->g->nodes[i];
-        if (n->op == IR_OP_CONST) {
+        if (n->constant && n->op != IR_OP_CONST && n->op != IR_OP_ROPE_FREQS) {
+            enum llmopt_status st = run_node_kernel(s, i, NULL, err);
+            if (st) return st;
+        } else if (n->op == IR_OP_CONST) {
             *node_f32(s, i) = (float)n->attrs.value;
         } else if (n->op == IR_OP_ROPE_FREQS) {
             /* theta^(-2j/dim), computed in f32 as PyTorch's rotary embedding does */
@@ -492,6 +534,7 @@ static void compute_constants(struct cpu_state *s) {
                 o[j] = 1.0f / powf((float)n->attrs.value, (float)(2 * j) / (float)dim);
         }
     }
+    return LLMOPT_OK;
 }
 
 static void cpu_release(void *state) {
@@ -506,13 +549,18 @@ static void cpu_release(void *state) {
 }
 
 static enum llmopt_status cpu_prepare(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
-                                      void **state, struct llmopt_err *err) {
+                                      const struct mem_plan *plan, void **state,
+                                      struct llmopt_err *err) {
     if (n_max < 1 || max_ctx < 1)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "cpu: batch size and context must be >= 1");
     struct cpu_state *s = calloc(1, sizeof *s);
     if (!s) return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory");
     s->g = g;
-    enum llmopt_status st = mem_plan_build(g, n_max, n_max, &s->plan, err);
+    if (plan && (plan->n_nodes != g->n_nodes || plan->n_max != n_max)) {
+        free(s);
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "cpu: the given plan is for another graph or batch size");
+    }
+    enum llmopt_status st = plan ? mem_plan_copy(plan, &s->plan, err) : mem_plan_build(g, n_max, n_max, &s->plan, err);
     if (st) {
         free(s);
         return st;
@@ -534,7 +582,10 @@ static enum llmopt_status cpu_prepare(const struct ir_graph *g, int64_t n_max, i
         return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for a %zu-byte arena",
                        arena_bytes);
     }
-    compute_constants(s);
+    if ((st = compute_constants(s, err))) {
+        cpu_release(s);
+        return st;
+    }
     *state = s;
     return LLMOPT_OK;
 }
@@ -555,12 +606,12 @@ static enum llmopt_status cpu_run(void *state, const struct exec_batch *b, struc
         memcpy(node_i32(s, idx), src[k], (size_t)ir_extent_numel(&s->extent[idx]) * 4);
     }
     for (int32_t i = 0; i < g->n_nodes; i++) {
-        enum llmopt_status st = run_node(s, i, kv, err);
+        const struct ir_node *n = &g->nodes[i];
+        if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE)
+            continue;
+        enum llmopt_status st = run_node_kernel(s, i, kv, err);
         if (st) return st;
-        enum ir_op op = g->nodes[i].op;
-        if (op != IR_OP_INPUT && op != IR_OP_PARAM && op != IR_OP_RESHAPE && op != IR_OP_CONST &&
-            op != IR_OP_ROPE_FREQS)
-            s->stats.kernels_run++;
+        s->stats.kernels_run++;
     }
     s->stats.steps++;
     *logits = node_f32(s, g->output);

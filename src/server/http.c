@@ -1,0 +1,222 @@
+/* libmicrohttpd glue (see http.h). */
+#include "server/http.h"
+
+#include "server/srv_buf.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+struct http_server {
+    struct MHD_Daemon *daemon;
+    struct srv_app *app;
+    int port;
+    MHD_socket quiesced_fd; /* the listening socket after quiesce, closed at stop */
+};
+
+/* Per request (MHD's con_cls): the body read so far. */
+struct http_request {
+    struct srv_buf body;
+    bool too_large;
+    bool answered; /* a reply was queued before the body was read */
+};
+
+/* An SSE reply in flight. */
+struct http_stream {
+    struct srv_stream *stream;
+    int fd; /* the connection's socket, to notice a client that went away */
+};
+
+/* A peer that closed its end reads as end-of-file (or an error); a live one as
+ * "would block" (or pending bytes of a next request). */
+static bool http_fd_gone(int fd) {
+    if (fd < 0) return false;
+    char b;
+    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static bool http_gone(void *ctx) { return http_fd_gone(*(int *)ctx); }
+
+static int http_conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? (int)ci->connect_fd : -1;
+}
+
+static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    struct http_stream *hs = cls;
+    ssize_t n = srv_stream_read(hs->stream, buf, max, http_gone, &hs->fd);
+    if (n > 0) return n;
+    return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void http_stream_free(void *cls) {
+    struct http_stream *hs = cls;
+    srv_stream_free(hs->stream); /* cancels the request if the client left early */
+    free(hs);
+}
+
+/* Queues r on c; r's body and stream pass to MHD. */
+static enum MHD_Result http_send(struct MHD_Connection *c, struct srv_reply *r) {
+    if (r->status == 0) {
+        srv_reply_clear(r);
+        return MHD_NO; /* the client is gone: close */
+    }
+    struct MHD_Response *resp;
+    if (r->stream) {
+        struct http_stream *hs = malloc(sizeof *hs);
+        if (!hs) {
+            srv_reply_clear(r);
+            return MHD_NO;
+        }
+        hs->stream = r->stream;
+        hs->fd = http_conn_fd(c);
+        r->stream = NULL;
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, http_stream_read, hs,
+                                                 http_stream_free);
+        if (!resp) {
+            http_stream_free(hs);
+            srv_reply_clear(r);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    } else {
+        resp = MHD_create_response_from_buffer(r->len, r->body ? r->body : (void *)"",
+                                               r->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+        if (!resp) {
+            srv_reply_clear(r);
+            return MHD_NO;
+        }
+        r->body = NULL;
+    }
+    if (r->content_type) MHD_add_response_header(resp, "Content-Type", r->content_type);
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+    if (r->preflight) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "86400");
+    }
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)r->status, resp);
+    MHD_destroy_response(resp);
+    srv_reply_clear(r);
+    return ok;
+}
+
+static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                       const char *method, const char *version,
+                                       const char *upload_data, size_t *upload_data_size,
+                                       void **con_cls) {
+    (void)version;
+    struct http_server *h = cls;
+    struct http_request *hr = *con_cls;
+    struct srv_reply reply;
+    if (!hr) { /* headers only so far: reject early what needs no body */
+        hr = calloc(1, sizeof *hr);
+        if (!hr) return MHD_NO;
+        srv_buf_init(&hr->body, srv_app_max_body(h->app));
+        *con_cls = hr;
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        const char *clen = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (srv_app_precheck(h->app, method, url, auth, clen, &reply)) {
+            hr->answered = true;
+            return http_send(c, &reply);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        /* Past the cap the rest is read and dropped: memory stays bounded, and the
+         * client still gets its 413 rather than a reset. */
+        if (!hr->too_large && !hr->answered && !srv_buf_append(&hr->body, upload_data, *upload_data_size)) {
+            hr->too_large = true;
+            srv_buf_free(&hr->body);
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (hr->answered) return MHD_YES;
+    int fd = http_conn_fd(c);
+    srv_app_handle(h->app, method, url, hr->body.data ? hr->body.data : "", hr->body.len,
+                   hr->too_large, http_gone, &fd, &reply);
+    srv_buf_free(&hr->body);
+    return http_send(c, &reply);
+}
+
+static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                              enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    struct http_request *hr = *con_cls;
+    if (!hr) return;
+    srv_buf_free(&hr->body);
+    free(hr);
+    *con_cls = NULL;
+}
+
+enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *app,
+                                     struct http_server **out, struct llmopt_err *err) {
+    *out = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    int gai = getaddrinfo(o->host, port, &hints, &ai);
+    if (gai) {
+        err->status = LLMOPT_ERR_INVALID_ARG;
+        snprintf(err->msg, sizeof err->msg, "serve: cannot resolve host '%s': %s", o->host,
+                 gai_strerror(gai));
+        return err->status;
+    }
+    struct http_server *h = calloc(1, sizeof *h);
+    if (!h) {
+        freeaddrinfo(ai);
+        err->status = LLMOPT_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "serve: out of memory");
+        return err->status;
+    }
+    h->app = app;
+    h->quiesced_fd = MHD_INVALID_SOCKET;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, h,
+                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                 MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s,
+                                 MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, h,
+                                 MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!h->daemon) {
+        free(h);
+        err->status = LLMOPT_ERR_IO;
+        snprintf(err->msg, sizeof err->msg, "serve: cannot listen on %s port %d (in use?)", o->host,
+                 o->port);
+        return err->status;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : o->port;
+    *out = h;
+    return LLMOPT_OK;
+}
+
+int http_server_port(const struct http_server *h) { return h->port; }
+
+void http_server_quiesce(struct http_server *h) {
+    if (h && h->daemon && h->quiesced_fd == MHD_INVALID_SOCKET)
+        h->quiesced_fd = MHD_quiesce_daemon(h->daemon);
+}
+
+void http_server_stop(struct http_server *h) {
+    if (!h) return;
+    if (h->daemon) MHD_stop_daemon(h->daemon);
+    if (h->quiesced_fd != MHD_INVALID_SOCKET) close(h->quiesced_fd);
+    free(h);
+}

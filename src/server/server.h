@@ -1,0 +1,31 @@
+/* llmopt serve: the OpenAI-compatible server as one call, for tools/cmd_serve.c.
+ * Layers, top to bottom: http.c (libmicrohttpd) -> srv_api.c (endpoints, OpenAI
+ * shapes) -> srv_sched.c (continuous batching over one session) -> the public API. */
+#ifndef LLMOPT_SERVER_SERVER_H
+#define LLMOPT_SERVER_SERVER_H
+
+#include "llmopt.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct srv_opts {
+    const char *model_path;
+    const char *programs_dir;       /* NULL: the default */
+    const char *host;               /* "127.0.0.1" */
+    int port;                       /* 0: any free port */
+    const char *api_key;            /* NULL: no authentication */
+    const char *chat_template_path; /* NULL: the model's own template */
+    int32_t n_slots;                /* sequences decoded together (--parallel) */
+    int32_t n_ctx;                  /* positions per sequence; 0: the model's default */
+    int32_t prefill_chunk;          /* prompt tokens per step */
+    int32_t queue_cap;              /* requests waiting for a slot */
+    size_t max_body;                /* bytes of a request body */
+    bool verbose;
+};
+
+/* Loads the model, serves until SIGINT or SIGTERM, then shuts down cleanly. */
+enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err);
+
+#endif

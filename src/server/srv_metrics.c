@@ -1,0 +1,171 @@
+/* Counters, gauges and fixed-bucket histograms (see srv_metrics.h). */
+#include "server/srv_metrics.h"
+
+#include "server/srv_buf.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+const char *const srv_endpoint_names[SRV_EP_COUNT] = {
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "other",
+};
+static_assert(sizeof srv_endpoint_names / sizeof srv_endpoint_names[0] == SRV_EP_COUNT,
+              "one name per endpoint");
+
+/* The statuses the server answers with; anything else is counted as "other". */
+static const int status_codes[] = {200, 204, 400, 401, 404, 405, 413, 429, 500, 503};
+#define N_STATUS (sizeof status_codes / sizeof status_codes[0] + 1)
+
+/* Seconds. TTFT spans queueing + prefill; ITL is one decode step. */
+static const double ttft_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double itl_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                    0.1,    0.25,  0.5,    1,     2.5};
+#define HIST_MAX_BOUNDS 12
+
+struct hist {
+    const double *bounds;
+    int n_bounds;
+    uint64_t count[HIST_MAX_BOUNDS + 1]; /* per bucket, not cumulative; last is +Inf */
+    double sum;
+    uint64_t n;
+};
+
+struct srv_metrics {
+    pthread_mutex_t mu;
+    uint64_t requests[SRV_EP_COUNT][N_STATUS];
+    uint64_t prompt_tokens, generated_tokens, cancelled;
+    struct hist ttft, itl;
+    int64_t queue_depth, running, kv_blocks;
+};
+
+struct srv_metrics *srv_metrics_create(void) {
+    struct srv_metrics *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    m->ttft = (struct hist){.bounds = ttft_bounds, .n_bounds = sizeof ttft_bounds / sizeof(double)};
+    m->itl = (struct hist){.bounds = itl_bounds, .n_bounds = sizeof itl_bounds / sizeof(double)};
+    return m;
+}
+
+void srv_metrics_free(struct srv_metrics *m) {
+    if (!m) return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+void srv_metrics_request(struct srv_metrics *m, enum srv_endpoint ep, int status) {
+    size_t k = N_STATUS - 1;
+    for (size_t i = 0; i + 1 < N_STATUS; i++)
+        if (status_codes[i] == status) k = i;
+    pthread_mutex_lock(&m->mu);
+    m->requests[ep][k]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_tokens(struct srv_metrics *m, int64_t prompt, int64_t generated) {
+    pthread_mutex_lock(&m->mu);
+    m->prompt_tokens += (uint64_t)prompt;
+    m->generated_tokens += (uint64_t)generated;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void hist_observe(struct hist *h, double v) {
+    int b = 0;
+    while (b < h->n_bounds && v > h->bounds[b]) b++;
+    h->count[b]++;
+    h->sum += v;
+    h->n++;
+}
+
+void srv_metrics_ttft(struct srv_metrics *m, double seconds) {
+    pthread_mutex_lock(&m->mu);
+    hist_observe(&m->ttft, seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_itl(struct srv_metrics *m, double seconds) {
+    pthread_mutex_lock(&m->mu);
+    hist_observe(&m->itl, seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_gauges(struct srv_metrics *m, int64_t queue_depth, int64_t running,
+                        int64_t kv_blocks_in_use) {
+    pthread_mutex_lock(&m->mu);
+    m->queue_depth = queue_depth;
+    m->running = running;
+    m->kv_blocks = kv_blocks_in_use;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_cancelled(struct srv_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->cancelled++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void hist_render(struct srv_buf *b, const char *name, const char *help,
+                        const struct hist *h) {
+    srv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n_bounds; i++) {
+        cum += h->count[i];
+        srv_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    cum += h->count[h->n_bounds];
+    srv_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    srv_buf_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
+}
+
+char *srv_metrics_render(struct srv_metrics *m, size_t *len) {
+    struct srv_buf b;
+    srv_buf_init(&b, 1 << 20);
+    pthread_mutex_lock(&m->mu);
+    srv_buf_puts(&b, "# HELP llmopt_requests_total HTTP requests answered, by endpoint and status.\n"
+                     "# TYPE llmopt_requests_total counter\n");
+    for (int ep = 0; ep < SRV_EP_COUNT; ep++)
+        for (size_t k = 0; k < N_STATUS; k++) {
+            if (!m->requests[ep][k]) continue;
+            if (k + 1 < N_STATUS)
+                srv_buf_printf(&b, "llmopt_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                               srv_endpoint_names[ep], status_codes[k],
+                               (unsigned long long)m->requests[ep][k]);
+            else
+                srv_buf_printf(&b, "llmopt_requests_total{endpoint=\"%s\",status=\"other\"} %llu\n",
+                               srv_endpoint_names[ep], (unsigned long long)m->requests[ep][k]);
+        }
+    srv_buf_printf(&b,
+                   "# HELP llmopt_prompt_tokens_total Prompt tokens of admitted requests.\n"
+                   "# TYPE llmopt_prompt_tokens_total counter\n"
+                   "llmopt_prompt_tokens_total %llu\n"
+                   "# HELP llmopt_generated_tokens_total Tokens generated (sampled).\n"
+                   "# TYPE llmopt_generated_tokens_total counter\n"
+                   "llmopt_generated_tokens_total %llu\n"
+                   "# HELP llmopt_requests_cancelled_total Requests whose client went away.\n"
+                   "# TYPE llmopt_requests_cancelled_total counter\n"
+                   "llmopt_requests_cancelled_total %llu\n"
+                   "# HELP llmopt_queue_depth Requests waiting for a sequence slot.\n"
+                   "# TYPE llmopt_queue_depth gauge\n"
+                   "llmopt_queue_depth %lld\n"
+                   "# HELP llmopt_requests_running Requests holding a sequence slot.\n"
+                   "# TYPE llmopt_requests_running gauge\n"
+                   "llmopt_requests_running %lld\n"
+                   "# HELP llmopt_kv_blocks_in_use KV cache blocks held by running requests.\n"
+                   "# TYPE llmopt_kv_blocks_in_use gauge\n"
+                   "llmopt_kv_blocks_in_use %lld\n",
+                   (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens,
+                   (unsigned long long)m->cancelled, (long long)m->queue_depth,
+                   (long long)m->running, (long long)m->kv_blocks);
+    hist_render(&b, "llmopt_time_to_first_token_seconds",
+                "Seconds from a request's arrival to its first generated token.", &m->ttft);
+    hist_render(&b, "llmopt_inter_token_latency_seconds",
+                "Seconds between consecutive tokens of one request.", &m->itl);
+    pthread_mutex_unlock(&m->mu);
+    if (b.failed) {
+        srv_buf_free(&b);
+        return NULL;
+    }
+    return srv_buf_take(&b, len);
+}

@@ -1,0 +1,681 @@
+/* The continuous-batching scheduler (see srv_sched.h). The loop, in one breath:
+ *
+ *   admit queued requests into free slots
+ *   batch = one decode token per running request whose reader has room
+ *         + prompt chunks of requests still prefilling, up to prefill_chunk tokens
+ *   forward(batch), logits only for the rows that end a request's input
+ *   per row: sample, detokenize, match stop sequences, post an event
+ *   retire finished or cancelled requests: reset their slot, drop their reference
+ *
+ * Locks: s->mu guards the wait queue and the wake counter; r->mu guards a request's
+ * event ring and finish state. Neither is held across a forward, and the scheduler
+ * never holds both. */
+#define _GNU_SOURCE /* memmem */
+#include "server/srv_sched.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct srv_req {
+    struct srv_sched *sched;
+    atomic_int refs;            /* the HTTP side and the scheduler */
+
+    /* Set by submit, read-only afterwards. */
+    int32_t *tokens;            /* (n_prompt + max_new) prompt then generated ids */
+    int32_t n_prompt, max_new;
+    int32_t logprobs;           /* -1: none */
+    int32_t n_stop;
+    char *stop[SRV_MAX_STOP];
+    size_t stop_len[SRV_MAX_STOP];
+    struct llmopt_sampler *sampler;
+    struct llmopt_detok *detok; /* primed with the prompt, so spacing continues it */
+    double t_submit;
+
+    /* Scheduler thread only. */
+    int32_t slot;               /* -1 while queued */
+    int32_t n_fed;              /* tokens in the slot's sequence */
+    int32_t n_step;             /* tokens added by the step being built */
+    int32_t n_gen;
+    double t_last;              /* when the previous token was sampled */
+    char held[2 * SRV_MAX_STOP_BYTES]; /* text that may still begin a stop sequence */
+    size_t held_len;
+    char *piece;                /* held + the new piece, while matching */
+    size_t piece_cap;
+
+    /* Shared, under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct srv_event ev[SRV_EVENT_CAP];
+    int32_t ev_head, ev_count;
+    enum srv_finish finish;
+    bool done;                  /* the scheduler let go: no more events */
+    bool cancelled;
+    char error[256];
+};
+
+struct srv_sched {
+    const struct llmopt_model *model;
+    struct llmopt_session *session;
+    struct srv_metrics *metrics;
+    int32_t n_slots, n_ctx, n_vocab, n_batch, prefill_chunk, queue_cap;
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct srv_req **queue;     /* (queue_cap) ring of waiting requests */
+    int32_t q_head, q_count;
+    bool stopping;
+    uint64_t wake_seq;          /* bumped by every event that may unblock a step */
+
+    /* Scheduler thread only. */
+    struct srv_req **active;    /* (n_slots) running requests, in admission order */
+    int32_t n_active;
+    bool *slot_busy;            /* (n_slots) */
+    int32_t *tokens, *positions, *slots, *out_rows; /* (n_batch) the step's batch */
+    struct srv_req **out_req;   /* (n_batch) whose logits each out row is */
+    float *scratch;             /* (n_vocab) logits the sampler may modify */
+};
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void srv_event_clear(struct srv_event *ev) {
+    free(ev->text);
+    ev->text = NULL;
+    ev->text_len = 0;
+}
+
+/* ---- request lifetime ---- */
+
+static void req_free(struct srv_req *r) {
+    for (int32_t i = 0; i < r->ev_count; i++) srv_event_clear(&r->ev[(r->ev_head + i) % SRV_EVENT_CAP]);
+    for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    llmopt_sampler_free(r->sampler);
+    llmopt_detok_free(r->detok);
+    free(r->tokens);
+    free(r->piece);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+static void req_unref(struct srv_req *r) {
+    if (atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
+}
+
+static void sched_wake(struct srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->wake_seq++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec *spec,
+                                 struct srv_req **out, struct llmopt_err *err) {
+    *out = NULL;
+    if (spec->n_prompt < 1 || spec->n_prompt >= s->n_ctx || spec->n_stop > SRV_MAX_STOP ||
+        spec->logprobs > SRV_MAX_TOP_LOGPROBS) {
+        snprintf(err->msg, sizeof err->msg, "submit: prompt of %d tokens, context %d",
+                 spec->n_prompt, s->n_ctx);
+        err->status = LLMOPT_ERR_INVALID_ARG;
+        return SRV_SUBMIT_ERROR;
+    }
+    struct srv_req *r = calloc(1, sizeof *r);
+    if (!r) goto nomem;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->refs, 2);
+    r->sched = s;
+    r->slot = -1;
+    r->n_prompt = spec->n_prompt;
+    int64_t room = s->n_ctx - spec->n_prompt;
+    r->max_new = (int32_t)(spec->max_tokens >= 0 && spec->max_tokens < room ? spec->max_tokens : room);
+    r->logprobs = spec->logprobs;
+    r->tokens = malloc(((size_t)r->n_prompt + (size_t)r->max_new) * sizeof *r->tokens);
+    if (!r->tokens) goto nomem_req;
+    memcpy(r->tokens, spec->prompt, (size_t)spec->n_prompt * sizeof *r->tokens);
+    for (int32_t i = 0; i < spec->n_stop; i++) {
+        if (!(r->stop[i] = malloc(spec->stop_len[i] + 1))) goto nomem_req;
+        memcpy(r->stop[i], spec->stop[i], spec->stop_len[i] + 1);
+        r->stop_len[i] = spec->stop_len[i];
+        r->n_stop++;
+    }
+    if (llmopt_sampler_create(&spec->sampling, s->n_vocab, &r->sampler, err) ||
+        llmopt_detok_create(s->model, &r->detok, err)) {
+        req_free(r);
+        return SRV_SUBMIT_ERROR;
+    }
+    for (int32_t i = 0; i < r->n_prompt; i++) llmopt_detok_push(r->detok, r->tokens[i]);
+    r->t_submit = now_seconds();
+
+    pthread_mutex_lock(&s->mu);
+    enum srv_submit res = s->stopping ? SRV_SUBMIT_STOPPING
+                          : s->q_count >= s->queue_cap ? SRV_SUBMIT_FULL : SRV_SUBMIT_OK;
+    if (res == SRV_SUBMIT_OK) {
+        s->queue[(s->q_head + s->q_count++) % s->queue_cap] = r;
+        s->wake_seq++;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (res != SRV_SUBMIT_OK) {
+        req_free(r);
+        return res;
+    }
+    *out = r;
+    return SRV_SUBMIT_OK;
+nomem_req:
+    req_free(r);
+nomem:
+    err->status = LLMOPT_ERR_NOMEM;
+    snprintf(err->msg, sizeof err->msg, "out of memory for a new request");
+    return SRV_SUBMIT_ERROR;
+}
+
+/* ---- the HTTP side ---- */
+
+enum srv_next srv_req_next(struct srv_req *r, struct srv_event *ev, int timeout_ms) {
+    pthread_mutex_lock(&r->mu);
+    if (r->ev_count == 0 && !r->done && timeout_ms > 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        while (r->ev_count == 0 && !r->done)
+            if (pthread_cond_timedwait(&r->cv, &r->mu, &until) == ETIMEDOUT) break;
+    }
+    enum srv_next res = SRV_NEXT_TIMEOUT;
+    bool was_full = false;
+    if (r->ev_count > 0) {
+        was_full = r->ev_count > SRV_EVENT_CAP - 2;
+        *ev = r->ev[r->ev_head];
+        r->ev_head = (r->ev_head + 1) % SRV_EVENT_CAP;
+        r->ev_count--;
+        res = SRV_NEXT_EVENT;
+    } else if (r->done) {
+        res = SRV_NEXT_END;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (was_full) sched_wake(r->sched); /* the scheduler skipped r for want of room */
+    return res;
+}
+
+void srv_req_result(struct srv_req *r, struct srv_req_result *out) {
+    pthread_mutex_lock(&r->mu);
+    out->finish = r->finish;
+    out->n_prompt = r->n_prompt;
+    out->n_generated = r->n_gen; /* stable once done */
+    memcpy(out->error, r->error, sizeof out->error);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void srv_req_release(struct srv_req *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    bool running = !r->done;
+    if (running) r->cancelled = true;
+    pthread_mutex_unlock(&r->mu);
+    if (running) sched_wake(r->sched);
+    req_unref(r);
+}
+
+/* ---- the scheduler side ---- */
+
+static bool req_cancelled(struct srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    bool c = r->cancelled;
+    pthread_mutex_unlock(&r->mu);
+    return c;
+}
+
+/* Room for a token's event plus a final one. */
+static bool req_has_room(struct srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    bool room = r->ev_count <= SRV_EVENT_CAP - 2;
+    pthread_mutex_unlock(&r->mu);
+    return room;
+}
+
+static void req_post(struct srv_req *r, const char *text, size_t len, const struct srv_event *tok) {
+    struct srv_event ev = tok ? *tok : (struct srv_event){.token = -1};
+    ev.text = NULL;
+    ev.text_len = 0;
+    if (len) {
+        ev.text = malloc(len + 1);
+        if (ev.text) {
+            memcpy(ev.text, text, len);
+            ev.text[len] = 0;
+            ev.text_len = len;
+        }
+    }
+    if (!ev.text_len && ev.token < 0) return;
+    pthread_mutex_lock(&r->mu);
+    if (r->ev_count < SRV_EVENT_CAP) {
+        r->ev[(r->ev_head + r->ev_count++) % SRV_EVENT_CAP] = ev;
+        pthread_cond_signal(&r->cv);
+    } else {
+        free(ev.text); /* cannot happen: steps check req_has_room */
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Copies a message, cut to fit. */
+static void copy_text(char *dst, size_t cap, const char *src) {
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+static void req_set_finish(struct srv_req *r, enum srv_finish f, const char *error) {
+    pthread_mutex_lock(&r->mu);
+    if (r->finish == SRV_FINISH_NONE) {
+        r->finish = f;
+        if (error) copy_text(r->error, sizeof r->error, error);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Frees r's slot and hands r back: the reader sees SRV_NEXT_END after its events. */
+static void sched_retire(struct srv_sched *s, struct srv_req *r) {
+    if (r->slot >= 0) {
+        llmopt_session_reset(s->session, r->slot);
+        s->slot_busy[r->slot] = false;
+        r->slot = -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (r->finish == SRV_FINISH_NONE) r->finish = r->cancelled ? SRV_FINISH_CANCEL : SRV_FINISH_ERROR;
+    enum srv_finish f = r->finish;
+    r->done = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (f == SRV_FINISH_CANCEL) srv_metrics_cancelled(s->metrics);
+    srv_metrics_tokens(s->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_gen);
+    req_unref(r);
+}
+
+/* Earliest occurrence of a stop sequence in t, or -1. */
+static ptrdiff_t stop_find(const struct srv_req *r, const char *t, size_t n) {
+    ptrdiff_t best = -1;
+    for (int32_t i = 0; i < r->n_stop; i++) {
+        const char *hit = memmem(t, n, r->stop[i], r->stop_len[i]);
+        if (hit && (best < 0 || hit - t < best)) best = hit - t;
+    }
+    return best;
+}
+
+/* Bytes at the end of t that could be the start of a stop sequence. */
+static size_t stop_partial(const struct srv_req *r, const char *t, size_t n) {
+    size_t best = 0;
+    for (int32_t i = 0; i < r->n_stop; i++) {
+        size_t k = r->stop_len[i] - 1 < n ? r->stop_len[i] - 1 : n;
+        for (; k > best; k--)
+            if (t[n - k] == r->stop[i][0] && !memcmp(t + n - k, r->stop[i], k)) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Log-softmax of the raw logits: the chosen token's value and the top alternatives
+ * (ties: the lower id first, as greedy picks). */
+static void logprobs_fill(const float *row, int32_t n_vocab, int32_t id, int32_t n_top,
+                          struct srv_event *ev) {
+    float max = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (row[i] > max) max = row[i];
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)row[i] - (double)max);
+    double lse = (double)max + log(sum);
+    ev->token = id;
+    ev->logprob = (float)((double)row[id] - lse);
+    ev->n_top = 0;
+    for (int32_t i = 0; i < n_vocab && n_top > 0; i++) {
+        float v = row[i];
+        if (ev->n_top == n_top && !(v > ev->top_logprob[n_top - 1])) continue;
+        int32_t j = ev->n_top < n_top ? ev->n_top++ : n_top - 1;
+        while (j > 0 && v > ev->top_logprob[j - 1]) {
+            ev->top_logprob[j] = ev->top_logprob[j - 1];
+            ev->top_id[j] = ev->top_id[j - 1];
+            j--;
+        }
+        ev->top_logprob[j] = v;
+        ev->top_id[j] = i;
+    }
+    for (int32_t j = 0; j < ev->n_top; j++)
+        ev->top_logprob[j] = (float)((double)ev->top_logprob[j] - lse);
+    /* JSON has no infinities or NaN; OpenAI reports -9999 for "impossible". */
+    if (!isfinite(ev->logprob)) ev->logprob = -9999.0f;
+    for (int32_t j = 0; j < ev->n_top; j++)
+        if (!isfinite(ev->top_logprob[j])) ev->top_logprob[j] = -9999.0f;
+}
+
+/* Appends bytes to r->piece[*n..]; false when out of memory. */
+static bool piece_add(struct srv_req *r, size_t *n, const char *add, size_t len) {
+    if (*n + len + 1 > r->piece_cap) {
+        size_t cap = 2 * r->piece_cap > *n + len + 1 ? 2 * r->piece_cap : *n + len + 1;
+        char *p = realloc(r->piece, cap);
+        if (!p) return false;
+        r->piece = p;
+        r->piece_cap = cap;
+    }
+    memcpy(r->piece + *n, add, len);
+    *n += len;
+    return true;
+}
+
+/* r->piece[0..n) is the held-back text plus the new text: posts what no stop
+ * sequence can claim any more, holds back a tail that may begin one, and ends the
+ * request at a stop sequence (which is never posted). final: the request ends here.
+ * tok: the token this text came with (NULL: none). */
+static void req_release_text(struct srv_req *r, size_t n, bool final, const struct srv_event *tok) {
+    ptrdiff_t hit = stop_find(r, r->piece, n);
+    if (hit >= 0) {
+        req_post(r, r->piece, (size_t)hit, tok);
+        r->held_len = 0;
+        req_set_finish(r, SRV_FINISH_STOP, NULL);
+        return;
+    }
+    size_t keep = final ? 0 : stop_partial(r, r->piece, n);
+    req_post(r, r->piece, n - keep, tok);
+    memcpy(r->held, r->piece + n - keep, keep); /* keep < the longest stop < sizeof held */
+    r->held_len = keep;
+}
+
+/* Samples the next token of r from its logits row and posts the result. */
+static void req_sample(struct srv_sched *s, struct srv_req *r, const float *row) {
+    memcpy(s->scratch, row, (size_t)s->n_vocab * sizeof *s->scratch);
+    int32_t id = llmopt_sampler_sample(r->sampler, s->scratch, r->tokens,
+                                       (size_t)(r->n_prompt + r->n_gen), NULL);
+    double t = now_seconds();
+    if (r->n_gen == 0) srv_metrics_ttft(s->metrics, t - r->t_submit);
+    else srv_metrics_itl(s->metrics, t - r->t_last);
+    r->t_last = t;
+
+    size_t n = 0;
+    bool ok = piece_add(r, &n, r->held, r->held_len);
+    if (llmopt_token_is_eog(s->model, id)) { /* not posted, not counted */
+        const char *tail = llmopt_detok_flush(r->detok);
+        if (ok && piece_add(r, &n, tail, strlen(tail))) {
+            req_release_text(r, n, true, NULL);
+            req_set_finish(r, SRV_FINISH_STOP, NULL);
+            return;
+        }
+    } else {
+        struct srv_event tok = {.token = id};
+        if (r->logprobs >= 0) logprobs_fill(row, s->n_vocab, id, r->logprobs, &tok);
+        r->tokens[r->n_prompt + r->n_gen++] = id;
+        bool last = r->n_gen >= r->max_new;
+        const char *text = llmopt_detok_push(r->detok, id);
+        ok = ok && piece_add(r, &n, text, strlen(text));
+        if (last && ok) {
+            const char *tail = llmopt_detok_flush(r->detok);
+            ok = piece_add(r, &n, tail, strlen(tail));
+        }
+        if (ok) {
+            req_release_text(r, n, last, r->logprobs >= 0 ? &tok : NULL);
+            if (last) req_set_finish(r, SRV_FINISH_LENGTH, NULL);
+            return;
+        }
+    }
+    req_set_finish(r, SRV_FINISH_ERROR, "out of memory while detokenizing");
+}
+
+/* ---- the loop ---- */
+
+/* Under s->mu: drops cancelled waiters, then fills free slots in arrival order. */
+static void sched_admit_locked(struct srv_sched *s) {
+    int32_t kept = 0;
+    for (int32_t i = 0; i < s->q_count; i++) {
+        struct srv_req *r = s->queue[(s->q_head + i) % s->queue_cap];
+        if (req_cancelled(r)) sched_retire(s, r);
+        else s->queue[(s->q_head + kept++) % s->queue_cap] = r;
+    }
+    s->q_count = kept;
+    while (s->q_count > 0 && s->n_active < s->n_slots) {
+        struct srv_req *r = s->queue[s->q_head];
+        s->q_head = (s->q_head + 1) % s->queue_cap;
+        s->q_count--;
+        int32_t slot = 0;
+        while (s->slot_busy[slot]) slot++;
+        s->slot_busy[slot] = true;
+        r->slot = slot;
+        s->active[s->n_active++] = r;
+    }
+}
+
+/* Builds and runs one step. Returns false when no request could make progress. */
+static bool sched_step(struct srv_sched *s) {
+    int32_t n = 0, n_out = 0;
+    bool progressed = false;
+    /* Cancelled requests leave first. */
+    int32_t kept = 0;
+    for (int32_t i = 0; i < s->n_active; i++) {
+        struct srv_req *r = s->active[i];
+        if (req_cancelled(r)) {
+            sched_retire(s, r);
+            progressed = true;
+        } else {
+            s->active[kept++] = r;
+        }
+    }
+    s->n_active = kept;
+    /* Decode tokens: the last sampled token of each generating request. */
+    for (int32_t i = 0; i < s->n_active; i++) {
+        struct srv_req *r = s->active[i];
+        r->n_step = 0;
+        if (r->n_fed < r->n_prompt || !req_has_room(r)) continue;
+        s->tokens[n] = r->tokens[r->n_fed];
+        s->positions[n] = r->n_fed;
+        s->slots[n] = r->slot;
+        s->out_rows[n_out] = n;
+        s->out_req[n_out++] = r;
+        r->n_step = 1;
+        n++;
+    }
+    /* Prompt chunks, oldest request first. */
+    int32_t budget = s->prefill_chunk;
+    for (int32_t i = 0; i < s->n_active && budget > 0 && n < s->n_batch; i++) {
+        struct srv_req *r = s->active[i];
+        if (r->n_fed >= r->n_prompt) continue;
+        int32_t chunk = r->n_prompt - r->n_fed;
+        if (chunk > budget) chunk = budget;
+        if (chunk > s->n_batch - n) chunk = s->n_batch - n;
+        for (int32_t t = 0; t < chunk; t++) {
+            s->tokens[n + t] = r->tokens[r->n_fed + t];
+            s->positions[n + t] = r->n_fed + t;
+            s->slots[n + t] = r->slot;
+        }
+        n += chunk;
+        budget -= chunk;
+        r->n_step = chunk;
+        if (r->n_fed + chunk == r->n_prompt) {
+            s->out_rows[n_out] = n - 1;
+            s->out_req[n_out++] = r;
+        }
+    }
+    if (n == 0) return progressed;
+
+    const float *logits = NULL;
+    struct llmopt_err err = {0};
+    enum llmopt_status st = n_out > 0
+        ? llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots, n_out,
+                                 s->out_rows, &logits, &err)
+        : llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots, 1,
+                                 (int32_t[]){n - 1}, &logits, &err);
+    for (int32_t i = 0; i < s->n_active; i++) {
+        struct srv_req *r = s->active[i];
+        if (!r->n_step) continue;
+        if (st) {
+            fprintf(stderr, "llmopt serve: forward failed: %s\n", err.msg);
+            req_set_finish(r, SRV_FINISH_ERROR, err.msg);
+        } else {
+            r->n_fed += r->n_step;
+        }
+    }
+    if (!st)
+        for (int32_t j = 0; j < n_out; j++)
+            req_sample(s, s->out_req[j], logits + (size_t)j * (size_t)s->n_vocab);
+    /* Retire what finished. */
+    kept = 0;
+    for (int32_t i = 0; i < s->n_active; i++) {
+        struct srv_req *r = s->active[i];
+        pthread_mutex_lock(&r->mu);
+        bool finished = r->finish != SRV_FINISH_NONE;
+        pthread_mutex_unlock(&r->mu);
+        if (finished) sched_retire(s, r);
+        else s->active[kept++] = r;
+    }
+    s->n_active = kept;
+    return true;
+}
+
+static void sched_publish(struct srv_sched *s, int32_t queued) {
+    srv_metrics_gauges(s->metrics, queued, s->n_active, llmopt_session_kv_blocks_in_use(s->session));
+}
+
+static void *sched_main(void *arg) {
+    struct srv_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping) {
+        sched_admit_locked(s);
+        uint64_t seq = s->wake_seq;
+        int32_t queued = s->q_count;
+        pthread_mutex_unlock(&s->mu);
+        bool worked = s->n_active > 0 && sched_step(s);
+        sched_publish(s, queued);
+        pthread_mutex_lock(&s->mu);
+        if (worked || s->stopping || s->wake_seq != seq) continue;
+        /* Idle, or every running request waits for its reader: sleep until a submit,
+         * a cancel or a reader making room bumps wake_seq. */
+        if (s->n_active == 0) {
+            pthread_cond_wait(&s->cv, &s->mu);
+        } else {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 50 * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &until);
+        }
+    }
+    /* Shutting down: everyone still here ends with an error. */
+    while (s->q_count > 0) {
+        struct srv_req *r = s->queue[s->q_head];
+        s->q_head = (s->q_head + 1) % s->queue_cap;
+        s->q_count--;
+        req_set_finish(r, SRV_FINISH_ERROR, "the server is shutting down");
+        sched_retire(s, r);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int32_t i = 0; i < s->n_active; i++) {
+        req_set_finish(s->active[i], SRV_FINISH_ERROR, "the server is shutting down");
+        sched_retire(s, s->active[i]);
+    }
+    s->n_active = 0;
+    sched_publish(s, 0);
+    return NULL;
+}
+
+enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct srv_sched_opts *o,
+                                    struct srv_metrics *metrics, struct srv_sched **out,
+                                    struct llmopt_err *err) {
+    *out = NULL;
+    if (o->n_slots < 1 || o->prefill_chunk < 1 || o->queue_cap < 1 || o->n_ctx < 0) {
+        err->status = LLMOPT_ERR_INVALID_ARG;
+        snprintf(err->msg, sizeof err->msg, "scheduler: bad options (slots %d, chunk %d, queue %d)",
+                 o->n_slots, o->prefill_chunk, o->queue_cap);
+        return err->status;
+    }
+    struct srv_sched *s = calloc(1, sizeof *s);
+    if (!s) goto nomem;
+    s->model = m;
+    s->metrics = metrics;
+    s->n_slots = o->n_slots;
+    s->prefill_chunk = o->prefill_chunk;
+    s->queue_cap = o->queue_cap;
+    s->n_vocab = llmopt_model_n_vocab(m);
+    s->n_batch = o->n_slots + o->prefill_chunk;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    struct llmopt_session_opts so = {.n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots};
+    enum llmopt_status st = llmopt_session_create(m, &so, &s->session, err);
+    if (st) {
+        srv_sched_free(s);
+        return st;
+    }
+    s->n_ctx = llmopt_session_n_ctx(s->session);
+    if (s->n_batch > s->n_ctx * s->n_slots) s->n_batch = s->n_ctx * s->n_slots;
+    s->queue = calloc((size_t)s->queue_cap, sizeof *s->queue);
+    s->active = calloc((size_t)s->n_slots, sizeof *s->active);
+    s->slot_busy = calloc((size_t)s->n_slots, sizeof *s->slot_busy);
+    s->tokens = calloc((size_t)s->n_batch, sizeof *s->tokens);
+    s->positions = calloc((size_t)s->n_batch, sizeof *s->positions);
+    s->slots = calloc((size_t)s->n_batch, sizeof *s->slots);
+    s->out_rows = calloc((size_t)s->n_batch, sizeof *s->out_rows);
+    s->out_req = calloc((size_t)s->n_batch, sizeof *s->out_req);
+    s->scratch = calloc((size_t)s->n_vocab, sizeof *s->scratch);
+    if (!s->queue || !s->active || !s->slot_busy || !s->tokens || !s->positions || !s->slots ||
+        !s->out_rows || !s->out_req || !s->scratch) {
+        srv_sched_free(s);
+        goto nomem;
+    }
+    if (pthread_create(&s->thread, NULL, sched_main, s)) {
+        srv_sched_free(s);
+        err->status = LLMOPT_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "scheduler: cannot start its thread");
+        return err->status;
+    }
+    s->thread_started = true;
+    *out = s;
+    return LLMOPT_OK;
+nomem:
+    err->status = LLMOPT_ERR_NOMEM;
+    snprintf(err->msg, sizeof err->msg, "scheduler: out of memory");
+    return err->status;
+}
+
+void srv_sched_stop(struct srv_sched *s) {
+    if (!s || !s->thread_started) return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    s->thread_started = false;
+}
+
+void srv_sched_free(struct srv_sched *s) {
+    if (!s) return;
+    srv_sched_stop(s);
+    llmopt_session_free(s->session);
+    free(s->queue);
+    free(s->active);
+    free(s->slot_busy);
+    free(s->tokens);
+    free(s->positions);
+    free(s->slots);
+    free(s->out_rows);
+    free(s->out_req);
+    free(s->scratch);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+int32_t srv_sched_n_ctx(const struct srv_sched *s) { return s->n_ctx; }

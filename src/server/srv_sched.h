@@ -1,0 +1,102 @@
+/* Continuous batching: one scheduler thread owns the session. Requests wait in a
+ * bounded queue, are admitted into free sequence slots between steps, and each step
+ * runs one token-batch forward that mixes the decode tokens of running requests with
+ * chunks of new prompts. Results flow back to the HTTP threads through a small
+ * bounded event ring per request; a request whose ring is full (a slow reader) simply
+ * sits out steps until its reader catches up, so it never stalls anyone else.
+ *
+ * Threads: srv_sched_submit / srv_req_* are called by HTTP threads; everything else
+ * of a running request belongs to the scheduler thread. */
+#ifndef LLMOPT_SERVER_SRV_SCHED_H
+#define LLMOPT_SERVER_SRV_SCHED_H
+
+#include "llmopt.h"
+#include "server/srv_metrics.h"
+#include "server/srv_request.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SRV_EVENT_CAP 16 /* events buffered per request */
+
+enum srv_finish {
+    SRV_FINISH_NONE,   /* still running */
+    SRV_FINISH_STOP,   /* end-of-generation token or a stop sequence */
+    SRV_FINISH_LENGTH, /* max_tokens or the context is full */
+    SRV_FINISH_CANCEL, /* the client went away */
+    SRV_FINISH_ERROR,  /* the forward failed or the server is shutting down */
+    SRV_FINISH_COUNT
+};
+
+/* One generated token as the client sees it: the text released with it (stop
+ * sequences hold text back, so text may belong to earlier tokens, or be empty) and,
+ * when asked for, its log-probability and the top alternatives. A finishing request
+ * may add one last event with text only (token -1). */
+struct srv_event {
+    char *text;      /* heap, NUL-terminated; NULL when empty */
+    size_t text_len;
+    int32_t token;   /* -1: no token */
+    float logprob;   /* log-softmax of the raw logits */
+    int32_t n_top;
+    int32_t top_id[SRV_MAX_TOP_LOGPROBS];
+    float top_logprob[SRV_MAX_TOP_LOGPROBS];
+};
+void srv_event_clear(struct srv_event *ev);
+
+struct srv_sched_opts {
+    int32_t n_slots;       /* sequences decoded together */
+    int32_t n_ctx;         /* positions per sequence; 0: the model's default */
+    int32_t prefill_chunk; /* prompt tokens per step, across requests */
+    int32_t queue_cap;     /* requests waiting for a slot before submit says FULL */
+};
+
+struct srv_sched;
+struct srv_req;
+
+enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct srv_sched_opts *o,
+                                    struct srv_metrics *metrics, struct srv_sched **out,
+                                    struct llmopt_err *err);
+/* Ends every queued and running request (SRV_FINISH_ERROR) and joins the thread. */
+void srv_sched_stop(struct srv_sched *s);
+/* After srv_sched_stop and after every request was released. */
+void srv_sched_free(struct srv_sched *s);
+int32_t srv_sched_n_ctx(const struct srv_sched *s);
+
+struct srv_req_spec {
+    const int32_t *prompt;
+    int32_t n_prompt;        /* 1 .. n_ctx - 1 */
+    int64_t max_tokens;      /* -1: until end of text or a full context */
+    struct llmopt_sampling sampling;
+    int32_t logprobs;        /* -1: none; else top alternatives (<= SRV_MAX_TOP_LOGPROBS) */
+    int32_t n_stop;
+    char *const *stop;
+    const size_t *stop_len;
+};
+
+enum srv_submit {
+    SRV_SUBMIT_OK,
+    SRV_SUBMIT_FULL,     /* the wait queue is full */
+    SRV_SUBMIT_STOPPING, /* the server is shutting down */
+    SRV_SUBMIT_ERROR,    /* err says why (bad sampling parameters, out of memory) */
+};
+enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec *spec,
+                                 struct srv_req **out, struct llmopt_err *err);
+
+enum srv_next {
+    SRV_NEXT_EVENT,   /* *ev filled; srv_event_clear it */
+    SRV_NEXT_TIMEOUT, /* nothing within timeout_ms */
+    SRV_NEXT_END,     /* finished and every event taken */
+};
+enum srv_next srv_req_next(struct srv_req *r, struct srv_event *ev, int timeout_ms);
+
+struct srv_req_result {
+    enum srv_finish finish;
+    int32_t n_prompt, n_generated;
+    char error[256];
+};
+void srv_req_result(struct srv_req *r, struct srv_req_result *out);
+/* The HTTP side is done with r: cancels it if it still runs. */
+void srv_req_release(struct srv_req *r);
+
+#endif
