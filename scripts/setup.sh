@@ -31,3 +31,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# The server tests' npm packages (the official `openai` client), pinned by
+# tests/server/package-lock.json. Installed only when node_modules is missing or older
+# than the lock file; `npm ci` installs exactly what the lock file says.
+server_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/server"
+if [ -f "$server_tests/package-lock.json" ] && command -v npm >/dev/null 2>&1; then
+    stamp="$server_tests/node_modules/.package-lock.json"
+    if [ ! -f "$stamp" ] || [ "$server_tests/package-lock.json" -nt "$stamp" ]; then
+        echo "setup: installing the server tests' npm packages (tests/server)"
+        npm ci --prefix "$server_tests" --no-audit --no-fund --loglevel=error
+    fi
+fi

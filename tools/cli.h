@@ -20,12 +20,23 @@ bool parse_float(const char *s, float *out);
 /* Value of option argv[*i] (advancing *i), or NULL when missing. */
 const char *option_value(int argc, char **argv, int *i);
 
+/* Reads a whole file ("-": stdin) into a NUL-terminated malloc'd buffer (tools/cmd_template.c). */
+char *cli_read_file(const char *path, size_t *len, struct llmopt_err *err);
+/* A chat template from text with bos/eos strings from MODEL's tokenizer (NULL: none). */
+enum llmopt_status cli_template_from_text(const char *model, const char *text, size_t len,
+                                          struct llmopt_chat_template **out, struct llmopt_err *err);
+
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_template(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

@@ -6,9 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char probe_usage[] =
-    "probe: %s (usage: probe [-o PROFILE.json|-] [--quick] [-t THREADS] | --show PROFILE.json)";
-
 int cmd_probe(int argc, char **argv) {
     const char *out_path = NULL, *show_path = NULL;
     struct target_probe_opts opts = {.progress = stderr};
@@ -18,18 +15,18 @@ int cmd_probe(int argc, char **argv) {
             opts.quick = true;
         } else if (!strcmp(argv[i], "-o")) {
             if (!(out_path = option_value(argc, argv, &i)))
-                return usage_error(probe_usage, "-o needs a path");
+                return usage_error("probe: %s needs a path", "-o");
         } else if (!strcmp(argv[i], "--show")) {
             if (!(show_path = option_value(argc, argv, &i)))
-                return usage_error(probe_usage, "--show needs a path");
+                return usage_error("probe: %s needs a path", "--show");
         } else if (!strcmp(argv[i], "-t")) {
             const char *s = option_value(argc, argv, &i);
             if (!s || !parse_long(s, 1, 4096, &v))
-                return usage_error(probe_usage, "-t needs a thread count in 1..4096");
+                return usage_error("probe: -t needs a thread count in 1..4096, got '%s'",
+                                   s ? s : "");
             opts.threads = (int)v;
         } else {
-            fprintf(stderr, "llmopt: probe: unexpected argument '%s'\n", argv[i]);
-            return usage_error(probe_usage, "bad arguments");
+            return usage_error("probe: unexpected argument '%s'", argv[i]);
         }
     }
 
@@ -37,7 +34,7 @@ int cmd_probe(int argc, char **argv) {
     struct llmopt_err err = {0};
     if (show_path) {
         if (out_path || opts.quick || opts.threads)
-            return usage_error(probe_usage, "--show takes no other option");
+            return usage_error("probe: %s takes no other option", "--show");
         if (target_profile_read_json(show_path, &profile, &err)) return fail(&err);
         target_profile_print(&profile, stdout);
         return 0;

@@ -8,7 +8,7 @@
 #include <time.h>
 
 struct run_args {
-    const char *model, *prompt, *programs;
+    const char *model, *prompt, *programs, *prompt_ids;
     long long n_predict, n_ctx;
     struct llmopt_sampling sampling;
     bool seed_given, ids, verbose;
@@ -47,6 +47,7 @@ int cmd_run(int argc, char **argv) {
         }
         if (!(v = option_value(argc, argv, &i))) return usage_error("run: option '%s' needs a value", arg);
         if (!strcmp(arg, "-p") || !strcmp(arg, "--prompt")) a.prompt = v;
+        else if (!strcmp(arg, "--prompt-ids")) a.prompt_ids = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-predict")) {
             if (!parse_long(v, 0, INT32_MAX, &a.n_predict)) return usage_error("run: -n needs a count >= 0, got '%s'", v);
@@ -89,18 +90,37 @@ int cmd_run(int argc, char **argv) {
     if (llmopt_session_create(model, &so, &sess, &err)) goto done;
     const char *text = a.prompt ? a.prompt : "";
     size_t len = strlen(text), n_prompt = 0, cap = len + 2;
+    if (a.prompt_ids) cap = strlen(a.prompt_ids) / 2 + 2;
     prompt = malloc(cap * sizeof *prompt);
     if (!prompt) {
         err.status = LLMOPT_ERR_NOMEM;
         goto done;
     }
-    if (llmopt_tokenize(model, text, len, llmopt_add_bos_default(model), prompt, cap, &n_prompt, &err))
+    if (a.prompt_ids) {
+        /* "1,20,30" or "1 20 30": token ids given directly (no tokenizer needed) */
+        char *end;
+        for (const char *p = a.prompt_ids; *p;) {
+            if (*p == ',' || *p == ' ') {
+                p++;
+                continue;
+            }
+            long long id = strtoll(p, &end, 10);
+            if (end == p || id < 0 || id >= llmopt_model_n_vocab(model) || n_prompt >= cap) {
+                snprintf(err.msg, sizeof err.msg, "--prompt-ids: '%s' is not a list of ids in [0, %d)",
+                         a.prompt_ids, llmopt_model_n_vocab(model));
+                goto done;
+            }
+            prompt[n_prompt++] = (int32_t)id;
+            p = end;
+        }
+    } else if (llmopt_tokenize(model, text, len, llmopt_add_bos_default(model), prompt, cap, &n_prompt, &err)) {
         goto done;
+    }
     if (n_prompt == 0) {
         snprintf(err.msg, sizeof err.msg, "the prompt is empty and the model adds no BOS token");
         goto done;
     }
-    if (llmopt_detok_create(model, &detok, &err)) goto done;
+    if (!a.ids && llmopt_detok_create(model, &detok, &err)) goto done;
     struct run_output out = {.detok = detok, .ids = a.ids};
     if (!a.ids) {
         for (size_t i = 0; i < n_prompt; i++) fputs(llmopt_detok_push(detok, prompt[i]), stdout);

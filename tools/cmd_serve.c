@@ -28,20 +28,24 @@ int cmd_serve(int argc, char **argv) {
             o.model_path = arg;
             continue;
         }
-        if (!(v = option_value(argc, argv, &i))) return usage_error("serve: option '%s' needs a value", arg);
+        if (!(v = option_value(argc, argv, &i)))
+            return usage_error("serve: option '%s' needs a value", arg);
         if (!strcmp(arg, "--host")) {
             o.host = v;
         } else if (!strcmp(arg, "--port")) {
-            if (!parse_long(v, 0, 65535, &n)) return usage_error("serve: --port needs 0..65535, got '%s'", v);
+            if (!parse_long(v, 0, 65535, &n))
+                return usage_error("serve: --port needs 0..65535, got '%s'", v);
             o.port = (int)n;
         } else if (!strcmp(arg, "--api-key")) {
             if (!*v) return usage_error("serve: --api-key needs a non-empty key%s", "");
             o.api_key = v;
         } else if (!strcmp(arg, "--parallel") || !strcmp(arg, "-np")) {
-            if (!parse_long(v, 1, 1024, &n)) return usage_error("serve: --parallel needs 1..1024, got '%s'", v);
+            if (!parse_long(v, 1, 1024, &n))
+                return usage_error("serve: --parallel needs 1..1024, got '%s'", v);
             o.n_slots = (int32_t)n;
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
-            if (!parse_long(v, 2, 1 << 20, &n)) return usage_error("serve: --ctx needs 2..1048576, got '%s'", v);
+            if (!parse_long(v, 2, 1 << 20, &n))
+                return usage_error("serve: --ctx needs 2..1048576, got '%s'", v);
             o.n_ctx = (int32_t)n;
         } else if (!strcmp(arg, "--chat-template")) {
             o.chat_template_path = v;
@@ -50,12 +54,17 @@ int cmd_serve(int argc, char **argv) {
                 return usage_error("serve: --max-body needs 1024..1073741824 bytes, got '%s'", v);
             o.max_body = (size_t)n;
         } else if (!strcmp(arg, "--queue")) {
-            if (!parse_long(v, 1, 65536, &n)) return usage_error("serve: --queue needs 1..65536, got '%s'", v);
+            if (!parse_long(v, 1, 65536, &n))
+                return usage_error("serve: --queue needs 1..65536, got '%s'", v);
             o.queue_cap = (int32_t)n;
         } else if (!strcmp(arg, "--prefill-chunk")) {
             if (!parse_long(v, 1, 65536, &n))
                 return usage_error("serve: --prefill-chunk needs 1..65536, got '%s'", v);
             o.prefill_chunk = (int32_t)n;
+        } else if (!strcmp(arg, "--threads") || !strcmp(arg, "-t")) {
+            if (!parse_long(v, 0, 4096, &n))
+                return usage_error("serve: --threads needs 0..4096 (0: every CPU), got '%s'", v);
+            o.n_threads = (int32_t)n;
         } else if (!strcmp(arg, "--programs")) {
             o.programs_dir = v;
         } else {

@@ -11,11 +11,16 @@ static const struct {
 } commands[] = {
     {"run", cmd_run},
     {"tokenize", cmd_tokenize},
+    {"template", cmd_template},
+    {"chat", cmd_chat},
+    {"detokenize", cmd_detokenize},
     {"inspect", cmd_inspect},
     {"compile", cmd_compile},
     {"serve", cmd_serve},
     {"check", cmd_check},
     {"probe", cmd_probe},
+    {"synth", cmd_synth},
+    {"quantize", cmd_quantize},
 };
 
 int main(int argc, char **argv) {

@@ -74,7 +74,6 @@ def make_config(arch, hp):
         rms_norm_eps=hp["rms_eps"],
         max_position_embeddings=int(hp.get("max_positions", 4096)),
         tie_word_embeddings=bool(hp.get("tied", False)),
-        use_cache=False,
     )
     kw.update(arch.config_extra)
     kw.update(hp.get("tokens", {}))
@@ -176,6 +175,12 @@ BASE_PARAMS = [
 QKV_BIASES = ["model.layers.{i}.self_attn.%s_proj.bias" % x for x in "qkv"]
 QK_NORMS = ["model.layers.{i}.self_attn.q_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"]
 
+# These programs compute RoPE with the plain frequencies theta^(-2j/d): a checkpoint with
+# scaled RoPE (Llama 3.1/3.2 "llama3", YaRN, linear, dynamic) must be refused, not run with
+# the wrong frequencies. null: the key may be absent (or null).
+DEFAULT_ROPE_GGUF = {"{arch}.rope.scaling.type": [None, "none"]}
+DEFAULT_ROPE_HF = {"rope_parameters.rope_type": [None, "default"], "rope_scaling": [None]}
+
 TIED_FALLBACK_GGUF = "token_embd.weight"
 TIED_FALLBACK_HF = "model.embed_tokens.weight"
 
@@ -197,11 +202,11 @@ def make_map(params, gguf_transforms=None, gguf_hparams=None, hf_hparams=None, m
         if name == "lm_head.weight":
             s["fallback"] = TIED_FALLBACK_HF
         sp[name] = s
-    g = {}
-    s = {}
+    g = {"match": dict(DEFAULT_ROPE_GGUF)}
+    s = {"match": dict(DEFAULT_ROPE_HF)}
     if match:
-        g["match"] = dict(match["gguf"])
-        s["match"] = dict(match["safetensors"])
+        g["match"].update(match["gguf"])
+        s["match"].update(match["safetensors"])
     g["hparams"] = gguf_hparams or _std_hparams_gguf()
     g["params"] = gp
     s["hparams"] = hf_hparams or _std_hparams_hf()

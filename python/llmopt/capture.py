@@ -260,8 +260,8 @@ def check_map(graph, pmap):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="capture a Hugging Face model into an llmopt graph file")
     ap.add_argument("--hf-arch", required=True,
-                    help="architecture to capture (%s), a comma-separated list of them, or all; with more "
-                         "than one, -o is the parent folder (DIR/<arch>/)" % ", ".join(sorted(ARCHS)))
+                    help="architecture to capture (%s), a comma-separated list of them, or all; with a "
+                         "list or all, -o is the parent folder (DIR/<arch>/)" % ", ".join(sorted(ARCHS)))
     ap.add_argument("-o", "--out", required=True, help="output folder (graph.json, map.json)")
     ap.add_argument("--debug-dir", help="write the raw exported graph and the capture IR here")
     args = ap.parse_args(argv)

@@ -405,16 +405,18 @@ class _GGUFSource:
     def meta(self, h, name):
         if "key" not in h:
             return None
-        key = h["key"].replace("{arch}", self.arch)
-        if key not in self.gg.kv:
-            return None
-        v = self.gg.kv[key]
-        if isinstance(v, list):
-            raise BindError("hparam %r: key %r is an array" % (name, key))
-        return v
+        for tmpl in (h["key"] if isinstance(h["key"], list) else [h["key"]]):
+            key = tmpl.replace("{arch}", self.arch)
+            if key not in self.gg.kv:
+                continue
+            v = self.gg.kv[key]
+            if isinstance(v, list):
+                raise BindError("hparam %r: key %r is an array" % (name, key))
+            return v
+        return None
 
     def match_value(self, key):
-        return self.gg.kv.get(key)
+        return self.gg.kv.get(key.replace("{arch}", self.arch))
 
     def tensor_values(self, name):
         return self.gg.tensor_values(name)
@@ -460,21 +462,18 @@ def apply_transform(tr, shape, data, env, pname=""):
 
 
 def check_match(pmap_section, src):
-    """The section's `match` clause: each metadata key must hold one of the listed values."""
+    """The section's `match` clause: each metadata key must hold one of the listed values
+    (null in the list: the key may be absent or null)."""
     for key, allowed in (pmap_section.get("match") or {}).items():
         got = src.match_value(key)
         if got not in allowed:
-            raise BindError("metadata %r is %r; this program wants one of %r" % (key, got, allowed))
+            raise BindError("metadata %r is %s; this program wants one of %s" % (
+                key, json.dumps(got), json.dumps(allowed)))
 
 
-def bind_source(graph, pmap, src):
-    """Hparams and params of `graph` from a weights source through section
-    `src.section` of parameter map `pmap`. Returns (hparams, params, unused tensors).
-    Raises BindError when the program does not bind (missing tensor, wrong shape, ...)."""
-    if src.section not in pmap:
-        raise BindError("map.json has no %r section" % src.section)
-    spec = pmap[src.section]
-    check_match(spec, src)
+def resolve_hparams(graph, spec, src):
+    """Values of the graph's hparams and of every other hparam the map section names
+    (max_positions), from metadata, tensor shapes and defaults."""
     hspec = spec["hparams"]
 
     def lookup(name, env):
@@ -499,13 +498,25 @@ def bind_source(graph, pmap, src):
 
     names = list(graph["hparams"]) + [h for h in hspec if h not in graph["hparams"]]
     try:
-        hp = _resolve_hparams(names, lookup)
+        return _resolve_hparams(names, lookup)
     except InterpError as e:
         raise BindError(str(e)) from e
-    params = {}
+
+
+def bind_source(graph, pmap, src):
+    """Hparams and params of `graph` from a weights source through section
+    `src.section` of parameter map `pmap`. Returns (hparams, params, unused tensors).
+    Raises BindError when the program does not bind (missing tensor, wrong shape, ...)."""
+    if src.section not in pmap:
+        raise BindError("map.json has no %r section" % src.section)
+    spec = pmap[src.section]
+    check_match(spec, src)
+    hp = resolve_hparams(graph, spec, src)
     n_layers = int(hp.get("n_layers", 0))
     pspec = spec["params"]
     used = set()
+    plan = []
+    # names and shapes first (a refusal reads no tensor data), then the data
     for p in graph["params"]:
         name = p["name"]
         if name not in pspec:
@@ -527,11 +538,13 @@ def bind_source(graph, pmap, src):
             want = [E.eval_int(d, env) for d in p["shape"]]
             if shape != want:
                 raise BindError("param %r (tensor %r): shape %r, graph wants %r" % (full, tname, shape, want))
-            data = src.tensor_values(tname)
-            tr = m.get("transform")
-            if tr:
-                data = apply_transform(tr, shape, data, env, full)
-            params[full] = Tensor(shape, data)
+            plan.append((full, tname, shape, m.get("transform"), env))
+    params = {}
+    for full, tname, shape, tr, env in plan:
+        data = src.tensor_values(tname)
+        if tr:
+            data = apply_transform(tr, shape, data, env, full)
+        params[full] = Tensor(shape, data)
     unused = [t for t in src.tensor_order if t not in used]
     return hp, params, unused
 
@@ -612,6 +625,7 @@ class Program:
         self.params = params
         self.kv = {}  # attention node (unrolled id) -> {slot: {pos: (k rows, v rows)}}
         self.check_shapes = True
+        self._shapes = {}  # (node id, layer, N, M) -> declared shape, evaluated
 
     def reset(self):
         self.kv = {}
@@ -670,7 +684,10 @@ class Program:
             except (InterpError, E.ExprError, ValueError, ZeroDivisionError, IndexError) as e:
                 raise InterpError("node %s (%s): %s" % (n["id"] + suffix, n["op"], e)) from e
             if self.check_shapes:
-                want = tuple(E.eval_int(d, env) for d in n["shape"])
+                key = (n["id"], layer, env["N"], env["M"])
+                want = self._shapes.get(key)
+                if want is None:
+                    want = self._shapes[key] = tuple(E.eval_int(d, env) for d in n["shape"])
                 if val.shape != want:
                     raise InterpError("node %s (%s): shape %r, declared %r = %r" % (
                         n["id"] + suffix, n["op"], val.shape, n["shape"], want))

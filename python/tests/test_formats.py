@@ -185,8 +185,18 @@ def random_checkpoint(graph, hp, seed):
             n = 1
             for d in shape:
                 n *= d
-            out[name] = (shape, [round(rnd.gauss(0, 1), 4) for _ in range(n)])
+            out[name] = (shape, [round(rnd.random() * 4 - 2, 4) for _ in range(n)])
     return out
+
+
+def small(arch, **over):
+    """The golden config of `arch`, smaller (the maps, not the numerics, are tested here)."""
+    hp = dict(TINY[arch], vocab=272, d_model=32, d_ff=48)
+    if arch in ("llama", "qwen2"):
+        hp["head_dim"] = hp["d_model"] // hp["n_heads"]
+    hp.pop("tokens")
+    hp.update(over)
+    return hp
 
 
 def load_program(name):
@@ -215,8 +225,7 @@ class TestProgramMaps(unittest.TestCase):
         return graph, pmap, tensors, HFCheckpoint(d), GGUFFile(blob=blob)
 
     def _check_arch(self, arch, **over):
-        hp = dict(TINY[arch], **over)
-        hp.pop("tokens", None)
+        hp = small(arch, **over)
         graph, pmap, tensors, ck, gg = self._checkpoint(arch, hp)
         hp_g, par_g, unused_g = RI.bind_gguf(graph, pmap, gg)
         hp_s, par_s, unused_s = RI.bind_safetensors(graph, pmap, ck)
@@ -262,9 +271,7 @@ class TestProgramMaps(unittest.TestCase):
 
     def test_gemma_needs_its_metadata(self):
         """A tied Llama GGUF has exactly a Gemma GGUF's tensors: only `match` tells them apart."""
-        hp = dict(TINY["llama"], tied=True)
-        hp.pop("tokens")
-        graph, pmap, tensors, ck, gg = self._checkpoint("llama", hp)
+        graph, pmap, tensors, ck, gg = self._checkpoint("llama", small("llama", tied=True))
         g_graph, g_map = load_program("gemma")
         with self.assertRaises(RI.BindError):
             RI.bind_gguf(g_graph, g_map, gg)
@@ -276,25 +283,52 @@ class TestProgramMaps(unittest.TestCase):
         _, _, unused = RI.bind_gguf(g_graph, loose, gg)
         self.assertEqual(unused, [])
 
+    def test_scaled_rope_refused(self):
+        """These programs compute plain RoPE frequencies: Llama 3.1/3.2 ("llama3"), YaRN,
+        linear scaling must refuse to bind rather than run with the wrong frequencies."""
+        graph, pmap, tensors, ck, gg = self._checkpoint("llama", small("llama"))
+        RI.bind_safetensors(graph, pmap, ck)
+        ck.config["rope_parameters"]["rope_type"] = "llama3"
+        with self.assertRaises(RI.BindError):
+            RI.bind_safetensors(graph, pmap, ck)
+        ck.config["rope_parameters"]["rope_type"] = "default"
+        ck.config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+        with self.assertRaises(RI.BindError):
+            RI.bind_safetensors(graph, pmap, ck)
+        ck.config["rope_scaling"] = None
+        RI.bind_safetensors(graph, pmap, ck)
+        RI.bind_gguf(graph, pmap, gg)
+        gg.kv["llama.rope.scaling.type"] = "yarn"
+        with self.assertRaises(RI.BindError):
+            RI.bind_gguf(graph, pmap, gg)
+        gg.kv["llama.rope.scaling.type"] = "none"
+        RI.bind_gguf(graph, pmap, gg)
+
     def test_hparam_rules(self):
         graph, pmap = load_program("qwen3")
-        spec = pmap["safetensors"]["hparams"]
-        self.assertEqual(spec["rope_theta"]["config"], ["rope_parameters.rope_theta", "rope_theta"])
-        hp = dict(TINY["qwen3"])
-        hp.pop("tokens")
-        _, _, _, ck, _ = self._checkpoint("qwen3", hp)
-        # older config.json spellings: top-level rope_theta; head_dim null; no max_position_embeddings
+        spec = pmap["safetensors"]
+        self.assertEqual(spec["hparams"]["rope_theta"]["config"], ["rope_parameters.rope_theta", "rope_theta"])
+        _, _, _, ck, _ = self._checkpoint("qwen3", small("qwen3"))
+        src = RI._HFSource(ck)
+        hps = RI.resolve_hparams(graph, spec, src)
+        self.assertEqual((hps["rope_theta"], hps["head_dim"], hps["max_positions"]), (1e6, 16, 4096))
+        # older config.json spellings: top-level rope_theta; nulls; keys left out
         del ck.config["rope_parameters"]
         ck.config["rope_theta"] = 5000.0
         ck.config["num_key_value_heads"] = None
+        del ck.config["head_dim"]
         del ck.config["max_position_embeddings"]
-        hps, _, _ = RI.bind_safetensors(graph, pmap, ck)
+        hps = RI.resolve_hparams(graph, spec, src)
         self.assertEqual(hps["rope_theta"], 5000.0)
         self.assertEqual(hps["n_kv_heads"], hps["n_heads"])
+        self.assertEqual(hps["head_dim"], hps["d_model"] // hps["n_heads"])
         self.assertEqual(hps["max_positions"], 2048)
         ck.config["hidden_size"] = "64"
         with self.assertRaises(RI.BindError):
-            RI.bind_safetensors(graph, pmap, ck)
+            RI.resolve_hparams(graph, spec, src)
+        del ck.config["hidden_size"]
+        with self.assertRaises(RI.BindError):
+            RI.resolve_hparams(graph, spec, src)
 
     def test_transforms(self):
         self.assertEqual(RI.apply_transform({"op": "add_scalar", "value": -1}, [3], [2.0, 1.5, 0.25], {}),

@@ -28,9 +28,9 @@ struct backend_ops {
      * positions and allocates everything a step needs; *state is the backend's
      * compiled form of g (g must outlive it). */
     /* plan: a memory plan for g at n_max (e.g. from a Model Program), or NULL to plan
-     * here. */
+     * here. n_threads: CPU threads the backend may use (0: every CPU available). */
     enum llmopt_status (*prepare)(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
-                                  const struct mem_plan *plan, void **state,
+                                  const struct mem_plan *plan, int32_t n_threads, void **state,
                                   struct llmopt_err *err);
     /* Runs one batch; *logits points at (M, vocab) floats valid until the next run. */
     enum llmopt_status (*run)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
@@ -40,6 +40,10 @@ struct backend_ops {
     void (*release)(void *state);
 };
 
+/* The CPU backend: fast kernels (SIMD chosen at run time) on a thread pool; with
+ * $LLMOPT_CPU_REF=1 at prepare it runs the scalar reference kernels instead. */
 extern const struct backend_ops cpu_backend_ops;
+/* Always the scalar reference kernels, one thread: the oracle. */
+extern const struct backend_ops cpu_ref_backend_ops;
 
 #endif

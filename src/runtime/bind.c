@@ -346,14 +346,52 @@ static enum llmopt_status check_tensors_present(struct binder *b, int n_layers,
                 found = weights_find(&b->m->weights, tname, &t);
             }
             if (found) continue;
-            if (n_missing++ < 8)
-                snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%.100s'",
+            if (n_missing++ < 3)
+                snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%.60s'",
                          n_missing > 1 ? ", " : "", first);
         }
     }
     if (!n_missing) return LLMOPT_OK;
-    return err_set(err, LLMOPT_ERR_BIND, "%d tensors the program needs are missing: %s%s", n_missing,
-                   missing, n_missing > 8 ? ", ..." : "");
+    return err_set(err, LLMOPT_ERR_BIND, "%d tensors missing: %s%s", n_missing, missing,
+                   n_missing > 3 ? ", ..." : "");
+}
+
+/* The map's "match" clause: each key must hold one of the listed values (null: may be
+ * absent). It guards what structure cannot tell apart (a scaled RoPE, a family whose
+ * tensors look like another's), as data of the program, not code here. */
+static enum llmopt_status check_match(struct binder *b, const json_t *match, struct llmopt_err *err) {
+    const char *key_tmpl;
+    json_t *allowed;
+    json_object_foreach((json_t *)match, key_tmpl, allowed) {
+        char key[BIND_NAME_MAX];
+        if (!json_is_array(allowed) || !substitute_arch(key_tmpl, b->arch, key, sizeof key))
+            return err_set(err, LLMOPT_ERR_FORMAT, "map: match '%s' needs a list of values", key_tmpl);
+        json_t *have = weights_value(&b->m->weights, key);
+        bool ok = false;
+        size_t i;
+        json_t *v;
+        json_array_foreach(allowed, i, v) {
+            if (json_is_null(v) ? !have
+                                : have && (json_equal(have, v) ||
+                                           (json_is_number(have) && json_is_number(v) &&
+                                            json_number_value(have) == json_number_value(v))))
+                ok = true;
+        }
+        char got[128] = "absent";
+        if (have) {
+            char *text = json_dumps(have, JSON_ENCODE_ANY);
+            snprintf(got, sizeof got, "%s", text ? text : "?");
+            free(text);
+        }
+        json_decref(have);
+        if (!ok) {
+            char *want = json_dumps(allowed, JSON_COMPACT);
+            err_set(err, LLMOPT_ERR_BIND, "'%s' is %s, the program takes %s", key, got, want ? want : "?");
+            free(want);
+            return LLMOPT_ERR_BIND;
+        }
+    }
+    return LLMOPT_OK;
 }
 
 static bool load_program_files(struct llmopt_model *m, const char *dir, struct llmopt_err *err) {
@@ -398,6 +436,11 @@ enum llmopt_status model_bind_program(struct llmopt_model *m, const char *progra
     b.params_map = json_object_get(json_object_get(m->map, section), "params");
     if (!json_is_object(b.params_map)) {
         err_set(err, LLMOPT_ERR_BIND, "the program's map has no '%s' section", section);
+        model_unbind(m);
+        return LLMOPT_ERR_BIND;
+    }
+    const json_t *match = json_object_get(json_object_get(m->map, section), "match");
+    if (match && check_match(&b, match, err)) {
         model_unbind(m);
         return LLMOPT_ERR_BIND;
     }

@@ -74,7 +74,7 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
     qsort(names, (size_t)n_names, sizeof *names, compare_names);
 
     /* Try each program; keep every refusal for the report. */
-    char report[sizeof err->msg / 2] = "";
+    char report[sizeof err->msg - 200] = "";
     bool bound = false;
     for (int i = 0; i < n_names && !bound; i++) {
         if (!names[i]) continue;
@@ -86,7 +86,7 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
         } else {
             /* Keep each refusal short enough that several fit in one message. */
             size_t used = strlen(report);
-            snprintf(report + used, sizeof report - used, "\n  %.60s: %.300s", names[i], why.msg);
+            snprintf(report + used, sizeof report - used, "\n  %.40s: %.170s", names[i], why.msg);
         }
     }
     for (int i = 0; i < n_names; i++) free(names[i]);

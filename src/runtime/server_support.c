@@ -12,4 +12,6 @@ const char *llmopt_token_text(const struct llmopt_model *m, int32_t id, size_t *
     return m->vocab ? tok_token_text(m->vocab, id, len) : NULL;
 }
 
-int32_t llmopt_session_n_ctx(const struct llmopt_session *s) { return session_n_ctx(s); }
+int32_t llmopt_session_n_ctx(const struct llmopt_session *s) {
+    return session_n_ctx(s);
+}

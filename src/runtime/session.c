@@ -30,10 +30,10 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: the model was loaded vocab-only");
     struct llmopt_session_opts o = opts ? *opts : (struct llmopt_session_opts){0};
     if (o.n_ctx < 0 || o.n_batch < 0 || o.n_slots < 0 || o.n_ctx > SESSION_MAX_CTX ||
-        o.n_slots > 4096)
+        o.n_slots > 4096 || o.n_threads < 0 || o.n_threads > 1024)
         return err_set(err, LLMOPT_ERR_INVALID_ARG,
-                       "session: n_ctx %d / n_batch %d / n_slots %d out of range", o.n_ctx,
-                       o.n_batch, o.n_slots);
+                       "session: n_ctx %d / n_batch %d / n_slots %d / n_threads %d out of range",
+                       o.n_ctx, o.n_batch, o.n_slots, o.n_threads);
     if (!o.n_ctx) o.n_ctx = m->ctx_train < 4096 ? m->ctx_train : 4096;
     if (!o.n_batch) o.n_batch = 256;
     if (!o.n_slots) o.n_slots = 1;
@@ -69,7 +69,7 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     if (st) goto fail;
     /* A Model Program carries the plan for its batch size; other sizes plan again. */
     const struct mem_plan *plan = m->plan && m->plan->n_max == o.n_batch ? m->plan : NULL;
-    st = s->backend->prepare(&m->ir, o.n_batch, o.n_ctx, plan, &s->plan, err);
+    st = s->backend->prepare(&m->ir, o.n_batch, o.n_ctx, plan, o.n_threads, &s->plan, err);
     if (st) goto fail;
     free(row_elems);
     *out = s;

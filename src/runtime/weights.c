@@ -107,21 +107,39 @@ bool weights_at(const struct weights_source *w, int64_t i, char *name_buf, size_
     return true;
 }
 
-bool weights_number(const struct weights_source *w, const char *key, double *out) {
-    if (w->kind == WEIGHTS_GGUF) return gguf_get_f64(w->gguf, key, out);
-    /* dotted path into config.json: "rope_parameters.rope_theta" */
-    const json_t *v = w->config;
+/* dotted path into config.json: "rope_parameters.rope_theta" */
+static const json_t *config_path(const json_t *v, const char *key) {
     char part[256];
     const char *p = key;
     while (v && *p) {
         const char *dot = strchr(p, '.');
         size_t n = dot ? (size_t)(dot - p) : strlen(p);
-        if (n >= sizeof part) return false;
+        if (n >= sizeof part) return NULL;
         memcpy(part, p, n);
         part[n] = 0;
         v = json_object_get(v, part);
         p += n + (dot ? 1 : 0);
     }
+    return v;
+}
+
+json_t *weights_value(const struct weights_source *w, const char *key) {
+    if (w->kind == WEIGHTS_SAFETENSORS) {
+        const json_t *v = config_path(w->config, key);
+        return v && !json_is_null(v) ? json_incref((json_t *)v) : NULL;
+    }
+    struct gguf_str s;
+    double d;
+    bool b;
+    if (gguf_get_str(w->gguf, key, &s)) return json_stringn(s.ptr, s.len);
+    if (gguf_get_bool(w->gguf, key, &b)) return json_boolean(b);
+    if (gguf_get_f64(w->gguf, key, &d)) return json_real(d);
+    return NULL;
+}
+
+bool weights_number(const struct weights_source *w, const char *key, double *out) {
+    if (w->kind == WEIGHTS_GGUF) return gguf_get_f64(w->gguf, key, out);
+    const json_t *v = config_path(w->config, key);
     if (json_is_number(v)) {
         *out = json_number_value(v);
         return true;

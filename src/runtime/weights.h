@@ -50,6 +50,9 @@ bool weights_at(const struct weights_source *w, int64_t i, char *name_buf, size_
                 struct weights_tensor *out);
 /* A number: GGUF metadata key, or for checkpoints a dotted path into config.json. */
 bool weights_number(const struct weights_source *w, const char *key, double *out);
+/* A metadata value as JSON (string, number, bool; NULL when absent or null): a GGUF
+ * key, or a dotted config.json path. The caller json_decref()s it. */
+json_t *weights_value(const struct weights_source *w, const char *key);
 /* A string (general.architecture / config.json "model_type"), for {arch} in keys. */
 bool weights_arch(const struct weights_source *w, char *buf, size_t cap);
 

@@ -41,10 +41,13 @@ static bool http_fd_gone(int fd) {
     return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-static bool http_gone(void *ctx) { return http_fd_gone(*(int *)ctx); }
+static bool http_gone(void *ctx) {
+    return http_fd_gone(*(int *)ctx);
+}
 
 static int http_conn_fd(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     return ci ? (int)ci->connect_fd : -1;
 }
 
@@ -89,7 +92,8 @@ static enum MHD_Result http_send(struct MHD_Connection *c, struct srv_reply *r) 
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     } else {
         resp = MHD_create_response_from_buffer(r->len, r->body ? r->body : (void *)"",
-                                               r->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+                                               r->body ? MHD_RESPMEM_MUST_FREE
+                                                       : MHD_RESPMEM_PERSISTENT);
         if (!resp) {
             srv_reply_clear(r);
             return MHD_NO;
@@ -100,7 +104,8 @@ static enum MHD_Result http_send(struct MHD_Connection *c, struct srv_reply *r) 
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
     if (r->preflight) {
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type");
         MHD_add_response_header(resp, "Access-Control-Max-Age", "86400");
     }
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)r->status, resp);
@@ -122,8 +127,10 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
         if (!hr) return MHD_NO;
         srv_buf_init(&hr->body, srv_app_max_body(h->app));
         *con_cls = hr;
-        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-        const char *clen = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *auth =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        const char *clen =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (srv_app_precheck(h->app, method, url, auth, clen, &reply)) {
             hr->answered = true;
             return http_send(c, &reply);
@@ -133,7 +140,8 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
     if (*upload_data_size) {
         /* Past the cap the rest is read and dropped: memory stays bounded, and the
          * client still gets its 413 rather than a reset. */
-        if (!hr->too_large && !hr->answered && !srv_buf_append(&hr->body, upload_data, *upload_data_size)) {
+        if (!hr->too_large && !hr->answered &&
+            !srv_buf_append(&hr->body, upload_data, *upload_data_size)) {
             hr->too_large = true;
             srv_buf_free(&hr->body);
         }
@@ -163,7 +171,8 @@ static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cl
 enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *app,
                                      struct http_server **out, struct llmopt_err *err) {
     *out = NULL;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *ai = NULL;
     char port[16];
@@ -184,15 +193,13 @@ enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *
     }
     h->app = app;
     h->quiesced_fd = MHD_INVALID_SOCKET;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, h,
-                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                 MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
+    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, h, MHD_OPTION_SOCK_ADDR,
+                                 ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
                                  MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s,
-                                 MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, h,
-                                 MHD_OPTION_END);
+                                 MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
         free(h);
@@ -207,7 +214,9 @@ enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *
     return LLMOPT_OK;
 }
 
-int http_server_port(const struct http_server *h) { return h->port; }
+int http_server_port(const struct http_server *h) {
+    return h->port;
+}
 
 void http_server_quiesce(struct http_server *h) {
     if (h && h->daemon && h->quiesced_fd == MHD_INVALID_SOCKET)

@@ -15,7 +15,6 @@
 #include <string.h>
 
 #define SRV_MAX_TEMPLATE_FILE (1u << 20)
-#define SRV_TEMPLATE_PENDING 1 /* TEMPORARY until src/template/ implements the API */
 
 static enum llmopt_status fail(struct llmopt_err *err, enum llmopt_status st, const char *fmt,
                                const char *arg) {
@@ -51,22 +50,18 @@ static enum llmopt_status load_template(const struct srv_opts *o, const struct l
                                         struct llmopt_chat_template **out, char *note,
                                         size_t note_cap, struct llmopt_err *err) {
     *out = NULL;
-#if SRV_TEMPLATE_PENDING
-    (void)m;
-    (void)err;
-    snprintf(note, note_cap, "chat templates are not implemented yet");
-    return LLMOPT_OK;
-#endif
     if (!o->chat_template_path) {
         struct llmopt_err terr = {0};
         if (llmopt_chat_template_load(o->model_path, out, &terr)) {
-            snprintf(note, note_cap, "the model brings none (%s)", terr.msg);
+            snprintf(note, note_cap, "the model brings none (%.400s)", terr.msg);
             *out = NULL;
         }
         return LLMOPT_OK;
     }
     FILE *f = fopen(o->chat_template_path, "rb");
-    if (!f) return fail(err, LLMOPT_ERR_IO, "serve: cannot open chat template '%s'", o->chat_template_path);
+    if (!f)
+        return fail(err, LLMOPT_ERR_IO, "serve: cannot open chat template '%s'",
+                    o->chat_template_path);
     char *text = malloc(SRV_MAX_TEMPLATE_FILE + 1);
     size_t len = text ? fread(text, 1, SRV_MAX_TEMPLATE_FILE + 1, f) : 0;
     bool too_big = len > SRV_MAX_TEMPLATE_FILE, read_err = ferror(f);
@@ -77,7 +72,8 @@ static enum llmopt_status load_template(const struct srv_opts *o, const struct l
                     "serve: cannot read chat template '%s' (over 1 MiB, or a read error)",
                     o->chat_template_path);
     }
-    char *bos = token_text_dup(m, llmopt_token_bos(m)), *eos = token_text_dup(m, llmopt_token_eos(m));
+    char *bos = token_text_dup(m, llmopt_token_bos(m)),
+         *eos = token_text_dup(m, llmopt_token_eos(m));
     enum llmopt_status st = llmopt_chat_template_from_text(text, len, bos, eos, out, err);
     free(text);
     free(bos);
@@ -112,11 +108,16 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
         st = fail(err, LLMOPT_ERR_NOMEM, "serve: out of memory%s", "");
         goto done;
     }
-    struct srv_sched_opts so = {.n_slots = o->n_slots, .n_ctx = o->n_ctx,
-                                .prefill_chunk = o->prefill_chunk, .queue_cap = o->queue_cap};
+    struct srv_sched_opts so = {.n_slots = o->n_slots,
+                                .n_ctx = o->n_ctx,
+                                .prefill_chunk = o->prefill_chunk,
+                                .queue_cap = o->queue_cap,
+                                .n_threads = o->n_threads};
     if ((st = srv_sched_create(model, &so, metrics, &sched, err))) goto done;
     model_id_of(o->model_path, model_id, sizeof model_id);
-    struct srv_app_opts ao = {.model_id = model_id, .api_key = o->api_key, .max_body = o->max_body,
+    struct srv_app_opts ao = {.model_id = model_id,
+                              .api_key = o->api_key,
+                              .max_body = o->max_body,
                               .template_note = note};
     if (!(app = srv_app_create(model, tmpl, sched, metrics, &ao))) {
         st = fail(err, LLMOPT_ERR_NOMEM, "serve: out of memory%s", "");
@@ -124,7 +125,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
     }
     /* A connection is a thread: enough for every slot, the queue and some idle
      * keep-alive clients; beyond that MHD refuses connections. */
-    struct http_opts ho = {.host = o->host, .port = o->port,
+    struct http_opts ho = {.host = o->host,
+                           .port = o->port,
                            .max_connections = (unsigned)(o->n_slots + o->queue_cap + 64),
                            .idle_timeout_s = 120};
     if ((st = http_server_start(&ho, app, &http, err))) goto done;
@@ -135,7 +137,9 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
             "capacity %lld tokens; prefill chunk %d; queue %d\n",
             model_id, llmopt_model_program(model), llmopt_model_n_vocab(model), o->n_slots, n_ctx,
             (long long)o->n_slots * n_ctx, o->prefill_chunk, o->queue_cap);
-    if (!tmpl) fprintf(stderr, "llmopt serve: no chat template: %s; /v1/chat/completions answers 400\n", note);
+    if (!tmpl)
+        fprintf(stderr, "llmopt serve: no chat template: %s; /v1/chat/completions answers 400\n",
+                note);
     fprintf(stderr, "llmopt serve: listening on http://%s%s%s:%d%s\n",
             strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "",
             http_server_port(http), o->api_key ? " (API key required)" : "");
@@ -161,9 +165,7 @@ done:
     srv_app_free(app);
     srv_sched_free(sched);
     srv_metrics_free(metrics);
-#if !SRV_TEMPLATE_PENDING
     llmopt_chat_template_free(tmpl);
-#endif
     llmopt_model_free(model);
     sigaction(SIGPIPE, &old_pipe, NULL);
     pthread_sigmask(SIG_SETMASK, &old_sigs, NULL);

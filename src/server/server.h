@@ -21,6 +21,7 @@ struct srv_opts {
     int32_t n_ctx;                  /* positions per sequence; 0: the model's default */
     int32_t prefill_chunk;          /* prompt tokens per step */
     int32_t queue_cap;              /* requests waiting for a slot */
+    int32_t n_threads;              /* CPU threads for kernels; 0: every CPU */
     size_t max_body;                /* bytes of a request body */
     bool verbose;
 };

@@ -16,8 +16,7 @@
 #include <time.h>
 
 #define SRV_MAX_REPLY (64u << 20) /* bytes of one non-streamed reply */
-#define SRV_POLL_MS 200           /* how often a waiting request checks its client */
-#define SRV_TEMPLATE_PENDING 1    /* TEMPORARY until src/template/ implements the API */
+#define SRV_POLL_MS   200         /* how often a waiting request checks its client */
 
 struct srv_app {
     const struct llmopt_model *model;
@@ -34,9 +33,9 @@ struct srv_app {
     atomic_int in_flight; /* generation requests between submit and their reply's end */
 };
 
-struct srv_app *srv_app_create(const struct llmopt_model *m, const struct llmopt_chat_template *tmpl,
-                               struct srv_sched *sched, struct srv_metrics *metrics,
-                               const struct srv_app_opts *o) {
+struct srv_app *srv_app_create(const struct llmopt_model *m,
+                               const struct llmopt_chat_template *tmpl, struct srv_sched *sched,
+                               struct srv_metrics *metrics, const struct srv_app_opts *o) {
     struct srv_app *a = calloc(1, sizeof *a);
     if (!a) return NULL;
     a->model = m;
@@ -45,7 +44,8 @@ struct srv_app *srv_app_create(const struct llmopt_model *m, const struct llmopt
     a->metrics = metrics;
     a->model_id = strdup(o->model_id);
     a->api_key = o->api_key ? strdup(o->api_key) : NULL;
-    a->template_note = strdup(o->template_note ? o->template_note : "the model has no chat template");
+    a->template_note =
+        strdup(o->template_note ? o->template_note : "the model has no chat template");
     a->max_body = o->max_body;
     a->n_vocab = llmopt_model_n_vocab(m);
     a->created = (int64_t)time(NULL);
@@ -66,8 +66,12 @@ void srv_app_free(struct srv_app *a) {
     free(a);
 }
 
-void srv_app_set_stopping(struct srv_app *a) { atomic_store(&a->stopping, true); }
-size_t srv_app_max_body(const struct srv_app *a) { return a->max_body; }
+void srv_app_set_stopping(struct srv_app *a) {
+    atomic_store(&a->stopping, true);
+}
+size_t srv_app_max_body(const struct srv_app *a) {
+    return a->max_body;
+}
 
 bool srv_app_wait_idle(struct srv_app *a, int timeout_ms) {
     for (int waited = 0; atomic_load(&a->in_flight) > 0; waited += 10) {
@@ -155,8 +159,8 @@ bool srv_app_precheck(struct srv_app *a, const char *method, const char *path,
     } else if (ep == SRV_EP_OTHER) {
         snprintf(msg, sizeof msg, "Unknown request URL: %.16s %.200s.", method, path);
         reply_errorf(out, 404, "invalid_request_error", "unknown_url", NULL, msg);
-    } else if (strcmp(method, method_of(ep)) && !(ep != SRV_EP_CHAT && ep != SRV_EP_COMPLETIONS &&
-                                                  !strcmp(method, "HEAD"))) {
+    } else if (strcmp(method, method_of(ep)) &&
+               !(ep != SRV_EP_CHAT && ep != SRV_EP_COMPLETIONS && !strcmp(method, "HEAD"))) {
         snprintf(msg, sizeof msg, "Method %.16s is not allowed on %.200s; use %s.", method, path,
                  method_of(ep));
         reply_errorf(out, 405, "invalid_request_error", "method_not_allowed", NULL, msg);
@@ -212,12 +216,8 @@ static int32_t *chat_prompt(struct srv_app *a, const struct srv_params *p, size_
     struct llmopt_err err = {0};
     char *text = NULL;
     size_t len = 0;
-#if SRV_TEMPLATE_PENDING
-    if (1) {
-#else
     if (llmopt_chat_template_render(a->tmpl, p->messages_json, p->messages_len, true, p->extra_json,
                                     &text, &len, &err)) {
-#endif
         srv_error_set(e, err.status == LLMOPT_ERR_NOMEM ? 500 : 400,
                       err.status == LLMOPT_ERR_NOMEM ? "server_error" : "invalid_request_error",
                       "template_error", "messages", "The chat template failed: %s", err.msg);
@@ -225,12 +225,14 @@ static int32_t *chat_prompt(struct srv_app *a, const struct srv_params *p, size_
     }
     bool add_bos = llmopt_add_bos_default(a->model);
     size_t bos_len = 0;
-    const char *bos = add_bos ? llmopt_token_text(a->model, llmopt_token_bos(a->model), &bos_len) : NULL;
+    const char *bos =
+        add_bos ? llmopt_token_text(a->model, llmopt_token_bos(a->model), &bos_len) : NULL;
     if (bos && bos_len && len >= bos_len && !memcmp(text, bos, bos_len)) add_bos = false;
     int32_t *ids = tokenize(a->model, text, len, add_bos, n, &err);
     free(text);
     if (!ids)
-        srv_error_set(e, 500, "server_error", NULL, NULL, "Tokenizing the prompt failed: %s", err.msg);
+        srv_error_set(e, 500, "server_error", NULL, NULL, "Tokenizing the prompt failed: %s",
+                      err.msg);
     return ids;
 }
 
@@ -254,9 +256,11 @@ static int32_t *completion_prompt(struct srv_app *a, const struct srv_params *p,
         return ids;
     }
     struct llmopt_err err = {0};
-    int32_t *ids = tokenize(a->model, p->prompt, p->prompt_len, llmopt_add_bos_default(a->model), n, &err);
+    int32_t *ids =
+        tokenize(a->model, p->prompt, p->prompt_len, llmopt_add_bos_default(a->model), n, &err);
     if (!ids)
-        srv_error_set(e, 500, "server_error", NULL, NULL, "Tokenizing the prompt failed: %s", err.msg);
+        srv_error_set(e, 500, "server_error", NULL, NULL, "Tokenizing the prompt failed: %s",
+                      err.msg);
     return ids;
 }
 
@@ -273,17 +277,18 @@ struct srv_stream {
     bool include_usage;
     int32_t logprobs;
     enum stream_phase phase;
-    struct srv_buf out;  /* formatted bytes not yet handed to the connection */
+    struct srv_buf out; /* formatted bytes not yet handed to the connection */
     size_t off;
-    size_t text_offset;  /* bytes of completion text so far (completions logprobs) */
+    size_t text_offset; /* bytes of completion text so far (completions logprobs) */
 };
 
 /* A chunk's envelope: {"id", "object", "created", "model", "choices": [choice]} with
  * "usage": null while usage is promised for the end. */
 static json_t *chunk_new(struct srv_stream *st, json_t *choice) {
-    json_t *c = json_pack("{s:s,s:s,s:I,s:s,s:[]}", "id", st->id, "object",
-                          st->kind == SRV_KIND_CHAT ? "chat.completion.chunk" : "text_completion",
-                          "created", (json_int_t)st->created, "model", st->app->model_id, "choices");
+    json_t *c =
+        json_pack("{s:s,s:s,s:I,s:s,s:[]}", "id", st->id, "object",
+                  st->kind == SRV_KIND_CHAT ? "chat.completion.chunk" : "text_completion",
+                  "created", (json_int_t)st->created, "model", st->app->model_id, "choices");
     if (!c) {
         json_decref(choice);
         return NULL;
@@ -312,7 +317,8 @@ static json_t *choice_chat(json_t *delta, json_t *logprobs, const char *finish) 
                      finish ? json_string(finish) : json_null());
 }
 
-static json_t *choice_completion(const char *text, size_t len, json_t *logprobs, const char *finish) {
+static json_t *choice_completion(const char *text, size_t len, json_t *logprobs,
+                                 const char *finish) {
     return json_pack("{s:s%,s:i,s:o,s:o}", "text", text, len, "index", 0, "logprobs",
                      logprobs ? logprobs : json_null(), "finish_reason",
                      finish ? json_string(finish) : json_null());
@@ -331,7 +337,8 @@ static void stream_event(struct srv_stream *st, const struct srv_event *ev) {
         json_t *lp = NULL;
         if (with_lp) {
             lp = srv_completion_logprobs_new();
-            if (lp) srv_completion_logprobs_add(st->app->model, lp, ev, st->logprobs, st->text_offset);
+            if (lp)
+                srv_completion_logprobs_add(st->app->model, lp, ev, st->logprobs, st->text_offset);
         }
         choice = choice_completion(text, ev->text_len, lp, NULL);
     }
@@ -446,8 +453,10 @@ static void collect_reply(struct srv_app *a, struct srv_req *req, const struct s
             continue;
         }
         if (lp && ev.token >= 0) {
-            if (p->kind == SRV_KIND_CHAT) json_array_append_new(lp, srv_chat_logprob(a->model, &ev));
-            else srv_completion_logprobs_add(a->model, lp, &ev, p->logprobs, text.len);
+            if (p->kind == SRV_KIND_CHAT)
+                json_array_append_new(lp, srv_chat_logprob(a->model, &ev));
+            else
+                srv_completion_logprobs_add(a->model, lp, &ev, p->logprobs, text.len);
         }
         if (ev.text_len) srv_buf_append(&text, ev.text, ev.text_len);
         srv_event_clear(&ev);
@@ -460,7 +469,9 @@ static void collect_reply(struct srv_app *a, struct srv_req *req, const struct s
     if (!finish || text.failed) {
         bool shutting = atomic_load(&a->stopping);
         reply_errorf(out, shutting ? 503 : 500, "server_error", NULL, NULL,
-                     text.failed ? "the reply is too large" : res.error[0] ? res.error : "the request failed");
+                     text.failed    ? "the reply is too large"
+                     : res.error[0] ? res.error
+                                    : "the request failed");
         srv_buf_free(&text);
         json_decref(lp);
         return;
@@ -479,8 +490,8 @@ static void collect_reply(struct srv_app *a, struct srv_req *req, const struct s
     srv_buf_free(&text);
     json_t *body = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", id, "object",
                              p->kind == SRV_KIND_CHAT ? "chat.completion" : "text_completion",
-                             "created", (json_int_t)created, "model", a->model_id, "choices", choice,
-                             "usage", srv_usage_json(res.n_prompt, res.n_generated));
+                             "created", (json_int_t)created, "model", a->model_id, "choices",
+                             choice, "usage", srv_usage_json(res.n_prompt, res.n_generated));
     reply_json(out, 200, body);
 }
 
@@ -507,7 +518,8 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
                       a->model_id);
         goto fail;
     }
-    ids = kind == SRV_KIND_CHAT ? chat_prompt(a, &p, &n_ids, &e) : completion_prompt(a, &p, &n_ids, &e);
+    ids = kind == SRV_KIND_CHAT ? chat_prompt(a, &p, &n_ids, &e)
+                                : completion_prompt(a, &p, &n_ids, &e);
     if (!ids) goto fail;
     int32_t n_ctx = srv_sched_n_ctx(a->sched);
     if (n_ids == 0) {
@@ -526,9 +538,14 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
     }
     if (!p.seed_given) p.sampling.seed = random_seed();
     struct srv_req_spec spec = {
-        .prompt = ids, .n_prompt = (int32_t)n_ids, .max_tokens = p.max_tokens,
-        .sampling = p.sampling, .logprobs = p.logprobs,
-        .n_stop = p.n_stop, .stop = p.stop, .stop_len = p.stop_len,
+        .prompt = ids,
+        .n_prompt = (int32_t)n_ids,
+        .max_tokens = p.max_tokens,
+        .sampling = p.sampling,
+        .logprobs = p.logprobs,
+        .n_stop = p.n_stop,
+        .stop = p.stop,
+        .stop_len = p.stop_len,
     };
     struct srv_req *req = NULL;
     struct llmopt_err err = {0};

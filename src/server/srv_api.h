@@ -22,9 +22,9 @@ struct srv_app_opts {
 
 struct srv_app;
 /* Borrows everything; none of it may go before srv_app_free. tmpl may be NULL. */
-struct srv_app *srv_app_create(const struct llmopt_model *m, const struct llmopt_chat_template *tmpl,
-                               struct srv_sched *sched, struct srv_metrics *metrics,
-                               const struct srv_app_opts *o);
+struct srv_app *srv_app_create(const struct llmopt_model *m,
+                               const struct llmopt_chat_template *tmpl, struct srv_sched *sched,
+                               struct srv_metrics *metrics, const struct srv_app_opts *o);
 void srv_app_free(struct srv_app *a);
 /* From now on new generation requests get 503 and /health says so. */
 void srv_app_set_stopping(struct srv_app *a);
@@ -35,12 +35,12 @@ bool srv_app_wait_idle(struct srv_app *a, int timeout_ms);
 struct srv_stream;
 
 struct srv_reply {
-    int status;                 /* 0: answer nothing, close the connection */
+    int status; /* 0: answer nothing, close the connection */
     const char *content_type;
-    char *body;                 /* heap (free()); NULL for none */
+    char *body; /* heap (free()); NULL for none */
     size_t len;
-    struct srv_stream *stream;  /* non-NULL: the body is an SSE stream */
-    bool preflight;             /* a CORS preflight: add the Allow-* headers */
+    struct srv_stream *stream; /* non-NULL: the body is an SSE stream */
+    bool preflight;            /* a CORS preflight: add the Allow-* headers */
 };
 void srv_reply_clear(struct srv_reply *r);
 
@@ -50,8 +50,7 @@ typedef bool (*srv_gone_fn)(void *ctx);
 /* Before the body is read: route, method, authorization and the declared length.
  * Returns true with *out filled when that already decides the answer. */
 bool srv_app_precheck(struct srv_app *a, const char *method, const char *path,
-                      const char *authorization, const char *content_length,
-                      struct srv_reply *out);
+                      const char *authorization, const char *content_length, struct srv_reply *out);
 /* The whole request. too_large: the body passed max_body and was cut. Generation
  * requests that do not stream block until done, polling gone(gone_ctx). */
 void srv_app_handle(struct srv_app *a, const char *method, const char *path, const char *body,

@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-void srv_buf_init(struct srv_buf *b, size_t max) { *b = (struct srv_buf){.max = max}; }
+void srv_buf_init(struct srv_buf *b, size_t max) {
+    *b = (struct srv_buf){.max = max};
+}
 
 static bool srv_buf_reserve(struct srv_buf *b, size_t extra) {
     if (extra > b->max || b->len > b->max - extra) {
@@ -36,7 +38,9 @@ bool srv_buf_append(struct srv_buf *b, const char *s, size_t n) {
     return true;
 }
 
-bool srv_buf_puts(struct srv_buf *b, const char *s) { return srv_buf_append(b, s, strlen(s)); }
+bool srv_buf_puts(struct srv_buf *b, const char *s) {
+    return srv_buf_append(b, s, strlen(s));
+}
 
 bool srv_buf_printf(struct srv_buf *b, const char *fmt, ...) {
     char small[256];

@@ -7,10 +7,10 @@
 #include <stddef.h>
 
 struct srv_buf {
-    char *data;    /* NUL-terminated when non-NULL */
+    char *data; /* NUL-terminated when non-NULL */
     size_t len, cap;
-    size_t max;    /* appends that would pass this many bytes fail */
-    bool failed;   /* an append failed (cap or out of memory); contents are partial */
+    size_t max;  /* appends that would pass this many bytes fail */
+    bool failed; /* an append failed (cap or out of memory); contents are partial */
 };
 
 void srv_buf_init(struct srv_buf *b, size_t max);

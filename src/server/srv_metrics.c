@@ -20,8 +20,8 @@ static const int status_codes[] = {200, 204, 400, 401, 404, 405, 413, 429, 500, 
 
 /* Seconds. TTFT spans queueing + prefill; ITL is one decode step. */
 static const double ttft_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-static const double itl_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                    0.1,    0.25,  0.5,    1,     2.5};
+static const double itl_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                    0.05,   0.1,   0.25,   0.5,   1,    2.5};
 #define HIST_MAX_BOUNDS 12
 
 struct hist {
@@ -112,7 +112,8 @@ static void hist_render(struct srv_buf *b, const char *name, const char *help,
     uint64_t cum = 0;
     for (int i = 0; i < h->n_bounds; i++) {
         cum += h->count[i];
-        srv_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+        srv_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i],
+                       (unsigned long long)cum);
     }
     cum += h->count[h->n_bounds];
     srv_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
@@ -123,8 +124,9 @@ char *srv_metrics_render(struct srv_metrics *m, size_t *len) {
     struct srv_buf b;
     srv_buf_init(&b, 1 << 20);
     pthread_mutex_lock(&m->mu);
-    srv_buf_puts(&b, "# HELP llmopt_requests_total HTTP requests answered, by endpoint and status.\n"
-                     "# TYPE llmopt_requests_total counter\n");
+    srv_buf_puts(&b,
+                 "# HELP llmopt_requests_total HTTP requests answered, by endpoint and status.\n"
+                 "# TYPE llmopt_requests_total counter\n");
     for (int ep = 0; ep < SRV_EP_COUNT; ep++)
         for (size_t k = 0; k < N_STATUS; k++) {
             if (!m->requests[ep][k]) continue;

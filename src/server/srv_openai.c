@@ -16,8 +16,8 @@ char *srv_error_body(const struct srv_error *e, size_t *len) {
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (!s) { /* the message was not UTF-8, or no memory: a fixed body */
-        static const char fallback[] =
-            "{\"error\":{\"message\":\"error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+        static const char fallback[] = "{\"error\":{\"message\":\"error\",\"type\":\"server_"
+                                       "error\",\"param\":null,\"code\":null}}";
         s = strdup(fallback);
     }
     if (len) *len = s ? strlen(s) : 0;
@@ -31,9 +31,12 @@ json_t *srv_usage_json(int32_t prompt_tokens, int32_t completion_tokens) {
 
 const char *srv_finish_name(enum srv_finish f) {
     switch (f) {
-    case SRV_FINISH_STOP: return "stop";
-    case SRV_FINISH_LENGTH: return "length";
-    default: return NULL;
+    case SRV_FINISH_STOP:
+        return "stop";
+    case SRV_FINISH_LENGTH:
+        return "length";
+    default:
+        return NULL;
     }
 }
 
@@ -87,8 +90,10 @@ json_t *srv_chat_logprob(const struct llmopt_model *m, const struct srv_event *e
     json_t *top = json_array();
     for (int32_t j = 0; j < ev->n_top && top; j++)
         json_array_append_new(top, chat_top_entry(m, ev->top_id[j], ev->top_logprob[j]));
-    if (e) json_object_set_new(e, "top_logprobs", top ? top : json_array());
-    else json_decref(top);
+    if (e)
+        json_object_set_new(e, "top_logprobs", top ? top : json_array());
+    else
+        json_decref(top);
     return e;
 }
 
@@ -97,8 +102,8 @@ json_t *srv_completion_logprobs_new(void) {
                      "text_offset");
 }
 
-void srv_completion_logprobs_add(const struct llmopt_model *m, json_t *lp, const struct srv_event *ev,
-                                 int32_t n_top, size_t text_offset) {
+void srv_completion_logprobs_add(const struct llmopt_model *m, json_t *lp,
+                                 const struct srv_event *ev, int32_t n_top, size_t text_offset) {
     json_t *tok = token_string(m, ev->token, NULL);
     json_array_append_new(json_object_get(lp, "tokens"), tok ? tok : json_string(""));
     json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(ev->logprob));
@@ -112,5 +117,6 @@ void srv_completion_logprobs_add(const struct llmopt_model *m, json_t *lp, const
         }
     }
     json_array_append_new(json_object_get(lp, "top_logprobs"), top ? top : json_null());
-    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)text_offset));
+    json_array_append_new(json_object_get(lp, "text_offset"),
+                          json_integer((json_int_t)text_offset));
 }

@@ -21,7 +21,7 @@ json_t *srv_chat_logprob(const struct llmopt_model *m, const struct srv_event *e
 /* Completions: {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
  * and one token appended to it (n_top: alternatives asked for; 0 gives null entries). */
 json_t *srv_completion_logprobs_new(void);
-void srv_completion_logprobs_add(const struct llmopt_model *m, json_t *lp, const struct srv_event *ev,
-                                 int32_t n_top, size_t text_offset);
+void srv_completion_logprobs_add(const struct llmopt_model *m, json_t *lp,
+                                 const struct srv_event *ev, int32_t n_top, size_t text_offset);
 
 #endif

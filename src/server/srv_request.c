@@ -48,15 +48,24 @@ bool srv_utf8_valid(const char *str, size_t n) {
         }
         size_t len;
         unsigned char lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
-        if (c >= 0xc2 && c <= 0xdf) len = 2;
-        else if (c == 0xe0) len = 3, lo = 0xa0;
-        else if (c >= 0xe1 && c <= 0xec) len = 3;
-        else if (c == 0xed) len = 3, hi = 0x9f;
-        else if (c >= 0xee && c <= 0xef) len = 3;
-        else if (c == 0xf0) len = 4, lo = 0x90;
-        else if (c >= 0xf1 && c <= 0xf3) len = 4;
-        else if (c == 0xf4) len = 4, hi = 0x8f;
-        else return false;
+        if (c >= 0xc2 && c <= 0xdf)
+            len = 2;
+        else if (c == 0xe0)
+            len = 3, lo = 0xa0;
+        else if (c >= 0xe1 && c <= 0xec)
+            len = 3;
+        else if (c == 0xed)
+            len = 3, hi = 0x9f;
+        else if (c >= 0xee && c <= 0xef)
+            len = 3;
+        else if (c == 0xf0)
+            len = 4, lo = 0x90;
+        else if (c >= 0xf1 && c <= 0xf3)
+            len = 4;
+        else if (c == 0xf4)
+            len = 4, hi = 0x8f;
+        else
+            return false;
         if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return false;
         for (size_t k = 2; k < len; k++)
             if (s[i + k] < 0x80 || s[i + k] > 0xbf) return false;
@@ -71,8 +80,10 @@ bool srv_json_too_deep(const char *s, size_t n, int max_depth) {
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         if (in_string) {
-            if (c == '\\') i++;
-            else if (c == '"') in_string = false;
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = false;
         } else if (c == '"') {
             in_string = true;
         } else if (c == '[' || c == '{') {
@@ -86,14 +97,21 @@ bool srv_json_too_deep(const char *s, size_t n, int max_depth) {
 
 static const char *json_type_word(const json_t *v) {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
     case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
     }
     return "something else";
 }
@@ -164,7 +182,8 @@ static bool parse_stop(json_t *root, struct srv_params *p, struct srv_error *e) 
     json_t *v = json_object_get(root, "stop");
     if (!v || json_is_null(v)) return true;
     json_t *one = json_is_string(v) ? v : NULL;
-    if (!one && !json_is_array(v)) return wrong_type(e, "stop", "a string or an array of strings", v);
+    if (!one && !json_is_array(v))
+        return wrong_type(e, "stop", "a string or an array of strings", v);
     size_t n = one ? 1 : json_array_size(v);
     if (n > SRV_MAX_STOP)
         return bad_request(e, "invalid_value", "stop",
@@ -189,8 +208,8 @@ static bool parse_stop(json_t *root, struct srv_params *p, struct srv_error *e) 
     return true;
 }
 
-static const char *const chat_roles[] = {"system", "developer", "user", "assistant", "tool",
-                                         "function"};
+static const char *const chat_roles[] = {"system",    "developer", "user",
+                                         "assistant", "tool",      "function"};
 
 /* Copies the messages, flattening content given as parts ([{"type": "text", ...}])
  * into one string, since chat templates expect text. */
@@ -218,8 +237,8 @@ static bool parse_messages(json_t *root, struct srv_params *p, struct srv_error 
         json_t *role = json_object_get(m, "role");
         snprintf(param, sizeof param, "messages[%zu].role", i);
         if (!role) {
-            bad_request(e, "missing_required_parameter", param,
-                        "Missing required parameter: '%s'.", param);
+            bad_request(e, "missing_required_parameter", param, "Missing required parameter: '%s'.",
+                        param);
             goto fail;
         }
         if (!json_is_string(role)) {
@@ -365,17 +384,23 @@ bool srv_params_parse(enum srv_kind kind, const char *body, size_t len, struct s
     p->max_tokens = -1;
     p->logprobs = -1;
     p->sampling = (struct llmopt_sampling){
-        .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
-        .repeat_penalty = 1.0f, .repeat_last_n = 64,
-        .presence_penalty = 0.0f, .frequency_penalty = 0.0f, .seed = 0,
+        .temperature = 1.0f,
+        .top_k = 0,
+        .top_p = 1.0f,
+        .min_p = 0.0f,
+        .repeat_penalty = 1.0f,
+        .repeat_last_n = 64,
+        .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
+        .seed = 0,
     };
     if (!srv_utf8_valid(body, len)) {
         bad_request(e, "invalid_encoding", NULL, "The request body is not valid UTF-8.");
         goto fail;
     }
     if (srv_json_too_deep(body, len, SRV_MAX_JSON_DEPTH)) {
-        bad_request(e, "invalid_json", NULL,
-                    "The request body nests JSON deeper than %d levels.", SRV_MAX_JSON_DEPTH);
+        bad_request(e, "invalid_json", NULL, "The request body nests JSON deeper than %d levels.",
+                    SRV_MAX_JSON_DEPTH);
         goto fail;
     }
     json_error_t jerr;
@@ -417,7 +442,8 @@ bool srv_params_parse(enum srv_kind kind, const char *body, size_t len, struct s
     }
     if (!get_int(root, "best_of", &iv, &present, e)) goto done;
     if (present && iv != 1) {
-        bad_request(e, "invalid_value", "best_of", "Invalid value for 'best_of': only 1 is supported.");
+        bad_request(e, "invalid_value", "best_of",
+                    "Invalid value for 'best_of': only 1 is supported.");
         goto done;
     }
     bool echo = false;
@@ -429,12 +455,14 @@ bool srv_params_parse(enum srv_kind kind, const char *body, size_t len, struct s
     json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix) &&
         !(json_is_string(suffix) && json_string_length(suffix) == 0)) {
-        bad_request(e, "invalid_value", "suffix", "Invalid value for 'suffix': suffix is not supported.");
+        bad_request(e, "invalid_value", "suffix",
+                    "Invalid value for 'suffix': suffix is not supported.");
         goto done;
     }
 
     /* max_completion_tokens (chat) wins over the older max_tokens. */
-    const char *max_keys[2] = {"max_tokens", kind == SRV_KIND_CHAT ? "max_completion_tokens" : NULL};
+    const char *max_keys[2] = {"max_tokens",
+                               kind == SRV_KIND_CHAT ? "max_completion_tokens" : NULL};
     for (int k = 0; k < 2 && max_keys[k]; k++) {
         if (!get_int(root, max_keys[k], &iv, &present, e)) goto done;
         if (!present) continue;
@@ -462,8 +490,10 @@ bool srv_params_parse(enum srv_kind kind, const char *body, size_t len, struct s
     if (!get_number(root, "top_p", &dv, &present, e)) goto done;
     if (present) {
         if (!in_range(e, "top_p", dv, 0.0, 1.0)) goto done;
-        if (dv == 0.0) s->top_k = 1; /* the smallest set: the best token alone */
-        else s->top_p = (float)dv;
+        if (dv == 0.0)
+            s->top_k = 1; /* the smallest set: the best token alone */
+        else
+            s->top_p = (float)dv;
     }
     if (!get_number(root, "min_p", &dv, &present, e)) goto done;
     if (present) {
@@ -485,7 +515,8 @@ bool srv_params_parse(enum srv_kind kind, const char *body, size_t len, struct s
         if (!(dv > 0.0 && dv <= 100.0)) {
             bad_request(e, "invalid_value", "repetition_penalty",
                         "Invalid value for 'repetition_penalty': expected a number in (0, 100], "
-                        "but got %g instead.", dv);
+                        "but got %g instead.",
+                        dv);
             goto done;
         }
         s->repeat_penalty = (float)dv;

@@ -12,10 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SRV_MAX_STOP 16          /* stop sequences per request */
-#define SRV_MAX_STOP_BYTES 256   /* bytes in one stop sequence */
+#define SRV_MAX_STOP         16  /* stop sequences per request */
+#define SRV_MAX_STOP_BYTES   256 /* bytes in one stop sequence */
 #define SRV_MAX_TOP_LOGPROBS 20  /* chat top_logprobs; completions allow 0..5 */
-#define SRV_MAX_JSON_DEPTH 64    /* nesting checked before jansson recurses */
+#define SRV_MAX_JSON_DEPTH   64  /* nesting checked before jansson recurses */
 
 enum srv_kind {
     SRV_KIND_CHAT,       /* POST /v1/chat/completions */
@@ -37,24 +37,24 @@ void srv_error_set(struct srv_error *e, int status, const char *type, const char
 
 struct srv_params {
     enum srv_kind kind;
-    char *model;                 /* NULL when absent */
+    char *model; /* NULL when absent */
     /* chat: the messages array as JSON, every content flattened to a string */
     char *messages_json;
     size_t messages_len;
-    char *extra_json;            /* chat: NULL or {"tools": [...]} for the template */
+    char *extra_json; /* chat: NULL or {"tools": [...]} for the template */
     /* completions: the prompt as text, or as token ids (then prompt is NULL) */
     char *prompt;
     size_t prompt_len;
     int32_t *prompt_ids;
     size_t n_prompt_ids;
     bool stream, include_usage;
-    int64_t max_tokens;          /* -1: until end of text or a full context */
+    int64_t max_tokens; /* -1: until end of text or a full context */
     struct llmopt_sampling sampling;
     bool seed_given;
     int32_t n_stop;
-    char *stop[SRV_MAX_STOP];    /* each NUL-terminated, non-empty, valid UTF-8 */
+    char *stop[SRV_MAX_STOP]; /* each NUL-terminated, non-empty, valid UTF-8 */
     size_t stop_len[SRV_MAX_STOP];
-    int32_t logprobs;            /* -1: none; else the top alternatives per token */
+    int32_t logprobs; /* -1: none; else the top alternatives per token */
 };
 
 /* Parses and validates a request body. On failure fills e (status 400 with the

@@ -8,8 +8,9 @@
  *   retire finished or cancelled requests: reset their slot, drop their reference
  *
  * Locks: s->mu guards the wait queue and the wake counter; r->mu guards a request's
- * event ring and finish state. Neither is held across a forward, and the scheduler
- * never holds both. */
+ * event ring and finish state. Neither is held across a forward. Order: s->mu before
+ * r->mu (admission checks waiters under s->mu); HTTP threads drop r->mu before they
+ * take s->mu to wake the scheduler. */
 #define _GNU_SOURCE /* memmem */
 #include "server/srv_sched.h"
 
@@ -24,28 +25,29 @@
 
 struct srv_req {
     struct srv_sched *sched;
-    atomic_int refs;            /* the HTTP side and the scheduler */
+    atomic_int refs; /* the HTTP side and the scheduler */
 
     /* Set by submit, read-only afterwards. */
-    int32_t *tokens;            /* (n_prompt + max_new) prompt then generated ids */
+    int32_t *tokens; /* (n_prompt + max_new) prompt then generated ids */
     int32_t n_prompt, max_new;
-    int32_t logprobs;           /* -1: none */
+    int32_t logprobs; /* -1: none */
     int32_t n_stop;
     char *stop[SRV_MAX_STOP];
     size_t stop_len[SRV_MAX_STOP];
-    struct llmopt_sampler *sampler;
-    struct llmopt_detok *detok; /* primed with the prompt, so spacing continues it */
+    struct llmopt_sampling sampling;
+    struct llmopt_sampler *sampler; /* made at admission: O(n_vocab) scratch per request */
+    struct llmopt_detok *detok;     /* primed with the prompt, so spacing continues it */
     double t_submit;
 
     /* Scheduler thread only. */
-    int32_t slot;               /* -1 while queued */
-    int32_t n_fed;              /* tokens in the slot's sequence */
-    int32_t n_step;             /* tokens added by the step being built */
+    int32_t slot;   /* -1 while queued */
+    int32_t n_fed;  /* tokens in the slot's sequence */
+    int32_t n_step; /* tokens added by the step being built */
     int32_t n_gen;
-    double t_last;              /* when the previous token was sampled */
+    double t_last;                     /* when the previous token was sampled */
     char held[2 * SRV_MAX_STOP_BYTES]; /* text that may still begin a stop sequence */
     size_t held_len;
-    char *piece;                /* held + the new piece, while matching */
+    char *piece; /* held + the new piece, while matching */
     size_t piece_cap;
 
     /* Shared, under mu. */
@@ -54,7 +56,7 @@ struct srv_req {
     struct srv_event ev[SRV_EVENT_CAP];
     int32_t ev_head, ev_count;
     enum srv_finish finish;
-    bool done;                  /* the scheduler let go: no more events */
+    bool done; /* the scheduler let go: no more events */
     bool cancelled;
     char error[256];
 };
@@ -69,18 +71,20 @@ struct srv_sched {
     bool thread_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct srv_req **queue;     /* (queue_cap) ring of waiting requests */
+    struct srv_req **queue; /* (q_size) ring of waiting requests */
+    int32_t q_size;         /* queue_cap + n_slots: waiters plus those a free slot takes */
     int32_t q_head, q_count;
     bool stopping;
-    uint64_t wake_seq;          /* bumped by every event that may unblock a step */
+    uint64_t wake_seq;    /* bumped by every event that may unblock a step */
+    atomic_int n_running; /* requests holding a slot (read by submit) */
 
     /* Scheduler thread only. */
-    struct srv_req **active;    /* (n_slots) running requests, in admission order */
+    struct srv_req **active; /* (n_slots) running requests, in admission order */
     int32_t n_active;
-    bool *slot_busy;            /* (n_slots) */
+    bool *slot_busy;                                /* (n_slots) */
     int32_t *tokens, *positions, *slots, *out_rows; /* (n_batch) the step's batch */
-    struct srv_req **out_req;   /* (n_batch) whose logits each out row is */
-    float *scratch;             /* (n_vocab) logits the sampler may modify */
+    struct srv_req **out_req;                       /* (n_batch) whose logits each out row is */
+    float *scratch;                                 /* (n_vocab) logits the sampler may modify */
 };
 
 static double now_seconds(void) {
@@ -98,7 +102,8 @@ void srv_event_clear(struct srv_event *ev) {
 /* ---- request lifetime ---- */
 
 static void req_free(struct srv_req *r) {
-    for (int32_t i = 0; i < r->ev_count; i++) srv_event_clear(&r->ev[(r->ev_head + i) % SRV_EVENT_CAP]);
+    for (int32_t i = 0; i < r->ev_count; i++)
+        srv_event_clear(&r->ev[(r->ev_head + i) % SRV_EVENT_CAP]);
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     llmopt_sampler_free(r->sampler);
     llmopt_detok_free(r->detok);
@@ -139,7 +144,8 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
     r->slot = -1;
     r->n_prompt = spec->n_prompt;
     int64_t room = s->n_ctx - spec->n_prompt;
-    r->max_new = (int32_t)(spec->max_tokens >= 0 && spec->max_tokens < room ? spec->max_tokens : room);
+    r->max_new =
+        (int32_t)(spec->max_tokens >= 0 && spec->max_tokens < room ? spec->max_tokens : room);
     r->logprobs = spec->logprobs;
     r->tokens = malloc(((size_t)r->n_prompt + (size_t)r->max_new) * sizeof *r->tokens);
     if (!r->tokens) goto nomem_req;
@@ -150,8 +156,8 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
         r->stop_len[i] = spec->stop_len[i];
         r->n_stop++;
     }
-    if (llmopt_sampler_create(&spec->sampling, s->n_vocab, &r->sampler, err) ||
-        llmopt_detok_create(s->model, &r->detok, err)) {
+    r->sampling = spec->sampling;
+    if (llmopt_detok_create(s->model, &r->detok, err)) {
         req_free(r);
         return SRV_SUBMIT_ERROR;
     }
@@ -159,10 +165,14 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
     r->t_submit = now_seconds();
 
     pthread_mutex_lock(&s->mu);
-    enum srv_submit res = s->stopping ? SRV_SUBMIT_STOPPING
-                          : s->q_count >= s->queue_cap ? SRV_SUBMIT_FULL : SRV_SUBMIT_OK;
+    /* Requests that a free slot will take at the next step do not count against the
+     * wait queue. */
+    int32_t free_slots = s->n_slots - atomic_load(&s->n_running);
+    enum srv_submit res = s->stopping                               ? SRV_SUBMIT_STOPPING
+                          : s->q_count >= s->queue_cap + free_slots ? SRV_SUBMIT_FULL
+                                                                    : SRV_SUBMIT_OK;
     if (res == SRV_SUBMIT_OK) {
-        s->queue[(s->q_head + s->q_count++) % s->queue_cap] = r;
+        s->queue[(s->q_head + s->q_count++) % s->q_size] = r;
         s->wake_seq++;
         pthread_cond_signal(&s->cv);
     }
@@ -294,9 +304,11 @@ static void sched_retire(struct srv_sched *s, struct srv_req *r) {
         llmopt_session_reset(s->session, r->slot);
         s->slot_busy[r->slot] = false;
         r->slot = -1;
+        atomic_fetch_sub(&s->n_running, 1);
     }
     pthread_mutex_lock(&r->mu);
-    if (r->finish == SRV_FINISH_NONE) r->finish = r->cancelled ? SRV_FINISH_CANCEL : SRV_FINISH_ERROR;
+    if (r->finish == SRV_FINISH_NONE)
+        r->finish = r->cancelled ? SRV_FINISH_CANCEL : SRV_FINISH_ERROR;
     enum srv_finish f = r->finish;
     r->done = true;
     pthread_cond_broadcast(&r->cv);
@@ -401,8 +413,10 @@ static void req_sample(struct srv_sched *s, struct srv_req *r, const float *row)
     int32_t id = llmopt_sampler_sample(r->sampler, s->scratch, r->tokens,
                                        (size_t)(r->n_prompt + r->n_gen), NULL);
     double t = now_seconds();
-    if (r->n_gen == 0) srv_metrics_ttft(s->metrics, t - r->t_submit);
-    else srv_metrics_itl(s->metrics, t - r->t_last);
+    if (r->n_gen == 0)
+        srv_metrics_ttft(s->metrics, t - r->t_submit);
+    else
+        srv_metrics_itl(s->metrics, t - r->t_last);
     r->t_last = t;
 
     size_t n = 0;
@@ -440,19 +454,22 @@ static void req_sample(struct srv_sched *s, struct srv_req *r, const float *row)
 static void sched_admit_locked(struct srv_sched *s) {
     int32_t kept = 0;
     for (int32_t i = 0; i < s->q_count; i++) {
-        struct srv_req *r = s->queue[(s->q_head + i) % s->queue_cap];
-        if (req_cancelled(r)) sched_retire(s, r);
-        else s->queue[(s->q_head + kept++) % s->queue_cap] = r;
+        struct srv_req *r = s->queue[(s->q_head + i) % s->q_size];
+        if (req_cancelled(r))
+            sched_retire(s, r);
+        else
+            s->queue[(s->q_head + kept++) % s->q_size] = r;
     }
     s->q_count = kept;
     while (s->q_count > 0 && s->n_active < s->n_slots) {
         struct srv_req *r = s->queue[s->q_head];
-        s->q_head = (s->q_head + 1) % s->queue_cap;
+        s->q_head = (s->q_head + 1) % s->q_size;
         s->q_count--;
         int32_t slot = 0;
         while (s->slot_busy[slot]) slot++;
         s->slot_busy[slot] = true;
         r->slot = slot;
+        atomic_fetch_add(&s->n_running, 1);
         s->active[s->n_active++] = r;
     }
 }
@@ -461,16 +478,19 @@ static void sched_admit_locked(struct srv_sched *s) {
 static bool sched_step(struct srv_sched *s) {
     int32_t n = 0, n_out = 0;
     bool progressed = false;
-    /* Cancelled requests leave first. */
+    /* Cancelled requests leave first; newly admitted ones get their sampler. */
     int32_t kept = 0;
     for (int32_t i = 0; i < s->n_active; i++) {
         struct srv_req *r = s->active[i];
-        if (req_cancelled(r)) {
-            sched_retire(s, r);
-            progressed = true;
-        } else {
+        struct llmopt_err err = {0};
+        if (!req_cancelled(r) &&
+            (r->sampler || !llmopt_sampler_create(&r->sampling, s->n_vocab, &r->sampler, &err))) {
             s->active[kept++] = r;
+            continue;
         }
+        if (!r->sampler && !req_cancelled(r)) req_set_finish(r, SRV_FINISH_ERROR, err.msg);
+        sched_retire(s, r);
+        progressed = true;
     }
     s->n_active = kept;
     /* Decode tokens: the last sampled token of each generating request. */
@@ -509,22 +529,21 @@ static bool sched_step(struct srv_sched *s) {
     }
     if (n == 0) return progressed;
 
+    /* The session returns at least one row; a step of prompt chunks only ignores it. */
+    int32_t n_rows = n_out;
+    if (n_rows == 0) s->out_rows[n_rows++] = n - 1;
     const float *logits = NULL;
     struct llmopt_err err = {0};
-    enum llmopt_status st = n_out > 0
-        ? llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots, n_out,
-                                 s->out_rows, &logits, &err)
-        : llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots, 1,
-                                 (int32_t[]){n - 1}, &logits, &err);
+    enum llmopt_status st = llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots,
+                                                   n_rows, s->out_rows, &logits, &err);
+    if (st) fprintf(stderr, "llmopt serve: forward failed: %s\n", err.msg);
     for (int32_t i = 0; i < s->n_active; i++) {
         struct srv_req *r = s->active[i];
         if (!r->n_step) continue;
-        if (st) {
-            fprintf(stderr, "llmopt serve: forward failed: %s\n", err.msg);
+        if (st)
             req_set_finish(r, SRV_FINISH_ERROR, err.msg);
-        } else {
+        else
             r->n_fed += r->n_step;
-        }
     }
     if (!st)
         for (int32_t j = 0; j < n_out; j++)
@@ -536,15 +555,18 @@ static bool sched_step(struct srv_sched *s) {
         pthread_mutex_lock(&r->mu);
         bool finished = r->finish != SRV_FINISH_NONE;
         pthread_mutex_unlock(&r->mu);
-        if (finished) sched_retire(s, r);
-        else s->active[kept++] = r;
+        if (finished)
+            sched_retire(s, r);
+        else
+            s->active[kept++] = r;
     }
     s->n_active = kept;
     return true;
 }
 
 static void sched_publish(struct srv_sched *s, int32_t queued) {
-    srv_metrics_gauges(s->metrics, queued, s->n_active, llmopt_session_kv_blocks_in_use(s->session));
+    srv_metrics_gauges(s->metrics, queued, s->n_active,
+                       llmopt_session_kv_blocks_in_use(s->session));
 }
 
 static void *sched_main(void *arg) {
@@ -577,7 +599,7 @@ static void *sched_main(void *arg) {
     /* Shutting down: everyone still here ends with an error. */
     while (s->q_count > 0) {
         struct srv_req *r = s->queue[s->q_head];
-        s->q_head = (s->q_head + 1) % s->queue_cap;
+        s->q_head = (s->q_head + 1) % s->q_size;
         s->q_count--;
         req_set_finish(r, SRV_FINISH_ERROR, "the server is shutting down");
         sched_retire(s, r);
@@ -613,7 +635,8 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
     s->n_batch = o->n_slots + o->prefill_chunk;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    struct llmopt_session_opts so = {.n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots};
+    struct llmopt_session_opts so = {
+        .n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads};
     enum llmopt_status st = llmopt_session_create(m, &so, &s->session, err);
     if (st) {
         srv_sched_free(s);
@@ -621,7 +644,8 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
     }
     s->n_ctx = llmopt_session_n_ctx(s->session);
     if (s->n_batch > s->n_ctx * s->n_slots) s->n_batch = s->n_ctx * s->n_slots;
-    s->queue = calloc((size_t)s->queue_cap, sizeof *s->queue);
+    s->q_size = s->queue_cap + s->n_slots;
+    s->queue = calloc((size_t)s->q_size, sizeof *s->queue);
     s->active = calloc((size_t)s->n_slots, sizeof *s->active);
     s->slot_busy = calloc((size_t)s->n_slots, sizeof *s->slot_busy);
     s->tokens = calloc((size_t)s->n_batch, sizeof *s->tokens);
@@ -678,4 +702,6 @@ void srv_sched_free(struct srv_sched *s) {
     free(s);
 }
 
-int32_t srv_sched_n_ctx(const struct srv_sched *s) { return s->n_ctx; }
+int32_t srv_sched_n_ctx(const struct srv_sched *s) {
+    return s->n_ctx;
+}

@@ -34,10 +34,10 @@ enum srv_finish {
  * when asked for, its log-probability and the top alternatives. A finishing request
  * may add one last event with text only (token -1). */
 struct srv_event {
-    char *text;      /* heap, NUL-terminated; NULL when empty */
+    char *text; /* heap, NUL-terminated; NULL when empty */
     size_t text_len;
-    int32_t token;   /* -1: no token */
-    float logprob;   /* log-softmax of the raw logits */
+    int32_t token; /* -1: no token */
+    float logprob; /* log-softmax of the raw logits */
     int32_t n_top;
     int32_t top_id[SRV_MAX_TOP_LOGPROBS];
     float top_logprob[SRV_MAX_TOP_LOGPROBS];
@@ -49,6 +49,7 @@ struct srv_sched_opts {
     int32_t n_ctx;         /* positions per sequence; 0: the model's default */
     int32_t prefill_chunk; /* prompt tokens per step, across requests */
     int32_t queue_cap;     /* requests waiting for a slot before submit says FULL */
+    int32_t n_threads;     /* CPU threads for the session's kernels; 0: every CPU */
 };
 
 struct srv_sched;
@@ -65,10 +66,10 @@ int32_t srv_sched_n_ctx(const struct srv_sched *s);
 
 struct srv_req_spec {
     const int32_t *prompt;
-    int32_t n_prompt;        /* 1 .. n_ctx - 1 */
-    int64_t max_tokens;      /* -1: until end of text or a full context */
+    int32_t n_prompt;   /* 1 .. n_ctx - 1 */
+    int64_t max_tokens; /* -1: until end of text or a full context */
     struct llmopt_sampling sampling;
-    int32_t logprobs;        /* -1: none; else top alternatives (<= SRV_MAX_TOP_LOGPROBS) */
+    int32_t logprobs; /* -1: none; else top alternatives (<= SRV_MAX_TOP_LOGPROBS) */
     int32_t n_stop;
     char *const *stop;
     const size_t *stop_len;

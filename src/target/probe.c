@@ -44,7 +44,7 @@ typedef void (*pool_fn)(void *ctx, int ith, int nth);
 
 struct probe_pool {
     int n_threads;      /* including the caller */
-    int spin_iters;     /* pause-loop iterations a worker spins before it sleeps */
+    _Atomic int spin_iters; /* pause-loop iterations a worker spins before it sleeps */
     pthread_t *workers; /* (n_threads - 1) */
     int n_started;
     pool_fn fn;
@@ -70,7 +70,8 @@ static void *pool_worker(void *p) {
     uint64_t seen = 0;
     for (;;) {
         uint64_t g = atomic_load(&pool->generation);
-        for (int i = 0; g == seen && i < pool->spin_iters; i++) {
+        int spin = atomic_load_explicit(&pool->spin_iters, memory_order_relaxed);
+        for (int i = 0; g == seen && i < spin; i++) {
             cpu_relax();
             g = atomic_load(&pool->generation);
         }
@@ -108,7 +109,7 @@ static void pool_step(struct probe_pool *pool, pool_fn fn, void *ctx) {
     }
     fn(ctx, 0, pool->n_threads);
     for (int i = 0; atomic_load(&pool->pending) > 0; i++) {
-        if (i < 4096)
+        if (i < 256)
             cpu_relax();
         else
             sched_yield(); /* an oversubscribed machine: let the worker we wait for run */

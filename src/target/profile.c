@@ -332,12 +332,10 @@ static enum llmopt_status parse_measurement(json_t *o, enum target_metric metric
         if (!islower((unsigned char)*s) && !isdigit((unsigned char)*s) && *s != '_')
             return bad(err, path, "kernel", "expected lower-case letters, digits and '_'");
     bool low = metric_info[metric].lower_is_better;
-    bool ordered = low ? m->best <= m->median && m->median <= m->worst
-                       : m->best >= m->median && m->median >= m->worst;
-    if (!ordered)
-        return bad(err, path, "median",
-                   low ? "expected best <= median <= worst (a time: lower is better)"
-                       : "expected best >= median >= worst (a rate: higher is better)");
+    const char *order = low ? "expected best <= median <= worst (a time: lower is better)"
+                            : "expected best >= median >= worst (a rate: higher is better)";
+    if (low ? m->median < m->best : m->median > m->best) return bad(err, path, "median", order);
+    if (low ? m->worst < m->median : m->worst > m->median) return bad(err, path, "worst", order);
     return LLMOPT_OK;
 }
 

@@ -737,7 +737,9 @@ static bool eval_inner(struct tpl_render *r, struct tpl_frame *f, const struct t
     case N_SLICE: return eval_slice(r, f, n, out);
     case N_CALL: {
         struct tpl_args args;
-        if (!eval(r, f, n->a, &a) || !eval_args(r, f, n, &args)) return false;
+        if (!eval(r, f, n->a, &a)) return false;
+        if (a.type == TPL_UNDEFINED) return tpl_fail_undefined(r, n->a, a); /* point at the name */
+        if (!eval_args(r, f, n, &args)) return false;
         return tpl_call_value(r, n, a, &args, out);
     }
     case N_FILTER: {

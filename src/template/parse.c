@@ -550,6 +550,8 @@ static struct tpl_node *parse_postfix(struct parser *P, struct tpl_node *node) {
             struct tpl_node *n = new_node(P, N_CALL, t);
             if (!n) return NULL;
             n->a = node;
+            n->line = node->line; /* errors of a call point at what is called */
+            n->col = node->col;
             if (!parse_call_args(P, n)) return NULL;
             node = n;
         } else {

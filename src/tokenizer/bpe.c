@@ -130,8 +130,8 @@ static enum llmopt_status reserve(struct bpe_work *w, size_t n, struct llmopt_er
 }
 
 enum llmopt_status tok_bpe_encode_word(const struct tok_vocab *v, struct bpe_work *w,
-                                       const uint8_t *word, size_t n, int32_t *ids,
-                                       size_t cap, size_t *count, struct llmopt_err *err) {
+                                       const uint8_t *word, size_t n, int32_t *ids, size_t cap,
+                                       size_t *count, struct llmopt_err *err) {
     if (n == 0) return LLMOPT_OK;
     enum llmopt_status st = reserve(w, n, err);
     if (st) return st;

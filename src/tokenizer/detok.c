@@ -142,11 +142,20 @@ static void utf8_feed(struct stream_out *o, uint8_t b) {
         uint8_t lo = 0x80, hi = 0xbf;
         if (s->n_pending == 1) {
             switch (s->pending[0]) {
-            case 0xe0: lo = 0xa0; break;
-            case 0xed: hi = 0x9f; break;
-            case 0xf0: lo = 0x90; break;
-            case 0xf4: hi = 0x8f; break;
-            default: break;
+            case 0xe0:
+                lo = 0xa0;
+                break;
+            case 0xed:
+                hi = 0x9f;
+                break;
+            case 0xf0:
+                lo = 0x90;
+                break;
+            case 0xf4:
+                hi = 0x8f;
+                break;
+            default:
+                break;
             }
         }
         if (b >= lo && b <= hi) {

@@ -20,8 +20,8 @@ struct encode_ctx {
 };
 
 /* Length of the allowed special token at text[pos..len), or 0; *id is its id. */
-static size_t match_special(const struct tok_vocab *v, const char *text, size_t len,
-                            size_t pos, bool parse_special, int32_t *id) {
+static size_t match_special(const struct tok_vocab *v, const char *text, size_t len, size_t pos,
+                            bool parse_special, int32_t *id) {
     uint8_t b = (uint8_t)text[pos];
     for (uint32_t i = v->special_start[b]; i < v->special_start[b + 1]; i++) {
         int32_t t = v->specials[i];
@@ -34,18 +34,39 @@ static size_t match_special(const struct tok_vocab *v, const char *text, size_t 
     return 0;
 }
 
-static enum llmopt_status bpe_word(void *ctx, const char *word, size_t n,
-                                   struct llmopt_err *err) {
+static enum llmopt_status bpe_word(void *ctx, const char *word, size_t n, struct llmopt_err *err) {
     struct encode_ctx *c = ctx;
-    return tok_bpe_encode_word(c->v, &c->bpe, (const uint8_t *)word, n, c->ids, c->cap,
-                               &c->count, err);
+    return tok_bpe_encode_word(c->v, &c->bpe, (const uint8_t *)word, n, c->ids, c->cap, &c->count,
+                               err);
 }
+
+static enum llmopt_status encode_bpe_fragment(struct encode_ctx *c, const char *text, size_t len,
+                                              struct llmopt_err *err);
 
 static enum llmopt_status encode_fragment(struct encode_ctx *c, const char *text, size_t len,
                                           struct llmopt_err *err) {
     const struct tok_vocab *v = c->v;
     if (v->kind == TOK_KIND_SPM)
         return tok_spm_encode_fragment(v, text, len, c->ids, c->cap, &c->count, err);
+    char *normalized = NULL;
+    if (v->nfc && tok_nfc_needed(text, len)) {
+        /* the normalizer runs on each fragment between added tokens, as in HF */
+        enum llmopt_status st = tok_nfc(text, len, &normalized, &len, err);
+        if (st) return st;
+        text = normalized;
+        if (len == 0) {
+            free(normalized);
+            return LLMOPT_OK;
+        }
+    }
+    enum llmopt_status st = encode_bpe_fragment(c, text, len, err);
+    free(normalized);
+    return st;
+}
+
+static enum llmopt_status encode_bpe_fragment(struct encode_ctx *c, const char *text, size_t len,
+                                              struct llmopt_err *err) {
+    const struct tok_vocab *v = c->v;
     if (v->bpe_prefix_space && text[0] != ' ') {
         /* ByteLevel(add_prefix_space): the fragment reads as if a space preceded it */
         if (len + 1 > c->scratch_cap) {
@@ -62,9 +83,9 @@ static enum llmopt_status encode_fragment(struct encode_ctx *c, const char *text
     return tok_pretok_split(v->pretok, text, len, bpe_word, c, err);
 }
 
-enum llmopt_status tok_encode(const struct tok_vocab *v, const char *text, size_t len,
-                              bool add_bos, bool parse_special, int32_t *ids, size_t cap,
-                              size_t *n_ids, struct llmopt_err *err) {
+enum llmopt_status tok_encode(const struct tok_vocab *v, const char *text, size_t len, bool add_bos,
+                              bool parse_special, int32_t *ids, size_t cap, size_t *n_ids,
+                              struct llmopt_err *err) {
     *n_ids = 0;
     if (!text && len) return err_set(err, LLMOPT_ERR_INVALID_ARG, "tokenizer: NULL text");
     if (!ids && cap) return err_set(err, LLMOPT_ERR_INVALID_ARG, "tokenizer: NULL ids");

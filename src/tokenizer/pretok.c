@@ -43,15 +43,15 @@ struct pre_family {
 };
 
 static const char *const gpt2_names[] = {
-    "gpt2", "gpt-2", "default", "phi-2", "roberta-bpe", "olmo", "mpt", "jina-es", "jina-de",
-    "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code", "GPT2Tokenizer",
-    "GPT2TokenizerFast", NULL};
-static const char *const llama3_names[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx",
-                                           "smaug-bpe", NULL};
-static const char *const qwen2_names[] = {"qwen2", "deepseek-r1-qwen", "stablelm2",
+    "gpt2",         "gpt-2",         "default",           "phi-2",      "roberta-bpe", "olmo",
+    "mpt",          "jina-es",       "jina-de",           "jina-v1-en", "jina-v2-es",  "jina-v2-de",
+    "jina-v2-code", "GPT2Tokenizer", "GPT2TokenizerFast", NULL};
+static const char *const llama3_names[] = {"llama3", "llama-v3",  "llama-bpe", "falcon3",
+                                           "dbrx",   "smaug-bpe", NULL};
+static const char *const qwen2_names[] = {"qwen2",          "deepseek-r1-qwen",   "stablelm2",
                                           "Qwen2Tokenizer", "Qwen2TokenizerFast", NULL};
-static const char *const starcoder_names[] = {"starcoder", "refact", "smollm", "command-r",
-                                              "codeshell", NULL};
+static const char *const starcoder_names[] = {"starcoder", "refact",    "smollm",
+                                              "command-r", "codeshell", NULL};
 
 static const struct pre_family families[] = {
     {gpt2_names, {tok_gpt2_pattern, NULL}, false, false, false},
@@ -103,8 +103,7 @@ enum llmopt_status tok_pretok_compile(const char *const *patterns, const size_t 
 
 enum llmopt_status tok_pretok_by_name(const char *name, size_t len, const char *what,
                                       struct tok_pretok **out, bool *ignore_merges,
-                                      bool *add_bos_default, bool *nfc,
-                                      struct llmopt_err *err) {
+                                      bool *add_bos_default, bool *nfc, struct llmopt_err *err) {
     for (size_t f = 0; f < LLMOPT_ARRAY_LEN(families); f++) {
         const struct pre_family *fam = &families[f];
         for (const char *const *nm = fam->names; *nm; nm++) {

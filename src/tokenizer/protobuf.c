@@ -8,14 +8,13 @@ void pb_reader_init(struct pb_reader *r, const uint8_t *data, size_t size, size_
     *r = (struct pb_reader){.data = data, .size = size, .base = base, .what = what};
 }
 
-void pb_reader_sub(struct pb_reader *sub, const struct pb_reader *parent,
-                   const struct pb_field *f, const char *what) {
+void pb_reader_sub(struct pb_reader *sub, const struct pb_reader *parent, const struct pb_field *f,
+                   const char *what) {
     pb_reader_init(sub, f->data, f->len, parent->base + (size_t)(f->data - parent->data), what);
 }
 
 /* A varint of at most 10 bytes; the 10th may only hold the top bit of 64. */
-static enum llmopt_status read_varint(struct pb_reader *r, uint64_t *out,
-                                      struct llmopt_err *err) {
+static enum llmopt_status read_varint(struct pb_reader *r, uint64_t *out, struct llmopt_err *err) {
     uint64_t x = 0;
     size_t start = r->pos;
     for (int i = 0; i < 10; i++) {
@@ -27,8 +26,8 @@ static enum llmopt_status read_varint(struct pb_reader *r, uint64_t *out,
         uint8_t b = r->data[r->pos++];
         if (i == 9 && b > 1)
             return err_set(err, LLMOPT_ERR_FORMAT,
-                           "protobuf: %s: varint at offset %zu: expected at most 64 bits",
-                           r->what, r->base + start);
+                           "protobuf: %s: varint at offset %zu: expected at most 64 bits", r->what,
+                           r->base + start);
         x |= (uint64_t)(b & 0x7f) << (7 * i);
         if (!(b & 0x80)) {
             *out = x;
@@ -87,8 +86,7 @@ enum llmopt_status pb_next(struct pb_reader *r, struct pb_field *f, bool *more,
             st = err_set(err, LLMOPT_ERR_FORMAT,
                          "protobuf: %s: field %u at offset %zu: length %llu exceeds the %zu "
                          "bytes left (truncated?)",
-                         r->what, f->number, f->offset, (unsigned long long)len,
-                         r->size - r->pos);
+                         r->what, f->number, f->offset, (unsigned long long)len, r->size - r->pos);
             break;
         }
         f->data = r->data + r->pos;
@@ -110,8 +108,8 @@ enum llmopt_status pb_next(struct pb_reader *r, struct pb_field *f, bool *more,
 static enum llmopt_status wrong_wire(const struct pb_reader *r, const struct pb_field *f,
                                      const char *expected, struct llmopt_err *err) {
     return err_set(err, LLMOPT_ERR_FORMAT,
-                   "protobuf: %s: field %u at offset %zu: expected %s, found wire type %u",
-                   r->what, f->number, f->offset, expected, (unsigned)f->wire);
+                   "protobuf: %s: field %u at offset %zu: expected %s, found wire type %u", r->what,
+                   f->number, f->offset, expected, (unsigned)f->wire);
 }
 
 enum llmopt_status pb_float(const struct pb_reader *r, const struct pb_field *f, float *out,

@@ -24,9 +24,9 @@ enum pb_wire {
 struct pb_reader {
     const uint8_t *data; /* (size) the message's bytes */
     size_t size;
-    size_t pos;          /* next byte to read */
-    size_t base;         /* offset of data[0] in the whole buffer, for messages */
-    const char *what;    /* the message's name, for messages */
+    size_t pos;       /* next byte to read */
+    size_t base;      /* offset of data[0] in the whole buffer, for messages */
+    const char *what; /* the message's name, for messages */
 };
 
 struct pb_field {
@@ -35,14 +35,14 @@ struct pb_field {
     uint64_t u64;        /* varint, fixed32 or fixed64 value */
     const uint8_t *data; /* PB_WIRE_LEN: (len) bytes */
     size_t len;
-    size_t offset;       /* of the key, in the whole buffer */
+    size_t offset; /* of the key, in the whole buffer */
 };
 
 void pb_reader_init(struct pb_reader *r, const uint8_t *data, size_t size, size_t base,
                     const char *what);
 /* A sub-message reader over a length-delimited field. */
-void pb_reader_sub(struct pb_reader *sub, const struct pb_reader *parent,
-                   const struct pb_field *f, const char *what);
+void pb_reader_sub(struct pb_reader *sub, const struct pb_reader *parent, const struct pb_field *f,
+                   const char *what);
 /* Reads the next field. *more is false (and LLMOPT_OK) at the end of the message. */
 enum llmopt_status pb_next(struct pb_reader *r, struct pb_field *f, bool *more,
                            struct llmopt_err *err);

@@ -37,8 +37,10 @@ struct spm_heap {
 
 struct spm_work {
     const struct tok_vocab *v;
-    char *text;           /* (escaped length) the escaped text, owned */
-    struct spm_sym *syms; /* (n_syms) */
+    char *esc;            /* (escaped length) the escaped text, owned */
+    const char *text;     /* the chunk being encoded: a part of esc */
+    struct spm_sym *syms; /* (syms_cap) one per character of the chunk */
+    size_t syms_cap;
     struct spm_heap heap;
 };
 
@@ -55,7 +57,9 @@ static struct spm_pair make_pair(float score, int32_t left, uint32_t size) {
                              size};
 }
 
-static int32_t pair_left(struct spm_pair p) { return (int32_t)(UINT32_MAX - (uint32_t)p.key); }
+static int32_t pair_left(struct spm_pair p) {
+    return (int32_t)(UINT32_MAX - (uint32_t)p.key);
+}
 
 static void sift_down(struct spm_heap *h, size_t i, struct spm_pair p) {
     for (;;) {
@@ -147,7 +151,7 @@ static enum llmopt_status emit_symbol(const struct spm_work *w, const struct spm
                    bytes[0], (unsigned)s->n);
 }
 
-/* Escapes text into w->text: the dummy prefix, then ' ' -> "▁"; with
+/* Escapes text into w->esc: the dummy prefix, then ' ' -> "▁"; with
  * remove_extra_ws (SentencePiece's normalizer flag) leading and trailing spaces are
  * dropped and runs of spaces become one, and text of spaces only becomes empty. At
  * most 3 * (len + 1) bytes, under 2^26 by the text cap, so uint32_t offsets hold. */
@@ -179,25 +183,29 @@ static enum llmopt_status escape_text(struct spm_work *w, const char *text, size
         }
     }
     LLMOPT_ASSERT(k <= n);
-    w->text = esc;
+    w->esc = esc;
     *esc_len = k;
     return LLMOPT_OK;
 }
 
-/* Splits w->text into one symbol per UTF-8 character, linked in order. */
-static enum llmopt_status split_symbols(struct spm_work *w, size_t esc_len, size_t *n_syms,
+/* Splits w->text[0..len) into one symbol per UTF-8 character, linked in order. */
+static enum llmopt_status split_symbols(struct spm_work *w, size_t len, size_t *n_syms,
                                         struct llmopt_err *err) {
     size_t n_chars = 0;
-    for (size_t off = 0; off < esc_len; n_chars++) {
+    for (size_t off = 0; off < len; n_chars++) {
         size_t n = utf8_char_len((uint8_t)w->text[off]);
-        off += n < esc_len - off ? n : esc_len - off;
+        off += n < len - off ? n : len - off;
     }
-    w->syms = malloc(n_chars * sizeof *w->syms);
-    if (!w->syms) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %zu symbols", n_chars);
+    if (n_chars > w->syms_cap) {
+        struct spm_sym *s = realloc(w->syms, n_chars * sizeof *s);
+        if (!s) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %zu symbols", n_chars);
+        w->syms = s;
+        w->syms_cap = n_chars;
+    }
     size_t off = 0;
     for (size_t i = 0; i < n_chars; i++) {
         size_t n = utf8_char_len((uint8_t)w->text[off]);
-        if (n > esc_len - off) n = esc_len - off;
+        if (n > len - off) n = len - off;
         w->syms[i] = (struct spm_sym){
             .prev = (int32_t)i - 1,
             .next = i + 1 < n_chars ? (int32_t)i + 1 : -1,
@@ -211,12 +219,15 @@ static enum llmopt_status split_symbols(struct spm_work *w, size_t esc_len, size
 }
 
 /* Merges symbols by the best-scoring pair until no adjacent pair forms a piece. */
-static enum llmopt_status merge_symbols(struct spm_work *w, size_t n_syms,
-                                        struct llmopt_err *err) {
+static enum llmopt_status merge_symbols(struct spm_work *w, size_t n_syms, struct llmopt_err *err) {
     /* the first pairs go in at once and are heapified bottom-up: O(n) */
-    w->heap.cap = n_syms > 64 ? n_syms : 64;
-    w->heap.a = malloc(w->heap.cap * sizeof *w->heap.a);
-    if (!w->heap.a) goto nomem;
+    w->heap.n = 0;
+    if (n_syms > w->heap.cap) {
+        struct spm_pair *a = realloc(w->heap.a, n_syms * sizeof *a);
+        if (!a) goto nomem;
+        w->heap.a = a;
+        w->heap.cap = n_syms;
+    }
     for (size_t i = 0; i + 1 < n_syms; i++) {
         struct spm_pair p;
         if (pair_of(w, (int32_t)i, &p)) w->heap.a[w->heap.n++] = p;
@@ -242,22 +253,50 @@ nomem:
                    w->heap.cap, n_syms);
 }
 
-enum llmopt_status tok_spm_encode_fragment(const struct tok_vocab *v, const char *text,
-                                           size_t len, int32_t *ids, size_t cap,
-                                           size_t *count, struct llmopt_err *err) {
-    struct spm_work w = {.v = v};
-    size_t esc_len = 0, n_syms = 0;
+static enum llmopt_status encode_chunk(struct spm_work *w, const char *chunk, size_t len,
+                                       int32_t *ids, size_t cap, size_t *count,
+                                       struct llmopt_err *err) {
+    size_t n_syms = 0;
     enum llmopt_status st;
-    if ((st = escape_text(&w, text, len, &esc_len, err)) || esc_len == 0 ||
-        (st = split_symbols(&w, esc_len, &n_syms, err)) ||
-        (st = merge_symbols(&w, n_syms, err)))
-        goto out;
+    w->text = chunk;
+    if ((st = split_symbols(w, len, &n_syms, err)) || (st = merge_symbols(w, n_syms, err)))
+        return st;
     /* Symbol 0 is never merged away (merges fold right into left). */
-    for (int32_t i = 0; i >= 0; i = w.syms[i].next)
-        if ((st = emit_symbol(&w, &w.syms[i], ids, cap, count, err))) goto out;
-out:
+    for (int32_t i = 0; i >= 0; i = w->syms[i].next)
+        if ((st = emit_symbol(w, &w->syms[i], ids, cap, count, err))) return st;
+    return LLMOPT_OK;
+}
+
+/* Where the next chunk starts: at the next symbol "▁" that follows a symbol that is
+ * not one (symbols as split_symbols cuts them). No merge crosses there when the
+ * vocab's pieces hold "▁" only in a leading run (v->spm_chunks): the merged piece
+ * would hold a "▁" after another character. Chunks keep the merge heap small. */
+static size_t next_cut(const char *esc, size_t start, size_t len) {
+    bool prev_space = false;
+    for (size_t i = start; i < len;) {
+        size_t n = utf8_char_len((uint8_t)esc[i]);
+        if (n > len - i) n = len - i;
+        bool space = n == 3 && memcmp(esc + i, spm_space, 3) == 0;
+        if (space && !prev_space && i > start) return i;
+        prev_space = space;
+        i += n;
+    }
+    return len;
+}
+
+enum llmopt_status tok_spm_encode_fragment(const struct tok_vocab *v, const char *text, size_t len,
+                                           int32_t *ids, size_t cap, size_t *count,
+                                           struct llmopt_err *err) {
+    struct spm_work w = {.v = v};
+    size_t esc_len = 0;
+    enum llmopt_status st = escape_text(&w, text, len, &esc_len, err);
+    for (size_t start = 0; !st && start < esc_len;) {
+        size_t end = v->spm_chunks ? next_cut(w.esc, start, esc_len) : esc_len;
+        st = encode_chunk(&w, w.esc + start, end - start, ids, cap, count, err);
+        start = end;
+    }
     free(w.heap.a);
     free(w.syms);
-    free(w.text);
+    free(w.esc);
     return st;
 }

@@ -33,14 +33,29 @@ static enum llmopt_status read_trainer(struct pb_reader *r, struct spm_spec *s,
     enum llmopt_status st;
     while (!(st = pb_next(r, &f, &more, err)) && more) {
         switch (f.number) {
-        case 3: st = pb_int32(r, &f, &s->model_type, err); break;
-        case 24: st = pb_bool(r, &f, &s->suffix_ws, err); break;
-        case 35: st = pb_bool(r, &f, &s->byte_fallback, err); break;
-        case 40: st = pb_int32(r, &f, &s->unk_id, err); break;
-        case 41: st = pb_int32(r, &f, &s->bos_id, err); break;
-        case 42: st = pb_int32(r, &f, &s->eos_id, err); break;
-        case 43: st = pb_int32(r, &f, &s->pad_id, err); break;
-        default: break;
+        case 3:
+            st = pb_int32(r, &f, &s->model_type, err);
+            break;
+        case 24:
+            st = pb_bool(r, &f, &s->suffix_ws, err);
+            break;
+        case 35:
+            st = pb_bool(r, &f, &s->byte_fallback, err);
+            break;
+        case 40:
+            st = pb_int32(r, &f, &s->unk_id, err);
+            break;
+        case 41:
+            st = pb_int32(r, &f, &s->bos_id, err);
+            break;
+        case 42:
+            st = pb_int32(r, &f, &s->eos_id, err);
+            break;
+        case 43:
+            st = pb_int32(r, &f, &s->pad_id, err);
+            break;
+        default:
+            break;
         }
         if (st) return st;
     }
@@ -61,10 +76,17 @@ static enum llmopt_status read_normalizer(struct pb_reader *r, struct spm_spec *
         case 2:
             if (!(st = pb_bytes(r, &f, err))) s->charsmap_len = f.len;
             break;
-        case 3: st = pb_bool(r, &f, &s->add_dummy_prefix, err); break;
-        case 4: st = pb_bool(r, &f, &s->remove_extra_ws, err); break;
-        case 5: st = pb_bool(r, &f, &s->escape_ws, err); break;
-        default: break;
+        case 3:
+            st = pb_bool(r, &f, &s->add_dummy_prefix, err);
+            break;
+        case 4:
+            st = pb_bool(r, &f, &s->remove_extra_ws, err);
+            break;
+        case 5:
+            st = pb_bool(r, &f, &s->escape_ws, err);
+            break;
+        default:
+            break;
         }
         if (st) return st;
     }
@@ -92,20 +114,26 @@ static enum llmopt_status read_piece(struct pb_reader *r, struct tok_str *piece,
                 have_piece = true;
             }
             break;
-        case 2: st = pb_float(r, &f, score, err); break;
-        case 3: st = pb_int32(r, &f, type, err); break;
-        default: break;
+        case 2:
+            st = pb_float(r, &f, score, err);
+            break;
+        case 3:
+            st = pb_int32(r, &f, type, err);
+            break;
+        default:
+            break;
         }
         if (st) return st;
     }
     if (st) return st;
     if (!have_piece)
-        return err_set(err, LLMOPT_ERR_FORMAT, "protobuf: %s at offset %zu: expected field 1 "
-                       "(piece), found none", r->what, r->base);
+        return err_set(err, LLMOPT_ERR_FORMAT,
+                       "protobuf: %s at offset %zu: expected field 1 "
+                       "(piece), found none",
+                       r->what, r->base);
     if (isnan(*score))
         return err_set(err, LLMOPT_ERR_FORMAT,
-                       "protobuf: %s at offset %zu: expected a score, found NaN", r->what,
-                       r->base);
+                       "protobuf: %s at offset %zu: expected a score, found NaN", r->what, r->base);
     if (*type < TOK_TYPE_NORMAL || *type >= TOK_TYPE_COUNT)
         return err_set(err, LLMOPT_ERR_FORMAT,
                        "protobuf: %s at offset %zu: expected a piece type in [1, %d], found %d",
@@ -122,10 +150,38 @@ static enum llmopt_status check_id(const char *name, int32_t id, int32_t n,
                    name, (int)n, (int)id);
 }
 
+static enum llmopt_status check_spec(const struct spm_spec *spec, struct llmopt_err *err) {
+    if (spec->model_type != 2)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                       "tokenizer.model: trainer_spec.model_type %d (%s) is not supported "
+                       "(expected 2, BPE)",
+                       (int)spec->model_type,
+                       spec->model_type == 1   ? "unigram"
+                       : spec->model_type == 3 ? "word"
+                       : spec->model_type == 4 ? "char"
+                                               : "unknown");
+    if (spec->charsmap_len > 0)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                       "tokenizer.model: normalizer \"%.*s\" with a precompiled character map "
+                       "is not supported (expected identity)",
+                       spec->norm_name.len > 64 ? 64 : (int)spec->norm_name.len,
+                       spec->norm_name.ptr ? spec->norm_name.ptr : "");
+    if (!spec->escape_ws || spec->suffix_ws)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "tokenizer.model: %s is not supported",
+                       spec->suffix_ws ? "treat_whitespace_as_suffix"
+                                       : "escape_whitespaces = false");
+    return LLMOPT_OK;
+}
+
 static enum llmopt_status load_model(struct tok_vocab *v, const uint8_t *data, size_t size,
                                      struct llmopt_err *err) {
-    struct spm_spec spec = {.model_type = 1, .unk_id = 0, .bos_id = 1, .eos_id = 2,
-                            .pad_id = -1, .add_dummy_prefix = true, .remove_extra_ws = true,
+    struct spm_spec spec = {.model_type = 1,
+                            .unk_id = 0,
+                            .bos_id = 1,
+                            .eos_id = 2,
+                            .pad_id = -1,
+                            .add_dummy_prefix = true,
+                            .remove_extra_ws = true,
                             .escape_ws = true};
     struct pb_reader r, sub;
     struct pb_field f;
@@ -139,8 +195,8 @@ static enum llmopt_status load_model(struct tok_vocab *v, const uint8_t *data, s
         if (f.number == 1) {
             if ((st = pb_bytes(&r, &f, err))) return st;
             if (++n > TOK_MAX_TOKENS)
-                return err_set(err, LLMOPT_ERR_LIMIT,
-                               "tokenizer.model: more than %d pieces", TOK_MAX_TOKENS);
+                return err_set(err, LLMOPT_ERR_LIMIT, "tokenizer.model: more than %d pieces",
+                               TOK_MAX_TOKENS);
         } else if (f.number == 2 || f.number == 3) {
             if ((st = pb_bytes(&r, &f, err))) return st;
             pb_reader_sub(&sub, &r, &f, f.number == 2 ? "TrainerSpec" : "NormalizerSpec");
@@ -151,25 +207,8 @@ static enum llmopt_status load_model(struct tok_vocab *v, const uint8_t *data, s
     if (st) return st;
     if (n == 0)
         return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer.model: expected pieces, found none");
-    if (spec.model_type != 2)
-        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
-                       "tokenizer.model: trainer_spec.model_type %d (%s) is not supported "
-                       "(expected 2, BPE)",
-                       (int)spec.model_type,
-                       spec.model_type == 1 ? "unigram" : spec.model_type == 3 ? "word"
-                       : spec.model_type == 4 ? "char" : "unknown");
-    if (spec.charsmap_len > 0)
-        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
-                       "tokenizer.model: normalizer \"%.*s\" with a precompiled character map "
-                       "is not supported (expected identity)",
-                       spec.norm_name.len > 64 ? 64 : (int)spec.norm_name.len,
-                       spec.norm_name.ptr ? spec.norm_name.ptr : "");
-    if (!spec.escape_ws || spec.suffix_ws)
-        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
-                       "tokenizer.model: %s is not supported",
-                       spec.suffix_ws ? "treat_whitespace_as_suffix" : "escape_whitespaces = false");
 
-    /* pass 2: the pieces */
+    /* pass 2: the pieces (malformed pieces are reported before unsupported specs) */
     struct tok_str *pieces = malloc(n * sizeof *pieces);
     float *scores = malloc(n * sizeof *scores);
     uint8_t *types = malloc(n);
@@ -188,6 +227,7 @@ static enum llmopt_status load_model(struct tok_vocab *v, const uint8_t *data, s
     }
     if (st) goto out;
     LLMOPT_ASSERT(i == n);
+    if ((st = check_spec(&spec, err))) goto out;
     if ((st = tok_vocab_set_pieces(v, (int32_t)n, pieces, "tokenizer.model", err))) goto out;
     for (i = 0; i < n; i++) {
         v->scores[i] = scores[i] == 0 ? 0.0f : scores[i]; /* -0 -> +0 as the GGUF path */

@@ -26,16 +26,17 @@ struct tok_pretok; /* pretok.c: a sequence of compiled split regexes */
 struct tok_vocab {
     enum tok_kind kind;
     int32_t n_tokens;
-    char *piece_bytes;     /* (sum of piece lengths) all pieces back to back */
-    uint32_t *piece_off;   /* (n_tokens + 1) piece i is piece_bytes[off[i] .. off[i+1]) */
-    float *scores;         /* (n_tokens) merge priority of the piece; higher first (spm) */
-    uint8_t *types;        /* (n_tokens) enum tok_type */
-    uint32_t max_piece;    /* bytes in the longest piece */
+    char *piece_bytes;   /* (sum of piece lengths) all pieces back to back */
+    uint32_t *piece_off; /* (n_tokens + 1) piece i is piece_bytes[off[i] .. off[i+1]) */
+    float *scores;       /* (n_tokens) merge priority of the piece; higher first (spm) */
+    uint8_t *types;      /* (n_tokens) enum tok_type */
+    uint32_t max_piece;  /* bytes in the longest piece */
 
     int32_t bos, eos, unk, pad, eot, eom; /* -1 when absent */
     bool add_bos, add_eos;
     bool add_space_prefix; /* spm: encode prepends "▁"; decode drops the first ' ' */
     bool byte_fallback;    /* spm: unknown characters become <0xXX> tokens */
+    bool spm_chunks;       /* spm: "▁" only leads pieces, so text can be cut before it */
     bool remove_extra_ws;  /* spm: drop leading/trailing spaces, collapse runs */
 
     /* spm: id of piece "<0xXX>" for byte XX; bpe: id of the one-character piece
@@ -44,7 +45,7 @@ struct tok_vocab {
 
     /* piece -> id: open addressing, linear probing; slots hold ids, -1 when empty.
      * Capacity is a power of two at least twice n_tokens, so probes stay short. */
-    int32_t *map;          /* (map_mask + 1) */
+    int32_t *map; /* (map_mask + 1) */
     uint32_t map_mask;
 
     /* bpe: (left, right) -> merge, open addressing on the pair; rank is the rule's
@@ -52,16 +53,16 @@ struct tok_vocab {
     struct tok_merge *merges; /* (merge_mask + 1) */
     uint32_t merge_mask;
     int32_t n_merges;
-    bool ignore_merges;       /* a word that is a piece is emitted whole (Llama 3) */
-    bool bpe_prefix_space;    /* ByteLevel add_prefix_space: ' ' before each fragment */
-    bool nfc;                 /* the source asks for NFC normalization (see encode.c) */
+    bool ignore_merges;        /* a word that is a piece is emitted whole (Llama 3) */
+    bool bpe_prefix_space;     /* ByteLevel add_prefix_space: ' ' before each fragment */
+    bool nfc;                  /* the source asks for NFC normalization (see encode.c) */
     struct tok_pretok *pretok; /* bpe: NULL means the whole fragment is one word */
     char pre_name[64];
 
     /* Added tokens (control, user-defined, unknown) by first byte: the ids of those
      * starting with byte b are specials[special_start[b] .. special_start[b + 1]),
      * longest first. */
-    int32_t *specials;               /* (n_specials) */
+    int32_t *specials; /* (n_specials) */
     uint32_t n_specials;
     uint32_t special_start[257];
 
@@ -90,8 +91,7 @@ enum llmopt_status tok_vocab_set_pieces(struct tok_vocab *v, int32_t n,
                                         struct llmopt_err *err);
 /* Adds n merge rules, rank = index. Each of left, right and left+right must be a
  * piece; a repeated pair keeps its first rank. */
-enum llmopt_status tok_vocab_set_merges(struct tok_vocab *v, int32_t n,
-                                        const struct tok_str *lefts,
+enum llmopt_status tok_vocab_set_merges(struct tok_vocab *v, int32_t n, const struct tok_str *lefts,
                                         const struct tok_str *rights, const char *what,
                                         struct llmopt_err *err);
 /* Builds the piece -> id map now (merges and special names are looked up by piece);
@@ -129,21 +129,21 @@ struct bpe_work {
     size_t syms_cap;
     struct bpe_pair *heap;
     size_t heap_n, heap_cap;
-    char *word;           /* the word in byte-level spelling (ignore_merges lookups) */
+    char *word; /* the word in byte-level spelling (ignore_merges lookups) */
     size_t word_cap;
 };
 void tok_bpe_work_free(struct bpe_work *w);
 /* Encodes one pre-tokenized word (raw bytes). */
 enum llmopt_status tok_bpe_encode_word(const struct tok_vocab *v, struct bpe_work *w,
-                                       const uint8_t *word, size_t n, int32_t *ids,
-                                       size_t cap, size_t *count, struct llmopt_err *err);
+                                       const uint8_t *word, size_t n, int32_t *ids, size_t cap,
+                                       size_t *count, struct llmopt_err *err);
 
 /* ---- spm.c ------------------------------------------------------------------------ */
 
 /* Encodes one text fragment (no special tokens in it) the SentencePiece way. */
-enum llmopt_status tok_spm_encode_fragment(const struct tok_vocab *v, const char *text,
-                                           size_t len, int32_t *ids, size_t cap,
-                                           size_t *count, struct llmopt_err *err);
+enum llmopt_status tok_spm_encode_fragment(const struct tok_vocab *v, const char *text, size_t len,
+                                           int32_t *ids, size_t cap, size_t *count,
+                                           struct llmopt_err *err);
 
 /* ---- pretok.c --------------------------------------------------------------------- */
 
@@ -159,8 +159,7 @@ enum llmopt_status tok_pretok_compile(const char *const *patterns, const size_t 
  * and *add_bos_default for the Llama 3 family. */
 enum llmopt_status tok_pretok_by_name(const char *name, size_t len, const char *what,
                                       struct tok_pretok **out, bool *ignore_merges,
-                                      bool *add_bos_default, bool *nfc,
-                                      struct llmopt_err *err);
+                                      bool *add_bos_default, bool *nfc, struct llmopt_err *err);
 /* The GPT-2 split regex (ByteLevel's use_regex). */
 extern const char tok_gpt2_pattern[];
 void tok_pretok_free(struct tok_pretok *p);
@@ -171,6 +170,14 @@ typedef enum llmopt_status (*tok_word_fn)(void *ctx, const char *word, size_t n,
  * LLMOPT_ERR_LIMIT. */
 enum llmopt_status tok_pretok_split(const struct tok_pretok *p, const char *text, size_t len,
                                     tok_word_fn fn, void *ctx, struct llmopt_err *err);
+
+/* ---- nfc.c ------------------------------------------------------------------------ */
+
+/* Whether text may change under NFC (it holds a code point at or above U+0300). */
+bool tok_nfc_needed(const char *text, size_t len);
+/* NFC of text into a malloc'd *out; invalid UTF-8 bytes pass through unchanged. */
+enum llmopt_status tok_nfc(const char *text, size_t len, char **out, size_t *out_len,
+                           struct llmopt_err *err);
 
 /* ---- shared by encoders ----------------------------------------------------------- */
 

@@ -43,14 +43,14 @@
 #include <stdint.h>
 
 /* Caps on what a vocabulary file or a caller can make the tokenizer allocate. */
-#define TOK_MAX_TOKENS (1 << 22)        /* tokens in a vocabulary */
-#define TOK_MAX_PIECE (1 << 16)         /* bytes in one token's piece */
-#define TOK_MAX_PIECE_BYTES (1u << 28)  /* bytes of all pieces together */
-#define TOK_MAX_TEXT (1u << 24)         /* bytes of text in one tok_encode call */
-#define TOK_MAX_MERGES (1 << 22)        /* BPE merge rules */
-#define TOK_MAX_FILE (1u << 26)         /* bytes of one tokenizer file (json, txt, model) */
-#define TOK_MAX_PRETOK 8                /* regexes in one pre-tokenizer sequence */
-#define TOK_MAX_EOG 16                  /* end-of-generation ids */
+#define TOK_MAX_TOKENS      (1 << 22)  /* tokens in a vocabulary */
+#define TOK_MAX_PIECE       (1 << 16)  /* bytes in one token's piece */
+#define TOK_MAX_PIECE_BYTES (1u << 28) /* bytes of all pieces together */
+#define TOK_MAX_TEXT        (1u << 24) /* bytes of text in one tok_encode call */
+#define TOK_MAX_MERGES      (1 << 22)  /* BPE merge rules */
+#define TOK_MAX_FILE        (1u << 26) /* bytes of one tokenizer file (json, txt, model) */
+#define TOK_MAX_PRETOK      8          /* regexes in one pre-tokenizer sequence */
+#define TOK_MAX_EOG         16         /* end-of-generation ids */
 
 enum tok_kind {
     TOK_KIND_SPM, /* SentencePiece BPE with scores and byte fallback ("llama") */
@@ -101,8 +101,7 @@ enum llmopt_status tok_vocab_from_spm_model(const uint8_t *data, size_t size,
 enum llmopt_status tok_vocab_from_dir(const char *dir, struct tok_vocab **out,
                                       struct llmopt_err *err);
 /* A path: a directory (tok_vocab_from_dir), a tokenizer.model file, or a GGUF. */
-enum llmopt_status tok_vocab_load(const char *path, struct tok_vocab **out,
-                                  struct llmopt_err *err);
+enum llmopt_status tok_vocab_load(const char *path, struct tok_vocab **out, struct llmopt_err *err);
 void tok_vocab_free(struct tok_vocab *v);
 
 enum tok_kind tok_vocab_kind(const struct tok_vocab *v);
@@ -141,9 +140,9 @@ int32_t tok_find(const struct tok_vocab *v, const char *s, size_t n);
  * LLMOPT_ERR_INVALID_ARG. Allocates working memory proportional to len; caches
  * nothing. Invalid UTF-8 is encoded byte for byte (byte-level BPE) or through byte
  * tokens (spm). */
-enum llmopt_status tok_encode(const struct tok_vocab *v, const char *text, size_t len,
-                              bool add_bos, bool parse_special, int32_t *ids, size_t cap,
-                              size_t *n_ids, struct llmopt_err *err);
+enum llmopt_status tok_encode(const struct tok_vocab *v, const char *text, size_t len, bool add_bos,
+                              bool parse_special, int32_t *ids, size_t cap, size_t *n_ids,
+                              struct llmopt_err *err);
 
 /* The text bytes of one token. spm: "▁" -> ' ' in normal pieces, <0xXX> -> that
  * byte. bpe: each code point of a normal piece back to its byte (a piece holding a

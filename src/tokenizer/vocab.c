@@ -17,9 +17,12 @@ _Static_assert(LLMOPT_ARRAY_LEN(tok_kind_names) == TOK_KIND_COUNT,
                "tok_kind name table out of sync");
 
 static const char *const tok_type_names[TOK_TYPE_COUNT] = {
-    [TOK_TYPE_UNDEFINED] = "undefined", [TOK_TYPE_NORMAL] = "normal",
-    [TOK_TYPE_UNKNOWN] = "unknown",     [TOK_TYPE_CONTROL] = "control",
-    [TOK_TYPE_USER_DEFINED] = "user_defined", [TOK_TYPE_UNUSED] = "unused",
+    [TOK_TYPE_UNDEFINED] = "undefined",
+    [TOK_TYPE_NORMAL] = "normal",
+    [TOK_TYPE_UNKNOWN] = "unknown",
+    [TOK_TYPE_CONTROL] = "control",
+    [TOK_TYPE_USER_DEFINED] = "user_defined",
+    [TOK_TYPE_UNUSED] = "unused",
     [TOK_TYPE_BYTE] = "byte",
 };
 _Static_assert(LLMOPT_ARRAY_LEN(tok_type_names) == TOK_TYPE_COUNT,
@@ -70,14 +73,14 @@ enum llmopt_status tok_vocab_set_pieces(struct tok_vocab *v, int32_t n,
                                         struct llmopt_err *err) {
     if (n <= 0 || n > TOK_MAX_TOKENS)
         return err_set(err, n > 0 ? LLMOPT_ERR_LIMIT : LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected 1 to %d tokens, found %d", what,
-                       TOK_MAX_TOKENS, (int)n);
+                       "tokenizer: %s: expected 1 to %d tokens, found %d", what, TOK_MAX_TOKENS,
+                       (int)n);
     uint64_t total = 0;
     for (int32_t i = 0; i < n; i++) {
         if (pieces[i].len > TOK_MAX_PIECE)
             return err_set(err, LLMOPT_ERR_LIMIT,
-                           "tokenizer: %s: token %d: piece of %u bytes exceeds the cap of %d",
-                           what, (int)i, (unsigned)pieces[i].len, TOK_MAX_PIECE);
+                           "tokenizer: %s: token %d: piece of %u bytes exceeds the cap of %d", what,
+                           (int)i, (unsigned)pieces[i].len, TOK_MAX_PIECE);
         total += pieces[i].len;
         if (total > TOK_MAX_PIECE_BYTES)
             return err_set(err, LLMOPT_ERR_LIMIT,
@@ -110,8 +113,7 @@ static enum llmopt_status build_map(struct tok_vocab *v, struct llmopt_err *err)
     uint32_t cap = 1;
     while (cap < 2u * (uint32_t)v->n_tokens) cap <<= 1;
     v->map = malloc(sizeof *v->map * cap);
-    if (!v->map)
-        return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: piece map of %u slots", cap);
+    if (!v->map) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: piece map of %u slots", cap);
     memset(v->map, 0xff, sizeof *v->map * cap); /* every slot -1 */
     v->map_mask = cap - 1;
     for (int32_t id = 0; id < v->n_tokens; id++) {
@@ -162,22 +164,22 @@ bool tok_split_merge(const char *s, size_t n, struct tok_str *left, struct tok_s
 }
 
 /* Prints at most 48 bytes of a piece for a message. */
-static int show_len(uint32_t n) { return n > 48 ? 48 : (int)n; }
+static int show_len(uint32_t n) {
+    return n > 48 ? 48 : (int)n;
+}
 
-enum llmopt_status tok_vocab_set_merges(struct tok_vocab *v, int32_t n,
-                                        const struct tok_str *lefts,
+enum llmopt_status tok_vocab_set_merges(struct tok_vocab *v, int32_t n, const struct tok_str *lefts,
                                         const struct tok_str *rights, const char *what,
                                         struct llmopt_err *err) {
     enum llmopt_status st = tok_vocab_finish_map(v, err); /* merges name pieces */
     if (st) return st;
     if (n < 0 || n > TOK_MAX_MERGES)
-        return err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: %d merges exceed the cap of %d",
-                       what, (int)n, TOK_MAX_MERGES);
+        return err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: %d merges exceed the cap of %d", what,
+                       (int)n, TOK_MAX_MERGES);
     uint32_t cap = 16;
     while (cap < 2u * (uint32_t)n) cap <<= 1;
     v->merges = malloc(sizeof *v->merges * cap);
-    if (!v->merges)
-        return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: merge map of %u slots", cap);
+    if (!v->merges) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: merge map of %u slots", cap);
     for (uint32_t i = 0; i < cap; i++) v->merges[i].left = -1;
     v->merge_mask = cap - 1;
     char *joined = malloc(v->max_piece + 1); /* left + right, when it can be a piece */
@@ -191,8 +193,7 @@ enum llmopt_status tok_vocab_set_merges(struct tok_vocab *v, int32_t n,
                            "tokenizer: %s: merge %d (\"%.*s\" \"%.*s\"): expected two vocab "
                            "pieces, \"%.*s\" is not one",
                            what, (int)i, show_len(a->len), a->ptr, show_len(b->len), b->ptr,
-                           ia < 0 ? show_len(a->len) : show_len(b->len),
-                           ia < 0 ? a->ptr : b->ptr);
+                           ia < 0 ? show_len(a->len) : show_len(b->len), ia < 0 ? a->ptr : b->ptr);
         }
         int32_t ic = -1;
         if ((size_t)a->len + b->len <= v->max_piece) {
@@ -282,7 +283,7 @@ static enum llmopt_status build_specials(struct tok_vocab *v, struct llmopt_err 
 
 /* Spellings of end-of-turn tokens that chat models declare as control tokens. */
 static const char *const eog_names[] = {
-    "<|eot_id|>",    "<|eom_id|>",      "<|im_end|>", "<|end|>",
+    "<|eot_id|>",    "<|eom_id|>",    "<|im_end|>",      "<|end|>",
     "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
 };
 
@@ -316,6 +317,19 @@ static void build_eog(struct tok_vocab *v) {
     }
 }
 
+/* Whether every piece holds "▁" (U+2581) only in a leading run: then no SentencePiece
+ * merge can join a character to a following "▁" (see spm.c). */
+static bool space_only_leads(const struct tok_vocab *v) {
+    for (int32_t id = 0; id < v->n_tokens; id++) {
+        const char *p = tok_piece_ptr(v, id);
+        size_t n = tok_piece_len(v, id), i = 0;
+        while (i + 3 <= n && memcmp(p + i, "\xe2\x96\x81", 3) == 0) i += 3;
+        for (; i + 3 <= n; i++)
+            if (memcmp(p + i, "\xe2\x96\x81", 3) == 0) return false;
+    }
+    return true;
+}
+
 enum llmopt_status tok_vocab_finish(struct tok_vocab *v, struct llmopt_err *err) {
     enum llmopt_status st;
     if (!v->map && (st = build_map(v, err))) return st;
@@ -323,6 +337,7 @@ enum llmopt_status tok_vocab_finish(struct tok_vocab *v, struct llmopt_err *err)
     find_byte_tokens(v);
     build_eog(v);
     if (v->kind == TOK_KIND_BPE) v->add_space_prefix = false;
+    v->spm_chunks = v->kind == TOK_KIND_SPM && space_only_leads(v);
     return LLMOPT_OK;
 }
 
@@ -339,8 +354,7 @@ enum llmopt_status tok_read_file(const char *path, bool optional, char **data, s
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         if (optional && errno == ENOENT) return LLMOPT_OK;
-        return err_set(err, LLMOPT_ERR_IO, "tokenizer: %s: open failed: %s", path,
-                       strerror(errno));
+        return err_set(err, LLMOPT_ERR_IO, "tokenizer: %s: open failed: %s", path, strerror(errno));
     }
     struct stat sb;
     enum llmopt_status st = LLMOPT_OK;
@@ -349,8 +363,8 @@ enum llmopt_status tok_read_file(const char *path, bool optional, char **data, s
         goto out;
     }
     if ((uint64_t)sb.st_size > TOK_MAX_FILE) {
-        st = err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: %lld bytes exceed the cap of %u",
-                     path, (long long)sb.st_size, TOK_MAX_FILE);
+        st = err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: %lld bytes exceed the cap of %u", path,
+                     (long long)sb.st_size, TOK_MAX_FILE);
         goto out;
     }
     size_t n = (size_t)sb.st_size;
@@ -413,16 +427,36 @@ void tok_vocab_free(struct tok_vocab *v) {
 
 /* ---- accessors ------------------------------------------------------------------ */
 
-enum tok_kind tok_vocab_kind(const struct tok_vocab *v) { return v->kind; }
-const char *tok_pre_name(const struct tok_vocab *v) { return v->pre_name; }
-int32_t tok_n_tokens(const struct tok_vocab *v) { return v->n_tokens; }
-int32_t tok_bos(const struct tok_vocab *v) { return v->bos; }
-int32_t tok_eos(const struct tok_vocab *v) { return v->eos; }
-int32_t tok_unk(const struct tok_vocab *v) { return v->unk; }
-int32_t tok_pad(const struct tok_vocab *v) { return v->pad; }
-int32_t tok_eot(const struct tok_vocab *v) { return v->eot; }
-bool tok_add_bos(const struct tok_vocab *v) { return v->add_bos && v->bos >= 0; }
-bool tok_add_eos(const struct tok_vocab *v) { return v->add_eos && v->eos >= 0; }
+enum tok_kind tok_vocab_kind(const struct tok_vocab *v) {
+    return v->kind;
+}
+const char *tok_pre_name(const struct tok_vocab *v) {
+    return v->pre_name;
+}
+int32_t tok_n_tokens(const struct tok_vocab *v) {
+    return v->n_tokens;
+}
+int32_t tok_bos(const struct tok_vocab *v) {
+    return v->bos;
+}
+int32_t tok_eos(const struct tok_vocab *v) {
+    return v->eos;
+}
+int32_t tok_unk(const struct tok_vocab *v) {
+    return v->unk;
+}
+int32_t tok_pad(const struct tok_vocab *v) {
+    return v->pad;
+}
+int32_t tok_eot(const struct tok_vocab *v) {
+    return v->eot;
+}
+bool tok_add_bos(const struct tok_vocab *v) {
+    return v->add_bos && v->bos >= 0;
+}
+bool tok_add_eos(const struct tok_vocab *v) {
+    return v->add_eos && v->eos >= 0;
+}
 
 bool tok_is_eog(const struct tok_vocab *v, int32_t id) {
     if (id < 0) return false;

@@ -8,8 +8,14 @@
 
 static bool is_int_type(enum gguf_type t) {
     switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16:
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64:
+    case GGUF_TYPE_UINT8:
+    case GGUF_TYPE_INT8:
+    case GGUF_TYPE_UINT16:
+    case GGUF_TYPE_INT16:
+    case GGUF_TYPE_UINT32:
+    case GGUF_TYPE_INT32:
+    case GGUF_TYPE_UINT64:
+    case GGUF_TYPE_INT64:
         return true;
     default:
         return false;
@@ -43,8 +49,8 @@ static enum llmopt_status read_id(const struct gguf_file *f, const char *key, in
 }
 
 /* Reads an optional flag; absent -> def. */
-static enum llmopt_status read_bool(const struct gguf_file *f, const char *key, bool def,
-                                    bool *out, struct llmopt_err *err) {
+static enum llmopt_status read_bool(const struct gguf_file *f, const char *key, bool def, bool *out,
+                                    struct llmopt_err *err) {
     const struct gguf_kv *kv = gguf_find_kv(f, key);
     *out = def;
     if (kv && !gguf_get_bool(f, key, out))
@@ -54,18 +60,16 @@ static enum llmopt_status read_bool(const struct gguf_file *f, const char *key, 
 }
 
 /* An array of strings as borrowed tok_strs (pointers into the mapping). */
-static enum llmopt_status read_str_array(const struct gguf_kv *kv, const char *key,
-                                         uint64_t max, struct tok_str **out,
-                                         struct llmopt_err *err) {
+static enum llmopt_status read_str_array(const struct gguf_kv *kv, const char *key, uint64_t max,
+                                         struct tok_str **out, struct llmopt_err *err) {
     *out = NULL;
     if (kv->type != GGUF_TYPE_ARRAY || kv->array_type != GGUF_TYPE_STRING)
         return err_set(err, LLMOPT_ERR_FORMAT,
                        "tokenizer: %s: expected an array of strings, found %s of %s", key,
                        gguf_type_name(kv->type), gguf_type_name(kv->array_type));
     if (kv->array_len > max)
-        return err_set(err, LLMOPT_ERR_LIMIT,
-                       "tokenizer: %s: %llu strings exceed the cap of %llu", key,
-                       (unsigned long long)kv->array_len, (unsigned long long)max);
+        return err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: %llu strings exceed the cap of %llu",
+                       key, (unsigned long long)kv->array_len, (unsigned long long)max);
     struct tok_str *a = malloc(sizeof *a * (kv->array_len ? kv->array_len : 1));
     if (!a) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %s", key);
     struct gguf_str_iter it;
@@ -81,9 +85,8 @@ static enum llmopt_status read_str_array(const struct gguf_kv *kv, const char *k
         if (s.len > TOK_MAX_PIECE * 2ull + 1) {
             free(a);
             return err_set(err, LLMOPT_ERR_LIMIT,
-                           "tokenizer: %s[%llu]: string of %llu bytes exceeds the cap of %d",
-                           key, (unsigned long long)i, (unsigned long long)s.len,
-                           TOK_MAX_PIECE * 2 + 1);
+                           "tokenizer: %s[%llu]: string of %llu bytes exceeds the cap of %d", key,
+                           (unsigned long long)i, (unsigned long long)s.len, TOK_MAX_PIECE * 2 + 1);
         }
         a[i] = (struct tok_str){s.ptr, (uint32_t)s.len};
     }
@@ -134,8 +137,8 @@ static enum llmopt_status read_types(struct tok_vocab *v, const struct gguf_file
         if (!gguf_array_get_i64(kv, (uint64_t)i, &t)) t = -1;
         if (t < 0 || t >= TOK_TYPE_COUNT)
             return err_set(err, LLMOPT_ERR_FORMAT,
-                           "tokenizer: %s[%d]: expected a type in [0, %d), found %lld", key,
-                           (int)i, TOK_TYPE_COUNT, (long long)t);
+                           "tokenizer: %s[%d]: expected a type in [0, %d), found %lld", key, (int)i,
+                           TOK_TYPE_COUNT, (long long)t);
         v->types[i] = (uint8_t)t;
     }
     return LLMOPT_OK;
@@ -212,7 +215,8 @@ static enum llmopt_status vocab_load(struct tok_vocab *v, const struct gguf_file
                        TOK_MAX_TOKENS, (unsigned long long)kv->array_len);
 
     struct tok_str *pieces = NULL;
-    enum llmopt_status st = read_str_array(kv, "tokenizer.ggml.tokens", TOK_MAX_TOKENS, &pieces, err);
+    enum llmopt_status st =
+        read_str_array(kv, "tokenizer.ggml.tokens", TOK_MAX_TOKENS, &pieces, err);
     if (st) return st;
     st = tok_vocab_set_pieces(v, (int32_t)kv->array_len, pieces, "tokenizer.ggml.tokens", err);
     free(pieces);
@@ -229,8 +233,8 @@ static enum llmopt_status vocab_load(struct tok_vocab *v, const struct gguf_file
         if ((st = tok_pretok_by_name(pre.ptr, pre.len, "tokenizer.ggml.pre", &v->pretok,
                                      &v->ignore_merges, &add_bos_default, &v->nfc, err)))
             return st;
-        snprintf(v->pre_name, sizeof v->pre_name, "%.*s",
-                 pre.len > 60 ? 60 : (int)pre.len, pre.ptr);
+        snprintf(v->pre_name, sizeof v->pre_name, "%.*s", pre.len > 60 ? 60 : (int)pre.len,
+                 pre.ptr);
         if ((st = read_merges(v, f, err))) return st;
     }
     if ((st = tok_vocab_finish_map(v, err))) return st;

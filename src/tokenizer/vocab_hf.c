@@ -29,7 +29,7 @@ struct hf_src {
     json_t *vocab;     /* vocab.json */
     char *merges_txt;  /* merges.txt, NUL-terminated */
     size_t merges_len;
-    char *model;       /* tokenizer.model */
+    char *model; /* tokenizer.model */
     size_t model_len;
 };
 
@@ -42,8 +42,8 @@ static void hf_src_free(struct hf_src *s) {
     free(s->model);
 }
 
-static enum llmopt_status parse_json(const char *data, size_t size, const char *name,
-                                     json_t **out, struct llmopt_err *err) {
+static enum llmopt_status parse_json(const char *data, size_t size, const char *name, json_t **out,
+                                     struct llmopt_err *err) {
     json_error_t jerr;
     *out = json_loadb(data, size, 0, &jerr);
     if (!*out)
@@ -81,16 +81,18 @@ struct piece_table {
     int32_t n, cap;
 };
 
-static enum llmopt_status table_put(struct piece_table *t, int64_t id, const char *s,
-                                    size_t len, uint8_t type, bool added, const char *what,
+static enum llmopt_status table_put(struct piece_table *t, int64_t id, const char *s, size_t len,
+                                    uint8_t type, bool added, const char *what,
                                     struct llmopt_err *err) {
     if (id < 0 || id >= TOK_MAX_TOKENS)
         return err_set(err, id < 0 ? LLMOPT_ERR_FORMAT : LLMOPT_ERR_LIMIT,
-                       "tokenizer: %s: token \"%.*s\": expected an id in [0, %d), found %lld",
-                       what, len > 48 ? 48 : (int)len, s, TOK_MAX_TOKENS, (long long)id);
+                       "tokenizer: %s: token \"%.*s\": expected an id in [0, %d), found %lld", what,
+                       len > 48 ? 48 : (int)len, s, TOK_MAX_TOKENS, (long long)id);
     if (len > TOK_MAX_PIECE)
-        return err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: token %lld: %zu bytes exceed the "
-                       "cap of %d", what, (long long)id, len, TOK_MAX_PIECE);
+        return err_set(err, LLMOPT_ERR_LIMIT,
+                       "tokenizer: %s: token %lld: %zu bytes exceed the "
+                       "cap of %d",
+                       what, (long long)id, len, TOK_MAX_PIECE);
     if (id >= t->cap) {
         int64_t cap = t->cap ? t->cap : 1024;
         while (cap <= id) cap *= 2;
@@ -98,7 +100,8 @@ static enum llmopt_status table_put(struct piece_table *t, int64_t id, const cha
         struct tok_str *p = realloc(t->pieces, sizeof *p * (size_t)cap);
         if (p) t->pieces = p;
         uint8_t *ty = p ? realloc(t->types, (size_t)cap) : NULL;
-        if (!p || !ty) return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %lld tokens", (long long)cap);
+        if (!p || !ty)
+            return err_set(err, LLMOPT_ERR_NOMEM, "tokenizer: %lld tokens", (long long)cap);
         t->types = ty;
         for (int64_t i = t->cap; i < cap; i++) {
             t->pieces[i] = (struct tok_str){NULL, 0};
@@ -117,8 +120,8 @@ static enum llmopt_status table_put(struct piece_table *t, int64_t id, const cha
     return LLMOPT_OK;
 }
 
-static enum llmopt_status read_vocab_object(struct piece_table *t, json_t *vocab,
-                                            const char *what, struct llmopt_err *err) {
+static enum llmopt_status read_vocab_object(struct piece_table *t, json_t *vocab, const char *what,
+                                            struct llmopt_err *err) {
     if (!json_is_object(vocab))
         return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: %s: expected an object piece -> id",
                        what);
@@ -128,13 +131,13 @@ static enum llmopt_status read_vocab_object(struct piece_table *t, json_t *vocab
     for (; iter; iter = json_object_iter_next(vocab, iter)) {
         key = json_object_iter_key(iter);
         val = json_object_iter_value(iter);
-        size_t klen = strlen(key); /* jansson keys hold no NUL */
+        size_t klen = json_object_iter_key_len(iter); /* keys may hold NUL */
         if (!json_is_integer(val))
             return err_set(err, LLMOPT_ERR_FORMAT,
                            "tokenizer: %s: token \"%.*s\": expected an integer id", what,
                            klen > 48 ? 48 : (int)klen, key);
-        enum llmopt_status st = table_put(t, json_integer_value(val), key, klen,
-                                          TOK_TYPE_NORMAL, false, what, err);
+        enum llmopt_status st =
+            table_put(t, json_integer_value(val), key, klen, TOK_TYPE_NORMAL, false, what, err);
         if (st) return st;
     }
     return LLMOPT_OK;
@@ -155,8 +158,8 @@ static enum llmopt_status read_added(struct piece_table *t, int64_t id, json_t *
                      what, err);
 }
 
-static enum llmopt_status read_added_list(struct piece_table *t, json_t *list,
-                                          const char *what, struct llmopt_err *err) {
+static enum llmopt_status read_added_list(struct piece_table *t, json_t *list, const char *what,
+                                          struct llmopt_err *err) {
     if (!list || json_is_null(list)) return LLMOPT_OK;
     if (!json_is_array(list))
         return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: %s: expected an array", what);
@@ -165,16 +168,16 @@ static enum llmopt_status read_added_list(struct piece_table *t, json_t *list,
     json_array_foreach(list, i, tok) {
         json_t *id = json_object_get(tok, "id");
         if (!json_is_integer(id))
-            return err_set(err, LLMOPT_ERR_FORMAT,
-                           "tokenizer: %s[%zu]: expected an integer \"id\"", what, i);
+            return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: %s[%zu]: expected an integer \"id\"",
+                           what, i);
         enum llmopt_status st = read_added(t, json_integer_value(id), tok, what, err);
         if (st) return st;
     }
     return LLMOPT_OK;
 }
 
-static enum llmopt_status read_added_decoder(struct piece_table *t, json_t *obj,
-                                             const char *what, struct llmopt_err *err) {
+static enum llmopt_status read_added_decoder(struct piece_table *t, json_t *obj, const char *what,
+                                             struct llmopt_err *err) {
     if (!obj || json_is_null(obj)) return LLMOPT_OK;
     if (!json_is_object(obj))
         return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: %s: expected an object id -> token",
@@ -185,9 +188,10 @@ static enum llmopt_status read_added_decoder(struct piece_table *t, json_t *obj,
         char *end;
         long long id = strtoll(key, &end, 10);
         if (end == key || *end || !json_is_object(tok))
-            return err_set(err, LLMOPT_ERR_FORMAT,
-                           "tokenizer: %s: expected \"ID\": {\"content\": ...}, found key \"%.32s\"",
-                           what, key);
+            return err_set(
+                err, LLMOPT_ERR_FORMAT,
+                "tokenizer: %s: expected \"ID\": {\"content\": ...}, found key \"%.32s\"", what,
+                key);
         enum llmopt_status st = read_added(t, id, tok, what, err);
         if (st) return st;
     }
@@ -246,10 +250,14 @@ static enum llmopt_status merges_from_json(struct merge_list *m, json_t *arr,
                    json_is_string(json_array_get(e, 0)) && json_is_string(json_array_get(e, 1))) {
             json_t *a = json_array_get(e, 0), *b = json_array_get(e, 1);
             if (json_string_length(a) > TOK_MAX_PIECE || json_string_length(b) > TOK_MAX_PIECE)
-                return err_set(err, LLMOPT_ERR_LIMIT, "tokenizer: %s: merge %zu: piece over "
-                               "%d bytes", what, i, TOK_MAX_PIECE);
-            m->lefts[m->n] = (struct tok_str){json_string_value(a), (uint32_t)json_string_length(a)};
-            m->rights[m->n] = (struct tok_str){json_string_value(b), (uint32_t)json_string_length(b)};
+                return err_set(err, LLMOPT_ERR_LIMIT,
+                               "tokenizer: %s: merge %zu: piece over "
+                               "%d bytes",
+                               what, i, TOK_MAX_PIECE);
+            m->lefts[m->n] =
+                (struct tok_str){json_string_value(a), (uint32_t)json_string_length(a)};
+            m->rights[m->n] =
+                (struct tok_str){json_string_value(b), (uint32_t)json_string_length(b)};
             m->n++;
         } else {
             return err_set(err, LLMOPT_ERR_FORMAT,
@@ -290,8 +298,8 @@ struct pre_spec {
     bool byte_level, prefix_space;
 };
 
-static enum llmopt_status pre_push(struct pre_spec *p, const char *pat, size_t len,
-                                   bool literal, struct llmopt_err *err) {
+static enum llmopt_status pre_push(struct pre_spec *p, const char *pat, size_t len, bool literal,
+                                   struct llmopt_err *err) {
     if (p->n >= TOK_MAX_PRETOK)
         return err_set(err, LLMOPT_ERR_LIMIT,
                        "tokenizer: tokenizer.json pre_tokenizer: more than %d splits",
@@ -315,11 +323,13 @@ static enum llmopt_status read_pre(struct pre_spec *p, json_t *node, int depth,
     if (!type || depth > 8)
         return err_set(err, LLMOPT_ERR_FORMAT,
                        "tokenizer: tokenizer.json pre_tokenizer: expected an object with a "
-                       "\"type\"%s", depth > 8 ? " (nested too deep)" : "");
+                       "\"type\"%s",
+                       depth > 8 ? " (nested too deep)" : "");
     if (!strcmp(type, "Sequence")) {
         json_t *list = json_object_get(node, "pretokenizers");
         if (!json_is_array(list))
-            return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: tokenizer.json pre_tokenizer "
+            return err_set(err, LLMOPT_ERR_FORMAT,
+                           "tokenizer: tokenizer.json pre_tokenizer "
                            "Sequence: expected an array \"pretokenizers\"");
         size_t i;
         json_t *e;
@@ -348,7 +358,8 @@ static enum llmopt_status read_pre(struct pre_spec *p, json_t *node, int depth,
         json_t *re = json_object_get(pattern, "Regex"), *lit = json_object_get(pattern, "String");
         const char *behavior = json_string_value(json_object_get(node, "behavior"));
         if (!json_is_string(re) && !json_is_string(lit))
-            return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: tokenizer.json pre_tokenizer "
+            return err_set(err, LLMOPT_ERR_FORMAT,
+                           "tokenizer: tokenizer.json pre_tokenizer "
                            "Split: expected pattern {\"Regex\": ...} or {\"String\": ...}");
         if (!behavior || strcmp(behavior, "Isolated") != 0 || get_bool(node, "invert", false))
             return err_set(err, LLMOPT_ERR_UNSUPPORTED,
@@ -416,7 +427,8 @@ static void read_post_processor(struct tok_vocab *v, json_t *post, bool *add_bos
     if (!strcmp(type, "Sequence")) {
         size_t i;
         json_t *e;
-        json_array_foreach(json_object_get(post, "processors"), i, e) read_post_processor(v, e, add_bos);
+        json_array_foreach(json_object_get(post, "processors"), i, e)
+            read_post_processor(v, e, add_bos);
         return;
     }
     if (strcmp(type, "TemplateProcessing") != 0) return;
@@ -443,7 +455,8 @@ static enum llmopt_status build_bpe(struct tok_vocab *v, struct hf_src *s, struc
     if (s->tokenizer) {
         const char *type = json_string_value(json_object_get(model, "type"));
         if (!json_is_object(model))
-            return err_set(err, LLMOPT_ERR_FORMAT, "tokenizer: tokenizer.json: expected an "
+            return err_set(err, LLMOPT_ERR_FORMAT,
+                           "tokenizer: tokenizer.json: expected an "
                            "object \"model\"");
         if (type && strcmp(type, "BPE") != 0)
             return err_set(err, LLMOPT_ERR_UNSUPPORTED,
@@ -465,8 +478,9 @@ static enum llmopt_status build_bpe(struct tok_vocab *v, struct hf_src *s, struc
     } else {
         if ((st = read_vocab_object(&t, s->vocab, what, err))) goto out;
     }
-    if (s->config && (st = read_added_decoder(&t, json_object_get(s->config, "added_tokens_decoder"),
-                                              "tokenizer_config.json added_tokens_decoder", err)))
+    if (s->config &&
+        (st = read_added_decoder(&t, json_object_get(s->config, "added_tokens_decoder"),
+                                 "tokenizer_config.json added_tokens_decoder", err)))
         goto out;
     if ((st = tok_vocab_set_pieces(v, t.n, t.pieces, what, err))) goto out;
     memcpy(v->types, t.types, (size_t)t.n);
@@ -499,9 +513,9 @@ static enum llmopt_status build_bpe(struct tok_vocab *v, struct hf_src *s, struc
             goto out;
         }
         bool add_bos_default; /* the class's default is overridden by add_bos_token below */
-        if ((st = tok_pretok_by_name(cls, strlen(cls), "tokenizer_config.json tokenizer_class",
-                                     &v->pretok, &v->ignore_merges, &add_bos_default, &v->nfc,
-                                     err)))
+        if ((st =
+                 tok_pretok_by_name(cls, strlen(cls), "tokenizer_config.json tokenizer_class",
+                                    &v->pretok, &v->ignore_merges, &add_bos_default, &v->nfc, err)))
             goto out;
         snprintf(v->pre_name, sizeof v->pre_name, "%.60s", cls);
     }
@@ -513,7 +527,8 @@ static enum llmopt_status build_bpe(struct tok_vocab *v, struct hf_src *s, struc
     json_t *unk = json_object_get(model, "unk_token");
     if (json_is_string(unk)) v->unk = tok_find(v, json_string_value(unk), json_string_length(unk));
     v->add_bos = false;
-    if (s->tokenizer) read_post_processor(v, json_object_get(s->tokenizer, "post_processor"), &v->add_bos);
+    if (s->tokenizer)
+        read_post_processor(v, json_object_get(s->tokenizer, "post_processor"), &v->add_bos);
 out:
     merge_list_free(&m);
     free(t.pieces);
@@ -537,8 +552,7 @@ static void read_generation_config(struct tok_vocab *v, json_t *gen) {
     }
 }
 
-static enum llmopt_status build(struct tok_vocab **out, struct hf_src *s,
-                                struct llmopt_err *err) {
+static enum llmopt_status build(struct tok_vocab **out, struct hf_src *s, struct llmopt_err *err) {
     struct tok_vocab *v = NULL;
     enum llmopt_status st;
     if (!s->tokenizer && s->model) {
@@ -582,8 +596,8 @@ static bool is_byte_level(json_t *pre, int depth) {
     if (!strcmp(type, "ByteLevel")) return true;
     size_t i;
     json_t *e;
-    json_array_foreach(json_object_get(pre, "pretokenizers"), i, e)
-        if (is_byte_level(e, depth + 1)) return true;
+    json_array_foreach(json_object_get(pre, "pretokenizers"), i,
+                       e) if (is_byte_level(e, depth + 1)) return true;
     return false;
 }
 

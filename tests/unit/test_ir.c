@@ -148,7 +148,7 @@ static void test_execute_small(void) {
     struct llmopt_err err = {0};
     CHECK(build_small(&g, &err) == LLMOPT_OK);
     void *state = NULL;
-    CHECK(cpu_backend_ops.prepare(&g, 8, 16, NULL, &state, &err) == LLMOPT_OK);
+    CHECK(cpu_backend_ops.prepare(&g, 8, 16, NULL, 0, &state, &err) == LLMOPT_OK);
     int32_t tokens[3] = {4, 0, 2}, pos[3] = {0, 1, 2}, slots[3] = {0, 0, 0}, rows[2] = {2, 0};
     struct exec_batch b = {3, tokens, pos, slots, 2, rows};
     const float *out = NULL;

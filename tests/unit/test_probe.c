@@ -260,6 +260,9 @@ static void m_threads_1t(json_t *r) {
 static void m_order(json_t *r) {
     json_object_set_new(at(r, "measurements", "dispatch_wake"), "median", json_real(1e9));
 }
+static void m_order_rate(json_t *r) {
+    json_object_set_new(at(r, "measurements", "int8_dot_1t"), "median", json_real(1e9));
+}
 static void m_kernel(json_t *r) {
     json_object_set_new(at(r, "measurements", "f32_fma_1t"), "kernel", json_string("AVX 512"));
 }
@@ -325,7 +328,10 @@ static void test_malformed_profiles_name_the_field(void) {
     expect_rejected(m_threads, LLMOPT_ERR_FORMAT, "measurements.f32_fma_all.threads", "threads");
     expect_rejected(m_threads_1t, LLMOPT_ERR_FORMAT, "measurements.read_bandwidth_plain_1t.threads",
                     "threads 1t");
-    expect_rejected(m_order, LLMOPT_ERR_FORMAT, "measurements.dispatch_wake.median", "order");
+    expect_rejected(m_order, LLMOPT_ERR_FORMAT,
+                    "measurements.dispatch_wake.worst: expected best <=", "order");
+    expect_rejected(m_order_rate, LLMOPT_ERR_FORMAT,
+                    "measurements.int8_dot_1t.median: expected best >=", "order rate");
     expect_rejected(m_kernel, LLMOPT_ERR_FORMAT, "measurements.f32_fma_1t.kernel", "kernel");
     expect_rejected(m_repeats, LLMOPT_ERR_FORMAT, "measurements.int8_dot_1t.repeats", "repeats");
     expect_rejected(m_missing_metric, LLMOPT_ERR_FORMAT, "measurements.f32_fma_all: missing",
@@ -341,7 +347,8 @@ static void test_malformed_profiles_name_the_field(void) {
     expect_rejected(m_quick, LLMOPT_ERR_FORMAT, "probe.quick: expected true or false", "quick");
     expect_rejected(m_threads_zero, LLMOPT_ERR_FORMAT, "probe.threads", "threads 0");
     expect_rejected(m_created, LLMOPT_ERR_FORMAT, "created_utc", "created");
-    expect_rejected(m_control, LLMOPT_ERR_FORMAT, "machine.cpu_model: control character", "control");
+    expect_rejected(m_control, LLMOPT_ERR_FORMAT, "machine.cpu_model: control character",
+                    "control");
     expect_rejected(m_long_vendor, LLMOPT_ERR_FORMAT, "machine.vendor: string too long", "vendor");
     expect_rejected(m_machine_array, LLMOPT_ERR_FORMAT, "machine: expected an object", "machine");
 

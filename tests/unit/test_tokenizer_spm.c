@@ -577,15 +577,18 @@ static void test_stream_byte_tokens(void) {
 
 /* ---- 5. error paths ---------------------------------------------------------------- */
 
-static void test_unsupported_model(void) {
+/* A "gpt2" vocab is no longer refused: it loads as byte-level BPE (tested in
+ * test_tokenizer_bpe.c); other models still are (test_synthetic_vocab). */
+static void test_gpt2_model_loads(void) {
     struct llmopt_err err = {0};
     struct gguf_file *f = NULL;
     CHECK_EQ_INT(gguf_open(QWEN2_VOCAB, &f, &err), LLMOPT_OK);
     if (!f) return;
     struct tok_vocab *v = NULL;
-    CHECK_EQ_INT(tok_vocab_from_gguf(f, &v, &err), LLMOPT_ERR_UNSUPPORTED);
-    CHECK(v == NULL);
-    CHECK_MSG(strstr(err.msg, "\"gpt2\""), "message: %s", err.msg);
+    CHECK_EQ_INT(tok_vocab_from_gguf(f, &v, &err), LLMOPT_OK);
+    CHECK(v && tok_vocab_kind(v) == TOK_KIND_BPE);
+    CHECK(strcmp(tok_kind_name(TOK_KIND_BPE), "bpe") == 0);
+    tok_vocab_free(v);
     gguf_close(f);
 }
 
@@ -834,4 +837,4 @@ static void test_synthetic_vocab(void) {
 TEST_MAIN(test_reference_encodings_llama_spm, test_reference_encodings_tiny_random,
           test_matches_naive_merges, test_stories260k, test_round_trip_llama,
           test_round_trip_stories260k, test_random_text, test_long_text, test_stream_byte_tokens,
-          test_unsupported_model, test_limits, test_synthetic_vocab)
+          test_gpt2_model_loads, test_limits, test_synthetic_vocab)

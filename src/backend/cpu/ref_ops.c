@@ -1,7 +1,14 @@
 /* Scalar reference kernels for every canonical op, and the executor that runs an IR
  * graph over a planned arena. These are the oracle for every optimized kernel: plain
- * loops, f32 accumulation in the order written, no cleverness. */
+ * loops, f32 accumulation in the order written, no cleverness.
+ *
+ * The same executor runs the fast kernels (kernels.h: SIMD chosen at run time, split
+ * over a thread pool) for linear, attention, rms_norm and rope when the backend is
+ * cpu_backend_ops; cpu_ref_backend_ops (or $LLMOPT_CPU_REF=1) keeps every op on the
+ * reference kernels below. */
 #include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/pool.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 #include "passes/memplan.h"
@@ -21,6 +28,13 @@ struct cpu_state {
     int64_t score_cap;
     int64_t max_row;
     struct backend_stats stats;
+    /* Fast path (NULL kern: reference kernels only). */
+    const struct cpu_isa_kernels *kern;
+    struct cpu_pool *pool;
+    void *qact_buf;      /* (qact_bytes) quantized activations of one linear */
+    size_t qact_bytes;
+    float *att_scratch;  /* (n_threads, att_per_thread) */
+    int64_t att_per_thread;
 };
 
 /* A node's f32 data: bound weights for params (the binder gives 1-D params f32), the
@@ -356,6 +370,20 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
         }
     }
     /* 2. Each token attends to positions [first, pos] of its own sequence. */
+    if (s->kern) {
+        for (int64_t t = 0; t < n_tok; t++)
+            if (pos[t] + 1 > s->score_cap)
+                return err_set(err, LLMOPT_ERR_LIMIT, "attention: %lld positions exceed the plan's %lld",
+                               (long long)pos[t] + 1, (long long)s->score_cap);
+        struct cpu_attention a = {
+            .q = q, .out = o, .pos = pos, .slot = slot,
+            .n_heads = n_heads, .n_kv_heads = n_kv_heads, .n_tok = n_tok, .head_dim = head_dim,
+            .scale = scale, .window = n->attrs.window, .layer = layer, .kv = kv,
+            .scratch = s->att_scratch, .scratch_per_thread = s->att_per_thread,
+        };
+        cpu_attention_run(&a, s->kern, s->pool);
+        return LLMOPT_OK;
+    }
     for (int64_t t = 0; t < n_tok; t++) {
         int32_t p = pos[t];
         int32_t first = n->attrs.window > 0 && p + 1 > n->attrs.window ? p + 1 - (int32_t)n->attrs.window : 0;
@@ -391,6 +419,72 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
     return LLMOPT_OK;
 }
 
+/* ---- fast kernels (kernels.h) ---------------------------------------------------- */
+
+static bool fast_linear_ok(const struct cpu_state *s, const struct ir_node *n) {
+    enum ir_dtype t = s->g->nodes[n->in[1]].weight.dtype;
+    const struct ir_extent *ex = &s->extent[n->in[0]];
+    int64_t k = ex->dims[ex->rank - 1], rows = k ? ir_extent_numel(ex) / k : 0;
+    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0)
+        return k % CPU_QBLOCK == 0 && cpu_qact_bytes(rows, k) <= s->qact_bytes;
+    return t == IR_DTYPE_F32 || t == IR_DTYPE_F16 || t == IR_DTYPE_BF16;
+}
+
+static void run_linear_fast(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *ex = &s->extent[n->in[0]];
+    const struct ir_node *wn = &s->g->nodes[n->in[1]];
+    uint32_t fl = n->attrs.linear_flags;
+    int k_op = 2;
+    struct cpu_linear op = {
+        .x = node_f32(s, n->in[0]),
+        .k = ex->dims[ex->rank - 1],
+        .n_out = wn->shape.dims[0].coef,
+        .w = wn->weight.data,
+        .wtype = wn->weight.dtype,
+        .act = n->attrs.linear_act,
+        .y = node_f32(s, i),
+        .scratch = s->qact_buf,
+    };
+    op.rows = op.k ? ir_extent_numel(ex) / op.k : 0;
+    op.bias = fl & IR_LINEAR_BIAS ? node_f32(s, n->in[k_op++]) : NULL;
+    op.gate = fl & IR_LINEAR_GATE ? node_f32(s, n->in[k_op++]) : NULL;
+    op.residual = fl & IR_LINEAR_RESIDUAL ? node_f32(s, n->in[k_op++]) : NULL;
+    cpu_linear_run(&op, s->kern, s->pool);
+}
+
+static void run_rms_norm_fast(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *e = &s->extent[i];
+    struct cpu_rms_norm op = {
+        .x = node_f32(s, n->in[0]),
+        .w = node_f32(s, n->in[1]),
+        .o = node_f32(s, i),
+        .d = e->dims[e->rank - 1],
+        .eps = (float)n->attrs.value,
+    };
+    op.rows = op.d ? ir_extent_numel(e) / op.d : 0;
+    cpu_rms_norm_run(&op, s->kern, s->pool);
+}
+
+static void run_rope_fast(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *eo = &s->extent[i];
+    int64_t strides[IR_MAX_RANK];
+    broadcast_strides(&s->extent[n->in[1]], eo, strides);
+    struct cpu_rope op = {
+        .x = node_f32(s, n->in[0]),
+        .o = node_f32(s, i),
+        .cos_t = node_f32(s, n->in[1]),
+        .sin_t = node_f32(s, n->in[2]),
+        .d = eo->dims[eo->rank - 1],
+        .rank = eo->rank - 1, /* rows: every dim but the last */
+    };
+    op.rows = op.d ? ir_extent_numel(eo) / op.d : 0;
+    for (int d = 0; d < op.rank; d++) {
+        op.dims[d] = eo->dims[d];
+        op.strides[d] = strides[d];
+    }
+    cpu_rope_run(&op, s->kern, s->pool);
+}
+
 static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct kv_cache *kv,
                                           struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
@@ -417,14 +511,32 @@ static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct
         }
         return LLMOPT_OK;
     }
-    case IR_OP_LINEAR: run_linear(s, n, i); return LLMOPT_OK;
-    case IR_OP_ROPE: run_rope(s, n, i); return LLMOPT_OK;
+    case IR_OP_LINEAR:
+        if (s->kern && fast_linear_ok(s, n)) {
+            run_linear_fast(s, n, i);
+            return LLMOPT_OK;
+        }
+        run_linear(s, n, i);
+        return LLMOPT_OK;
+    case IR_OP_ROPE:
+        if (s->kern && s->extent[i].dims[s->extent[i].rank - 1] % 2 == 0) {
+            run_rope_fast(s, n, i);
+            return LLMOPT_OK;
+        }
+        run_rope(s, n, i);
+        return LLMOPT_OK;
     case IR_OP_MATMUL: run_matmul(s, n, i); return LLMOPT_OK;
     case IR_OP_MEAN:
     case IR_OP_SUM:
     case IR_OP_MAX: run_reduce(s, n, i); return LLMOPT_OK;
     case IR_OP_SOFTMAX: run_softmax(s, n, i); return LLMOPT_OK;
     case IR_OP_RMS_NORM:
+        if (s->kern) {
+            run_rms_norm_fast(s, n, i);
+            return LLMOPT_OK;
+        }
+        run_norm(s, n, i);
+        return LLMOPT_OK;
     case IR_OP_LAYER_NORM: run_norm(s, n, i); return LLMOPT_OK;
     case IR_OP_PERMUTE: {
         const struct ir_extent *ei = &s->extent[n->in[0]];
@@ -545,12 +657,47 @@ static void cpu_release(void *state) {
     free(s->extent);
     free(s->row_buf);
     free(s->score_buf);
+    free(s->qact_buf);
+    free(s->att_scratch);
+    pool_free(s->pool);
     free(s);
 }
 
-static enum llmopt_status cpu_prepare(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
-                                      const struct mem_plan *plan, void **state,
-                                      struct llmopt_err *err) {
+/* Scratch of the fast kernels, sized for the largest op at n_max tokens. */
+static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32_t n_threads,
+                                       struct llmopt_err *err) {
+    enum llmopt_status st = pool_create(n_threads, &s->pool, err);
+    if (st) return st;
+    const struct ir_graph *g = s->g;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op == IR_OP_LINEAR) {
+            enum ir_dtype t = g->nodes[n->in[1]].weight.dtype;
+            struct ir_extent ex;
+            ir_extent_of(&g->nodes[n->in[0]].shape, n_max, n_max, &ex);
+            int64_t k = ex.dims[ex.rank - 1], rows = k ? ir_extent_numel(&ex) / k : 0;
+            if ((t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) && k % CPU_QBLOCK == 0 &&
+                cpu_qact_bytes(rows, k) > s->qact_bytes)
+                s->qact_bytes = cpu_qact_bytes(rows, k);
+        } else if (n->op == IR_OP_ATTENTION) {
+            const struct ir_shape *q = &g->nodes[n->in[0]].shape, *k = &g->nodes[n->in[1]].shape;
+            int64_t need = cpu_attention_scratch_floats(q->dims[1].coef, k->dims[1].coef, q->dims[3].coef);
+            if (need > s->att_per_thread) s->att_per_thread = need;
+        }
+    }
+    if (s->qact_bytes && !(s->qact_buf = malloc(s->qact_bytes)))
+        return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for %zu bytes of activation quants",
+                       s->qact_bytes);
+    size_t att_floats = (size_t)(s->att_per_thread * pool_threads(s->pool));
+    if (att_floats && !(s->att_scratch = malloc(att_floats * sizeof(float))))
+        return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for attention scratch");
+    s->kern = cpu_isa_kernels_get(cpu_isa_best());
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status prepare_common(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
+                                         const struct mem_plan *plan, int32_t n_threads, bool fast,
+                                         void **state, struct llmopt_err *err) {
     if (n_max < 1 || max_ctx < 1)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "cpu: batch size and context must be >= 1");
     struct cpu_state *s = calloc(1, sizeof *s);
@@ -582,12 +729,31 @@ static enum llmopt_status cpu_prepare(const struct ir_graph *g, int64_t n_max, i
         return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for a %zu-byte arena",
                        arena_bytes);
     }
+    if (fast && (st = prepare_fast(s, n_max, n_threads, err))) {
+        cpu_release(s);
+        return st;
+    }
     if ((st = compute_constants(s, err))) {
         cpu_release(s);
         return st;
     }
     *state = s;
     return LLMOPT_OK;
+}
+
+static enum llmopt_status cpu_prepare(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
+                                      const struct mem_plan *plan, int32_t n_threads, void **state,
+                                      struct llmopt_err *err) {
+    const char *ref = getenv("LLMOPT_CPU_REF");
+    bool fast = !(ref && *ref && strcmp(ref, "0") != 0);
+    return prepare_common(g, n_max, max_ctx, plan, n_threads, fast, state, err);
+}
+
+static enum llmopt_status cpu_ref_prepare(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
+                                          const struct mem_plan *plan, int32_t n_threads,
+                                          void **state, struct llmopt_err *err) {
+    (void)n_threads;
+    return prepare_common(g, n_max, max_ctx, plan, 0, false, state, err);
 }
 
 static enum llmopt_status cpu_run(void *state, const struct exec_batch *b, struct kv_cache *kv,
@@ -627,8 +793,17 @@ static size_t cpu_arena_bytes(void *state) {
 }
 
 const struct backend_ops cpu_backend_ops = {
-    .name = "cpu-ref",
+    .name = "cpu",
     .prepare = cpu_prepare,
+    .run = cpu_run,
+    .stats = cpu_stats,
+    .arena_bytes = cpu_arena_bytes,
+    .release = cpu_release,
+};
+
+const struct backend_ops cpu_ref_backend_ops = {
+    .name = "cpu-ref",
+    .prepare = cpu_ref_prepare,
     .run = cpu_run,
     .stats = cpu_stats,
     .arena_bytes = cpu_arena_bytes,

@@ -1,0 +1,286 @@
+/* AVX2 + FMA + F16C kernels (Haswell and later, Zen). The whole file is compiled for
+ * that target; nothing here runs unless cpu_isa_available(CPU_ISA_AVX2). */
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma,f16c")
+
+#include "backend/cpu/kernels.h"
+#include "base/fp16.h"
+#include "format/quant.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+typedef __m256 vf;
+#define VLEN 8
+/* 16 ymm registers: 2 x 4 accumulators + 4 weight vectors + temporaries. */
+#define TILE_PASS_R 2
+
+static inline vf v_zero(void) {
+    return _mm256_setzero_ps();
+}
+static inline vf v_set1(float f) {
+    return _mm256_set1_ps(f);
+}
+static inline vf v_load(const float *p) {
+    return _mm256_loadu_ps(p);
+}
+static inline __m256i lane_mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf v_load_n(const float *p, int n) {
+    return _mm256_maskload_ps(p, lane_mask(n));
+}
+static inline __m128i load_u16_n(const uint8_t *p, int n) {
+    uint16_t buf[8] = {0};
+    memcpy(buf, p, (size_t)n * 2);
+    return _mm_loadu_si128((const __m128i *)(const void *)buf);
+}
+static inline vf v_load_f16(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+static inline vf v_load_f16_n(const uint8_t *p, int n) {
+    return _mm256_cvtph_ps(load_u16_n(p, n));
+}
+static inline vf bf16_widen(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline vf v_load_bf16(const uint8_t *p) {
+    return bf16_widen(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+static inline vf v_load_bf16_n(const uint8_t *p, int n) {
+    return bf16_widen(load_u16_n(p, n));
+}
+static inline void v_store(float *p, vf v) {
+    _mm256_storeu_ps(p, v);
+}
+static inline void v_store_n(float *p, vf v, int n) {
+    _mm256_maskstore_ps(p, lane_mask(n), v);
+}
+static inline vf v_add(vf a, vf b) {
+    return _mm256_add_ps(a, b);
+}
+static inline vf v_sub(vf a, vf b) {
+    return _mm256_sub_ps(a, b);
+}
+static inline vf v_mul(vf a, vf b) {
+    return _mm256_mul_ps(a, b);
+}
+static inline vf v_max(vf a, vf b) {
+    return _mm256_max_ps(a, b);
+}
+static inline vf v_fma(vf a, vf b, vf c) {
+    return _mm256_fmadd_ps(a, b, c);
+}
+static inline float v_hsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline float v_hmax(vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* e^x = 2^n * e^r, n = round(x / ln 2), |r| <= ln2 / 2, e^r by a degree-6 polynomial
+ * (Cephes' expf coefficients); ln 2 is split in two for an exact n * ln2_hi. */
+static inline vf v_exp(vf x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f)),
+                      _mm256_set1_ps(88.3762626647949f));
+    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    vf p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+#include "backend/cpu/kern_generic.h"
+
+/* ---- int8 -------------------------------------------------------------------------- */
+
+static inline float f16_scale(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 32 floats -> 32 int8 (round to nearest even) with scale amax / 127; returns the
+ * quants and stores the scale. */
+static inline __m256i quantize_block(const float *x, float *d_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    float m = v_hmax(amax);
+    float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_out = d;
+    const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v0, vid), lo), hi));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v1, vid), lo), hi));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v2, vid), lo), hi));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v3, vid), lo), hi));
+    /* packs work within 128-bit lanes: undo the interleave with a dword permute */
+    __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+    __m256i q = _mm256_packs_epi16(p01, p23);
+    return _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void quantize_row(const float *x, const struct cpu_qact *qa, int64_t r) {
+    int64_t k = qa->k;
+    int8_t *qs = qa->qs + r * k;
+    float *d = qa->d + r * (k / CPU_QBLOCK);
+    int32_t *corr = qa->corr + r * (k / 4);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < k / CPU_QBLOCK; b++) {
+        __m256i q = quantize_block(x + b * CPU_QBLOCK, d + b);
+        _mm256_storeu_si256((__m256i *)(void *)(qs + b * CPU_QBLOCK), q);
+        __m256i quad = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+        _mm256_storeu_si256((__m256i *)(void *)(corr + b * 8), _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), quad), 7));
+    }
+}
+
+/* Q8_0: |w| * sign(x, w) keeps maddubs's unsigned x signed operands in range
+ * (2 * 128 * 127 < 2^15), madd with ones sums quads to int32. */
+static inline __attribute__((always_inline)) void tile_q8_0_rc(const struct cpu_qact *qa, int64_t r0,
+                                                               const uint8_t *w, size_t ldw, float *out,
+                                                               const int nr, const int nc) {
+    const int64_t k = qa->k, nb = k / QK8_0;
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256 acc[2][CPU_TILE_C];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wq[CPU_TILE_C], wabs[CPU_TILE_C];
+        float dw[CPU_TILE_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) {
+            const uint8_t *blk = w + c * ldw + b * (int64_t)sizeof(block_q8_0);
+            wq[c] = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+            wabs[c] = _mm256_sign_epi8(wq[c], wq[c]);
+            dw[c] = f16_scale(blk);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < nr; r++) {
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qs + (r0 + r) * k + b * QK8_0));
+            float dx = qa->d[(r0 + r) * nb + b];
+#pragma GCC unroll 4
+            for (int c = 0; c < nc; c++) {
+                __m256i prod = _mm256_maddubs_epi16(wabs[c], _mm256_sign_epi8(xq, wq[c]));
+                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones16));
+                acc[r][c] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw[c] * dx), acc[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = v_hsum(acc[r][c]);
+}
+
+/* Q4_0: nibbles n in 0..15 as maddubs's unsigned operand; sum (n - 8) x = sum n x +
+ * corr / 16 (corr = -128 * quad sums). */
+static inline __attribute__((always_inline)) void tile_q4_0_rc(const struct cpu_qact *qa, int64_t r0,
+                                                               const uint8_t *w, size_t ldw, float *out,
+                                                               const int nr, const int nc) {
+    const int64_t k = qa->k, nb = k / QK4_0;
+    const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
+    const __m256i shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    __m256 acc[2][CPU_TILE_C];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wn[CPU_TILE_C];
+        float dw[CPU_TILE_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) {
+            const uint8_t *blk = w + c * ldw + b * (int64_t)sizeof(block_q4_0);
+            /* bytes 0..15 -> low nibbles (elements 0..15), 16..31 -> high (16..31) */
+            __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+            wn[c] = _mm256_and_si256(_mm256_srlv_epi32(q, shift), low4);
+            dw[c] = f16_scale(blk);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < nr; r++) {
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qs + (r0 + r) * k + b * QK4_0));
+            __m256i corr = _mm256_srai_epi32(
+                _mm256_loadu_si256((const __m256i *)(const void *)(qa->corr + (r0 + r) * (k / 4) + b * 8)), 4);
+            float dx = qa->d[(r0 + r) * nb + b];
+#pragma GCC unroll 4
+            for (int c = 0; c < nc; c++) {
+                __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wn[c], xq), ones16), corr);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(dw[c] * dx), acc[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = v_hsum(acc[r][c]);
+}
+
+#define Q8_CALL(R, C) tile_q8_0_rc(qa, r0 + rp, w, ldw, out + rp * CPU_TILE_C, R, C)
+#define Q4_CALL(R, C) tile_q4_0_rc(qa, r0 + rp, w, ldw, out + rp * CPU_TILE_C, R, C)
+
+static void tile_q8_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, int nr,
+                      int nc, float *out) {
+    for (int rp = 0; rp < nr; rp += 2) {
+        int pr = nr - rp < 2 ? nr - rp : 2;
+        switch ((pr - 1) * 4 + nc - 1) {
+        case 0: Q8_CALL(1, 1); break;
+        case 1: Q8_CALL(1, 2); break;
+        case 2: Q8_CALL(1, 3); break;
+        case 3: Q8_CALL(1, 4); break;
+        case 4: Q8_CALL(2, 1); break;
+        case 5: Q8_CALL(2, 2); break;
+        case 6: Q8_CALL(2, 3); break;
+        default: Q8_CALL(2, 4); break;
+        }
+    }
+}
+
+static void tile_q4_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, int nr,
+                      int nc, float *out) {
+    for (int rp = 0; rp < nr; rp += 2) {
+        int pr = nr - rp < 2 ? nr - rp : 2;
+        switch ((pr - 1) * 4 + nc - 1) {
+        case 0: Q4_CALL(1, 1); break;
+        case 1: Q4_CALL(1, 2); break;
+        case 2: Q4_CALL(1, 3); break;
+        case 3: Q4_CALL(1, 4); break;
+        case 4: Q4_CALL(2, 1); break;
+        case 5: Q4_CALL(2, 2); break;
+        case 6: Q4_CALL(2, 3); break;
+        default: Q4_CALL(2, 4); break;
+        }
+    }
+}
+
+const struct cpu_isa_kernels cpu_isa_kernels_avx2 = {
+    .isa = CPU_ISA_AVX2,
+    .tile_f32 = kg_tile_f32,
+    .tile_f16 = kg_tile_f16,
+    .tile_bf16 = kg_tile_bf16,
+    .tile_q8_0 = tile_q8_0,
+    .tile_q4_0 = tile_q4_0,
+    .quantize_row = quantize_row,
+    .rms_norm_row = kg_rms_norm_row,
+    .rope_row = kg_rope_row,
+    .attention_item = kg_attention_item,
+    .exp_row = kg_exp_row,
+};
+
+#endif

@@ -1,0 +1,271 @@
+/* ISA-generic kernel bodies, written once over a small vector vocabulary and compiled
+ * once per ISA: each isa_*.c defines the vocabulary and then includes this file.
+ *
+ *   vf, VLEN                      vector of VLEN floats
+ *   v_zero() v_set1(f)            constants
+ *   v_load(p) v_load_n(p, n)      f32 loads; _n: first n < VLEN lanes, the rest 0
+ *   v_load_f16(p) v_load_f16_n    f16 / bf16 values at byte pointer p, widened
+ *   v_load_bf16(p) v_load_bf16_n
+ *   v_store(p, v) v_store_n       stores (_n: first n lanes)
+ *   v_add v_sub v_mul v_max       lane-wise
+ *   v_fma(a, b, c)                a * b + c
+ *   v_hsum(v) v_hmax(v)           horizontal sum / max
+ *   v_exp(v)                      e^v (|rel err| ~ 2 ulp over the f32 range)
+ *   TILE_PASS_R                   tile rows one pass keeps in registers
+ *
+ * Everything here is static; the including file puts the functions in its table. */
+#ifndef LLMOPT_BACKEND_CPU_KERN_GENERIC_H
+#define LLMOPT_BACKEND_CPU_KERN_GENERIC_H
+
+#include "backend/cpu/kernels.h"
+
+#include <math.h>
+
+#define KG_INLINE static inline __attribute__((always_inline))
+
+enum { KG_W_F32, KG_W_F16, KG_W_BF16 };
+
+KG_INLINE vf kg_load_w(const uint8_t *w, int64_t i, const int wt) {
+    if (wt == KG_W_F32) return v_load((const float *)(const void *)w + i);
+    if (wt == KG_W_F16) return v_load_f16(w + 2 * i);
+    return v_load_bf16(w + 2 * i);
+}
+
+KG_INLINE vf kg_load_w_n(const uint8_t *w, int64_t i, int n, const int wt) {
+    if (wt == KG_W_F32) return v_load_n((const float *)(const void *)w + i, n);
+    if (wt == KG_W_F16) return v_load_f16_n(w + 2 * i, n);
+    return v_load_bf16_n(w + 2 * i, n);
+}
+
+/* A nr x nc tile of dot products; nr, nc and wt are constants after inlining, so the
+ * accumulators live in registers. Weights are loaded (and widened) once per tile and
+ * reused across the nr activation rows. */
+KG_INLINE void kg_tile_float(const float *x, int64_t ldx, const uint8_t *w, size_t ldw, int64_t k,
+                             float *out, const int wt, const int nr, const int nc) {
+    vf acc[CPU_TILE_R][CPU_TILE_C];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) acc[r][c] = v_zero();
+    int64_t i = 0;
+    for (; i + VLEN <= k; i += VLEN) {
+        vf wv[CPU_TILE_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) wv[c] = kg_load_w(w + c * ldw, i, wt);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            vf xv = v_load(x + r * ldx + i);
+#pragma GCC unroll 4
+            for (int c = 0; c < nc; c++) acc[r][c] = v_fma(xv, wv[c], acc[r][c]);
+        }
+    }
+    if (i < k) {
+        int n = (int)(k - i);
+        vf wv[CPU_TILE_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) wv[c] = kg_load_w_n(w + c * ldw, i, n, wt);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            vf xv = v_load_n(x + r * ldx + i, n);
+#pragma GCC unroll 4
+            for (int c = 0; c < nc; c++) acc[r][c] = v_fma(xv, wv[c], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = v_hsum(acc[r][c]);
+}
+
+/* Calls CALL(R, C) with constants matching the runtime nr (1..4), nc (1..4). */
+#define KG_TILE_SWITCH(nr, nc, CALL)                                                       \
+    switch (((nr)-1) * 4 + ((nc)-1)) {                                                     \
+    case 0: CALL(1, 1); break;                                                             \
+    case 1: CALL(1, 2); break;                                                             \
+    case 2: CALL(1, 3); break;                                                             \
+    case 3: CALL(1, 4); break;                                                             \
+    case 4: CALL(2, 1); break;                                                             \
+    case 5: CALL(2, 2); break;                                                             \
+    case 6: CALL(2, 3); break;                                                             \
+    case 7: CALL(2, 4); break;                                                             \
+    case 8: CALL(3, 1); break;                                                             \
+    case 9: CALL(3, 2); break;                                                             \
+    case 10: CALL(3, 3); break;                                                            \
+    case 11: CALL(3, 4); break;                                                            \
+    case 12: CALL(4, 1); break;                                                            \
+    case 13: CALL(4, 2); break;                                                            \
+    case 14: CALL(4, 3); break;                                                            \
+    default: CALL(4, 4); break;                                                            \
+    }
+
+#define KG_DEFINE_FLOAT_TILE(name, wt)                                                     \
+    static void name(const float *x, int64_t ldx, const uint8_t *w, size_t ldw, int64_t k, \
+                     int nr, int nc, float *out) {                                         \
+        for (int r0 = 0; r0 < nr; r0 += TILE_PASS_R) {                                     \
+            int pr = nr - r0 < TILE_PASS_R ? nr - r0 : TILE_PASS_R;                        \
+            const float *xp = x + r0 * ldx;                                                \
+            float *op = out + r0 * CPU_TILE_C;                                             \
+            (void)xp;                                                                      \
+            (void)op;                                                                      \
+            (void)ldw;                                                                     \
+            (void)k;                                                                       \
+            (void)w;                                                                       \
+            KG_TILE_SWITCH(pr, nc, KG_FLOAT_CALL_##wt)                                     \
+        }                                                                                  \
+    }
+#define KG_FLOAT_CALL_KG_W_F32(R, C) kg_tile_float(xp, ldx, w, ldw, k, op, KG_W_F32, R, C)
+#define KG_FLOAT_CALL_KG_W_F16(R, C) kg_tile_float(xp, ldx, w, ldw, k, op, KG_W_F16, R, C)
+#define KG_FLOAT_CALL_KG_W_BF16(R, C) kg_tile_float(xp, ldx, w, ldw, k, op, KG_W_BF16, R, C)
+
+KG_DEFINE_FLOAT_TILE(kg_tile_f32, KG_W_F32)
+KG_DEFINE_FLOAT_TILE(kg_tile_f16, KG_W_F16)
+KG_DEFINE_FLOAT_TILE(kg_tile_bf16, KG_W_BF16)
+
+/* ---- small vector helpers --------------------------------------------------------- */
+
+KG_INLINE float kg_dot(const float *a, const float *b, int64_t n) {
+    vf acc0 = v_zero(), acc1 = v_zero();
+    int64_t i = 0;
+    for (; i + 2 * VLEN <= n; i += 2 * VLEN) {
+        acc0 = v_fma(v_load(a + i), v_load(b + i), acc0);
+        acc1 = v_fma(v_load(a + i + VLEN), v_load(b + i + VLEN), acc1);
+    }
+    for (; i + VLEN <= n; i += VLEN) acc0 = v_fma(v_load(a + i), v_load(b + i), acc0);
+    if (i < n) acc1 = v_fma(v_load_n(a + i, (int)(n - i)), v_load_n(b + i, (int)(n - i)), acc1);
+    return v_hsum(v_add(acc0, acc1));
+}
+
+/* y += a * x */
+KG_INLINE void kg_axpy(float *y, float a, const float *x, int64_t n) {
+    vf va = v_set1(a);
+    int64_t i = 0;
+    for (; i + VLEN <= n; i += VLEN) v_store(y + i, v_fma(va, v_load(x + i), v_load(y + i)));
+    if (i < n) {
+        int m = (int)(n - i);
+        v_store_n(y + i, v_fma(va, v_load_n(x + i, m), v_load_n(y + i, m)), m);
+    }
+}
+
+/* y *= a */
+KG_INLINE void kg_scale(float *y, float a, int64_t n) {
+    vf va = v_set1(a);
+    int64_t i = 0;
+    for (; i + VLEN <= n; i += VLEN) v_store(y + i, v_mul(va, v_load(y + i)));
+    if (i < n) v_store_n(y + i, v_mul(va, v_load_n(y + i, (int)(n - i))), (int)(n - i));
+}
+
+/* y[i] = exp(y[i] - sub); returns the sum of the new values. */
+KG_INLINE float kg_exp_sub_sum(float *y, float sub, int64_t n) {
+    vf vs = v_set1(sub), acc = v_zero();
+    int64_t i = 0;
+    for (; i + VLEN <= n; i += VLEN) {
+        vf e = v_exp(v_sub(v_load(y + i), vs));
+        v_store(y + i, e);
+        acc = v_add(acc, e);
+    }
+    float sum = v_hsum(acc);
+    if (i < n) {
+        int m = (int)(n - i);
+        v_store_n(y + i, v_exp(v_sub(v_load_n(y + i, m), vs)), m);
+        for (; i < n; i++) sum += y[i];
+    }
+    return sum;
+}
+
+static void kg_exp_row(const float *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + VLEN <= n; i += VLEN) v_store(dst + i, v_exp(v_load(src + i)));
+    if (i < n) v_store_n(dst + i, v_exp(v_load_n(src + i, (int)(n - i))), (int)(n - i));
+}
+
+static void kg_rms_norm_row(const float *x, const float *w, float eps, int64_t d, float *o) {
+    vf acc = v_zero();
+    int64_t i = 0;
+    for (; i + VLEN <= d; i += VLEN) {
+        vf xv = v_load(x + i);
+        acc = v_fma(xv, xv, acc);
+    }
+    if (i < d) {
+        vf xv = v_load_n(x + i, (int)(d - i));
+        acc = v_fma(xv, xv, acc);
+    }
+    float scale = 1.0f / sqrtf(v_hsum(acc) / (float)d + eps);
+    vf vs = v_set1(scale);
+    for (i = 0; i + VLEN <= d; i += VLEN) v_store(o + i, v_mul(v_mul(v_load(x + i), vs), v_load(w + i)));
+    if (i < d) {
+        int n = (int)(d - i);
+        v_store_n(o + i, v_mul(v_mul(v_load_n(x + i, n), vs), v_load_n(w + i, n)), n);
+    }
+}
+
+static void kg_rope_row(const float *x, const float *c, const float *s, int64_t d, float *o) {
+    int64_t half = d / 2, i = 0;
+    for (; i + VLEN <= half; i += VLEN) {
+        vf x0 = v_load(x + i), x1 = v_load(x + half + i);
+        v_store(o + i, v_sub(v_mul(x0, v_load(c + i)), v_mul(x1, v_load(s + i))));
+        v_store(o + half + i, v_add(v_mul(x1, v_load(c + half + i)), v_mul(x0, v_load(s + half + i))));
+    }
+    if (i < half) {
+        int n = (int)(half - i);
+        vf x0 = v_load_n(x + i, n), x1 = v_load_n(x + half + i, n);
+        v_store_n(o + i, v_sub(v_mul(x0, v_load_n(c + i, n)), v_mul(x1, v_load_n(s + i, n))), n);
+        v_store_n(o + half + i,
+                  v_add(v_mul(x1, v_load_n(c + half + i, n)), v_mul(x0, v_load_n(s + half + i, n))), n);
+    }
+}
+
+/* Positions per online-softmax step: scores of one chunk for all heads of a group stay
+ * in L1 together with the chunk's K and V rows. */
+#define KG_ATT_CHUNK 64
+
+/* Online softmax over the positions of token t's sequence for the query heads of KV
+ * head kvh; scratch holds cpu_attention_scratch_floats(...) floats. */
+static void kg_attention_item(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch) {
+    const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    float *acc = scratch;                     /* (group, dh) */
+    float *sc = acc + group * dh;             /* (group, KG_ATT_CHUNK) */
+    float *mx = sc + group * KG_ATT_CHUNK;    /* (group) running max */
+    float *l = mx + group;                    /* (group) running sum */
+    const struct kv_cache *kv = a->kv;
+    int32_t p = a->pos[t], slot = a->slot[t];
+    int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    for (int64_t g = 0; g < group; g++) {
+        mx[g] = -INFINITY;
+        l[g] = 0;
+        for (int64_t e = 0; e < dh; e++) acc[g * dh + e] = 0;
+    }
+    for (int32_t j0 = first; j0 <= p; j0 += KG_ATT_CHUNK) {
+        int n = p + 1 - j0 < KG_ATT_CHUNK ? p + 1 - j0 : KG_ATT_CHUNK;
+        for (int jj = 0; jj < n; jj++) {
+            const float *kr = kv_cache_row(kv, kv->k, a->layer, slot, j0 + jj) + kvh * dh;
+            for (int64_t g = 0; g < group; g++) {
+                const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
+                sc[g * KG_ATT_CHUNK + jj] = kg_dot(qv, kr, dh) * a->scale;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            float *s = sc + g * KG_ATT_CHUNK, cmax = s[0];
+            for (int jj = 1; jj < n; jj++) cmax = s[jj] > cmax ? s[jj] : cmax;
+            float m_new = cmax > mx[g] ? cmax : mx[g];
+            float sum = kg_exp_sub_sum(s, m_new, n);
+            if (mx[g] != m_new) {
+                float alpha = expf(mx[g] - m_new); /* 0 on the first chunk */
+                l[g] *= alpha;
+                kg_scale(acc + g * dh, alpha, dh);
+                mx[g] = m_new;
+            }
+            l[g] += sum;
+        }
+        for (int jj = 0; jj < n; jj++) {
+            const float *vr = kv_cache_row(kv, kv->v, a->layer, slot, j0 + jj) + kvh * dh;
+            for (int64_t g = 0; g < group; g++) kg_axpy(acc + g * dh, sc[g * KG_ATT_CHUNK + jj], vr, dh);
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *ov = a->out + (t * a->n_heads + kvh * group + g) * dh; /* out (N, H, Dh) */
+        float inv = 1.0f / l[g];
+        for (int64_t e = 0; e < dh; e++) ov[e] = acc[g * dh + e] * inv;
+    }
+}
+
+#endif

@@ -1,0 +1,283 @@
+/* Drivers of the fast CPU kernels: instruction-set choice, the (ith, nth) work split
+ * and the linear epilogue. The per-ISA inner loops live in isa_*.c. */
+#include "backend/cpu/kernels.h"
+
+#include "base/cpu_features.h"
+#include "format/quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const struct cpu_isa_kernels cpu_isa_kernels_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+extern const struct cpu_isa_kernels cpu_isa_kernels_avx2;
+extern const struct cpu_isa_kernels cpu_isa_kernels_avx512;
+#define CPU_KERNELS_X86 1
+#endif
+
+static const char *const isa_names[CPU_ISA_COUNT] = {
+    [CPU_ISA_SCALAR] = "scalar",
+    [CPU_ISA_AVX2] = "avx2",
+    [CPU_ISA_AVX512] = "avx512",
+};
+_Static_assert(LLMOPT_ARRAY_LEN(isa_names) == CPU_ISA_COUNT, "isa name table out of sync");
+
+const char *cpu_isa_name(enum cpu_isa isa) {
+    return (unsigned)isa < CPU_ISA_COUNT ? isa_names[isa] : "?";
+}
+
+bool cpu_isa_available(enum cpu_isa isa) {
+    const struct cpu_features *f = cpu_features_get();
+    switch (isa) {
+    case CPU_ISA_SCALAR: return true;
+#ifdef CPU_KERNELS_X86
+    case CPU_ISA_AVX2: return f->has[CPU_AVX2] && f->has[CPU_FMA] && f->has[CPU_F16C];
+    case CPU_ISA_AVX512:
+        return cpu_isa_available(CPU_ISA_AVX2) && f->has[CPU_AVX512F] && f->has[CPU_AVX512BW] &&
+               f->has[CPU_AVX512VL] && f->has[CPU_AVX512_VNNI];
+#endif
+    default: (void)f; return false;
+    }
+}
+
+enum cpu_isa cpu_isa_best(void) {
+    enum cpu_isa cap = CPU_ISA_COUNT - 1;
+    const char *env = getenv("LLMOPT_CPU_ISA");
+    if (env)
+        for (int i = 0; i < CPU_ISA_COUNT; i++)
+            if (!strcmp(env, isa_names[i])) cap = (enum cpu_isa)i;
+    for (int i = cap; i > 0; i--)
+        if (cpu_isa_available((enum cpu_isa)i)) return (enum cpu_isa)i;
+    return CPU_ISA_SCALAR;
+}
+
+const struct cpu_isa_kernels *cpu_isa_kernels_get(enum cpu_isa isa) {
+    if (!cpu_isa_available(isa)) return NULL;
+    switch (isa) {
+    case CPU_ISA_SCALAR: return &cpu_isa_kernels_scalar;
+#ifdef CPU_KERNELS_X86
+    case CPU_ISA_AVX2: return &cpu_isa_kernels_avx2;
+    case CPU_ISA_AVX512: return &cpu_isa_kernels_avx512;
+#endif
+    default: return NULL;
+    }
+}
+
+/* ---- quantized activations -------------------------------------------------------- */
+
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t cpu_qact_bytes(int64_t rows, int64_t k) {
+    return align64((size_t)(rows * k)) + align64((size_t)(rows * (k / CPU_QBLOCK)) * sizeof(float)) +
+           align64((size_t)(rows * (k / 4)) * sizeof(int32_t)) + 64;
+}
+
+void cpu_qact_bind(struct cpu_qact *qa, void *buf, int64_t rows, int64_t k) {
+    uint8_t *p = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    qa->k = k;
+    qa->qs = (int8_t *)p;
+    p += align64((size_t)(rows * k));
+    qa->d = (float *)(void *)p;
+    p += align64((size_t)(rows * (k / CPU_QBLOCK)) * sizeof(float));
+    qa->corr = (int32_t *)(void *)p;
+}
+
+/* ---- linear ----------------------------------------------------------------------- */
+
+float cpu_act_apply(enum ir_op op, float x) {
+    switch (op) {
+    case IR_OP_INPUT: return x;
+    case IR_OP_NEG: return -x;
+    case IR_OP_EXP: return expf(x);
+    case IR_OP_SQRT: return sqrtf(x);
+    case IR_OP_RSQRT: return 1.0f / sqrtf(x);
+    case IR_OP_RECIP: return 1.0f / x;
+    case IR_OP_SILU: return x / (1.0f + expf(-x));
+    case IR_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case IR_OP_TANH: return tanhf(x);
+    case IR_OP_RELU: return x > 0 ? x : 0;
+    case IR_OP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case IR_OP_GELU_TANH:
+        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case IR_OP_COS: return cosf(x);
+    case IR_OP_SIN: return sinf(x);
+    default: break;
+    }
+    LLMOPT_ASSERT(0);
+    return 0;
+}
+
+struct linear_ctx {
+    const struct cpu_linear *op;
+    const struct cpu_isa_kernels *kern;
+    struct cpu_pool *pool;
+    struct cpu_qact qa;
+    size_t ldw; /* bytes per weight row */
+    cpu_tile_f_fn tile_f;
+    cpu_tile_q_fn tile_q; /* set for block-quantized weights */
+};
+
+static void linear_tile_epilogue(const struct cpu_linear *op, int64_t r0, int nr, int64_t c0,
+                                 int nc, const float *tile) {
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            int64_t at = (r0 + r) * op->n_out + c0 + c;
+            float acc = tile[r * CPU_TILE_C + c];
+            acc += op->bias ? op->bias[c0 + c] : 0.0f;
+            if (op->act != IR_OP_INPUT) acc = cpu_act_apply(op->act, acc);
+            if (op->gate) acc *= op->gate[at];
+            if (op->residual) acc += op->residual[at];
+            op->y[at] = acc;
+        }
+}
+
+/* Thread ith takes a contiguous range of whole column tiles. Within it, one tile of
+ * CPU_TILE_C weight rows (a few KiB) stays in L1 while every activation row passes
+ * over it, so each weight byte comes from memory once per op. */
+static void linear_thread(void *arg, int ith, int nth) {
+    struct linear_ctx *ctx = arg;
+    const struct cpu_linear *op = ctx->op;
+    if (ctx->tile_q) {
+        int64_t rb, re;
+        pool_split(op->rows, 1, ith, nth, &rb, &re);
+        for (int64_t r = rb; r < re; r++) ctx->kern->quantize_row(op->x + r * op->k, &ctx->qa, r);
+        if (nth > 1) pool_barrier(ctx->pool);
+    }
+    int64_t cb, ce;
+    pool_split(op->n_out, CPU_TILE_C, ith, nth, &cb, &ce);
+    float tile[CPU_TILE_R * CPU_TILE_C];
+    for (int64_t c0 = cb; c0 < ce; c0 += CPU_TILE_C) {
+        int nc = ce - c0 < CPU_TILE_C ? (int)(ce - c0) : CPU_TILE_C;
+        const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * ctx->ldw;
+        for (int64_t r0 = 0; r0 < op->rows; r0 += CPU_TILE_R) {
+            int nr = op->rows - r0 < CPU_TILE_R ? (int)(op->rows - r0) : CPU_TILE_R;
+            if (ctx->tile_q)
+                ctx->tile_q(&ctx->qa, r0, w, ctx->ldw, nr, nc, tile);
+            else
+                ctx->tile_f(op->x + r0 * op->k, op->k, w, ctx->ldw, op->k, nr, nc, tile);
+            linear_tile_epilogue(op, r0, nr, c0, nc, tile);
+        }
+    }
+}
+
+/* Below this many multiply-adds a linear runs on the calling thread: waking the pool
+ * costs more than it saves. */
+#define LINEAR_MIN_PARALLEL_MACS (1 << 15)
+
+void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *kern,
+                    struct cpu_pool *pool) {
+    if (op->rows <= 0 || op->n_out <= 0) return;
+    struct linear_ctx ctx = {.op = op, .kern = kern, .pool = pool};
+    ctx.ldw = ir_dtype_row_bytes(op->wtype, op->k);
+    switch (op->wtype) {
+    case IR_DTYPE_F32: ctx.tile_f = kern->tile_f32; break;
+    case IR_DTYPE_F16: ctx.tile_f = kern->tile_f16; break;
+    case IR_DTYPE_BF16: ctx.tile_f = kern->tile_bf16; break;
+    case IR_DTYPE_Q8_0: ctx.tile_q = kern->tile_q8_0; break;
+    case IR_DTYPE_Q4_0: ctx.tile_q = kern->tile_q4_0; break;
+    default: LLMOPT_ASSERT(!"cpu_linear_run: unsupported weight type");
+    }
+    if (ctx.tile_q) {
+        LLMOPT_ASSERT(op->k % CPU_QBLOCK == 0 && op->scratch);
+        cpu_qact_bind(&ctx.qa, op->scratch, op->rows, op->k);
+    }
+    if (op->rows * op->n_out * op->k < LINEAR_MIN_PARALLEL_MACS)
+        linear_thread(&ctx, 0, 1);
+    else
+        pool_run(pool, linear_thread, &ctx);
+}
+
+/* ---- attention -------------------------------------------------------------------- */
+
+int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+    int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : n_heads;
+    return group * (head_dim + 64 + 2) + 16; /* acc, a chunk of scores, max, sum */
+}
+
+struct attention_ctx {
+    const struct cpu_attention *op;
+    const struct cpu_isa_kernels *kern;
+};
+
+/* Items (token, KV head) dealt round-robin: prefill items grow with the position, so
+ * contiguous ranges would give the last thread the longest rows. */
+static void attention_thread(void *arg, int ith, int nth) {
+    struct attention_ctx *ctx = arg;
+    const struct cpu_attention *op = ctx->op;
+    float *scratch = op->scratch + ith * op->scratch_per_thread;
+    int64_t n_items = op->n_tok * op->n_kv_heads;
+    for (int64_t it = ith; it < n_items; it += nth)
+        ctx->kern->attention_item(op, it / op->n_kv_heads, it % op->n_kv_heads, scratch);
+}
+
+void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
+                       struct cpu_pool *pool) {
+    struct attention_ctx ctx = {.op = op, .kern = kern};
+    LLMOPT_ASSERT(op->scratch_per_thread >=
+                  cpu_attention_scratch_floats(op->n_heads, op->n_kv_heads, op->head_dim));
+    if (op->n_tok * op->n_kv_heads == 1)
+        attention_thread(&ctx, 0, 1);
+    else
+        pool_run(pool, attention_thread, &ctx);
+}
+
+/* ---- rms_norm, rope --------------------------------------------------------------- */
+
+/* Row-wise ops run on the calling thread below this many values. */
+#define ROWS_MIN_PARALLEL (1 << 14)
+
+struct rms_norm_ctx {
+    const struct cpu_rms_norm *op;
+    const struct cpu_isa_kernels *kern;
+};
+
+static void rms_norm_thread(void *arg, int ith, int nth) {
+    struct rms_norm_ctx *ctx = arg;
+    const struct cpu_rms_norm *op = ctx->op;
+    int64_t rb, re;
+    pool_split(op->rows, 1, ith, nth, &rb, &re);
+    for (int64_t r = rb; r < re; r++)
+        ctx->kern->rms_norm_row(op->x + r * op->d, op->w, op->eps, op->d, op->o + r * op->d);
+}
+
+void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernels *kern,
+                      struct cpu_pool *pool) {
+    struct rms_norm_ctx ctx = {.op = op, .kern = kern};
+    if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
+        rms_norm_thread(&ctx, 0, 1);
+    else
+        pool_run(pool, rms_norm_thread, &ctx);
+}
+
+struct rope_ctx {
+    const struct cpu_rope *op;
+    const struct cpu_isa_kernels *kern;
+};
+
+static void rope_thread(void *arg, int ith, int nth) {
+    struct rope_ctx *ctx = arg;
+    const struct cpu_rope *op = ctx->op;
+    int64_t rb, re;
+    pool_split(op->rows, 1, ith, nth, &rb, &re);
+    for (int64_t r = rb; r < re; r++) {
+        int64_t off = 0, rest = r;
+        for (int i = op->rank - 1; i >= 0; i--) {
+            off += rest % op->dims[i] * op->strides[i];
+            rest /= op->dims[i];
+        }
+        ctx->kern->rope_row(op->x + r * op->d, op->cos_t + off, op->sin_t + off, op->d,
+                            op->o + r * op->d);
+    }
+}
+
+void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,
+                  struct cpu_pool *pool) {
+    struct rope_ctx ctx = {.op = op, .kern = kern};
+    if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
+        rope_thread(&ctx, 0, 1);
+    else
+        pool_run(pool, rope_thread, &ctx);
+}

@@ -1,0 +1,155 @@
+/* Fast CPU kernels: linear (all weight types, with the IR's epilogue), attention over
+ * the paged KV cache, rms_norm and rope, each split over a thread pool as (ith, nth).
+ *
+ * The instruction set is chosen at run time: every ISA (scalar, AVX2+FMA+F16C,
+ * AVX-512 F/BW/VL + VNNI) fills one `struct cpu_isa_kernels` table of per-thread
+ * building blocks, compiled in its own file with a target pragma, so the library runs
+ * on any x86-64 and uses what the CPU has. The drivers here (kernels.c) do the work
+ * split and the epilogues and are the same for every ISA.
+ *
+ * Weights keep their stored type and are dequantized in registers. For Q8_0/Q4_0
+ * weights the activations are quantized once per op to int8 blocks of 32 (a scale per
+ * block) and multiplied with integer dot products. The scalar reference kernels in
+ * ref_ops.c are the oracle every kernel here is tested against. */
+#ifndef LLMOPT_BACKEND_CPU_KERNELS_H
+#define LLMOPT_BACKEND_CPU_KERNELS_H
+
+#include "backend/cpu/pool.h"
+#include "backend/kv_cache.h"
+#include "ir/ir.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum cpu_isa {
+    CPU_ISA_SCALAR,
+    CPU_ISA_AVX2,   /* AVX2 + FMA + F16C */
+    CPU_ISA_AVX512, /* AVX-512 F/BW/VL + VNNI, and AVX2 + FMA + F16C */
+    CPU_ISA_COUNT
+};
+const char *cpu_isa_name(enum cpu_isa isa);
+/* This CPU (and OS) can run kernels of isa. */
+bool cpu_isa_available(enum cpu_isa isa);
+/* The best available ISA, capped by $LLMOPT_CPU_ISA (scalar, avx2, avx512) if set. */
+enum cpu_isa cpu_isa_best(void);
+
+/* A linear's output tile: CPU_TILE_R activation rows x CPU_TILE_C weight rows. */
+#define CPU_TILE_R 4
+#define CPU_TILE_C 4
+/* Activation quantization block (Q8_0 / Q4_0 weights). */
+#define CPU_QBLOCK 32
+
+/* Activations quantized to int8 blocks of CPU_QBLOCK: x[i] ~= qs[i] * d[i / 32], with
+ * |qs| <= 127. corr holds -128 * the sum of each 4 consecutive quants: integer dot
+ * kernels that bias the weights to unsigned bytes start their accumulators there. */
+struct cpu_qact {
+    int64_t k;     /* values per row, a multiple of CPU_QBLOCK */
+    int8_t *qs;    /* (rows, k) */
+    float *d;      /* (rows, k / 32) */
+    int32_t *corr; /* (rows, k / 4) */
+};
+/* Bytes of scratch cpu_qact_bind needs for rows x k. */
+size_t cpu_qact_bytes(int64_t rows, int64_t k);
+/* Lays out a cpu_qact for rows x k in buf (64-byte aligned, cpu_qact_bytes long). */
+void cpu_qact_bind(struct cpu_qact *qa, void *buf, int64_t rows, int64_t k);
+
+/* y = act(x W^T + bias) * gate + residual (the reference run_linear's epilogue). */
+struct cpu_linear {
+    const float *x;        /* (rows, k) */
+    int64_t rows, k, n_out;
+    const void *w;         /* (n_out, k) of wtype */
+    enum ir_dtype wtype;   /* F32, F16, BF16, Q8_0 or Q4_0 */
+    const float *bias;     /* (n_out) or NULL */
+    const float *gate;     /* (rows, n_out) or NULL */
+    const float *residual; /* (rows, n_out) or NULL; may alias y */
+    enum ir_op act;        /* unary op, or IR_OP_INPUT for none */
+    float *y;              /* (rows, n_out) */
+    void *scratch;         /* cpu_qact_bytes(rows, k) bytes for Q8_0/Q4_0 weights */
+};
+
+/* Attention for a batch: K/V already appended; every token attends to positions
+ * [max(0, pos - window + 1), pos] of its sequence (one pass, online softmax). */
+struct cpu_attention {
+    const float *q;      /* (n_heads, n_tok, head_dim) */
+    float *out;          /* (n_tok, n_heads, head_dim) */
+    const int32_t *pos;  /* (n_tok) */
+    const int32_t *slot; /* (n_tok) */
+    int64_t n_heads, n_kv_heads, n_tok, head_dim;
+    float scale;
+    int64_t window; /* 0: unlimited */
+    int32_t layer;
+    const struct kv_cache *kv;
+    float *scratch; /* cpu_attention_scratch_floats(...) per pool thread */
+    int64_t scratch_per_thread;
+};
+/* Scratch floats one thread needs for attention with these head counts / size. */
+int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
+
+/* Rotary embedding, split halves: o = x * cos + rotate_half(x) * sin per row of d.
+ * cos/sin broadcast over every dim but the last: row r (written in the mixed radix
+ * dims[0..rank)) reads them at offset sum(digit_i * strides[i]), stride 0 where they
+ * broadcast. */
+struct cpu_rope {
+    const float *x;      /* (rows, d) */
+    float *o;            /* (rows, d) */
+    const float *cos_t;  /* row r reads (d) values at the offset above */
+    const float *sin_t;
+    int64_t rows, d;
+    int rank;
+    int64_t dims[IR_MAX_RANK];
+    int64_t strides[IR_MAX_RANK];
+};
+
+struct cpu_rms_norm {
+    const float *x; /* (rows, d) */
+    const float *w; /* (d) */
+    float *o;       /* (rows, d) */
+    int64_t rows, d;
+    float eps;
+};
+
+/* ---- Per-ISA building blocks (one table per ISA) ---------------------------------- */
+
+/* out[r * CPU_TILE_C + c] = dot(x row r, w row c) for r < nr, c < nc (1..4 each).
+ * x rows are ldx floats apart, w rows ldw bytes apart; k values each. */
+typedef void (*cpu_tile_f_fn)(const float *x, int64_t ldx, const uint8_t *w, size_t ldw,
+                              int64_t k, int nr, int nc, float *out);
+/* The same over quantized activation rows r0.. of qa and block-quantized weights. */
+typedef void (*cpu_tile_q_fn)(const struct cpu_qact *qa, int64_t r0, const uint8_t *w,
+                              size_t ldw, int nr, int nc, float *out);
+
+struct cpu_isa_kernels {
+    enum cpu_isa isa;
+    cpu_tile_f_fn tile_f32, tile_f16, tile_bf16;
+    cpu_tile_q_fn tile_q8_0, tile_q4_0;
+    /* Row r of qa from k floats (k a multiple of 32). Every ISA produces the same
+     * quants: scale amax / 127, round to nearest even. */
+    void (*quantize_row)(const float *x, const struct cpu_qact *qa, int64_t r);
+    void (*rms_norm_row)(const float *x, const float *w, float eps, int64_t d, float *o);
+    /* o = x * c + rotate_half(x) * s over one row of d (d even). */
+    void (*rope_row)(const float *x, const float *c, const float *s, int64_t d, float *o);
+    /* Token t, KV head kvh: the n_heads / n_kv_heads query heads that read it. */
+    void (*attention_item)(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch);
+    /* dst[i] = exp(src[i]) (the vector exp attention uses). */
+    void (*exp_row)(const float *src, float *dst, int64_t n);
+};
+
+/* The table for isa, or NULL when this build or CPU lacks it. */
+const struct cpu_isa_kernels *cpu_isa_kernels_get(enum cpu_isa isa);
+
+/* ---- Drivers: split over the pool (NULL pool: the calling thread alone) ---------- */
+
+void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *kern,
+                    struct cpu_pool *pool);
+void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
+                       struct cpu_pool *pool);
+void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernels *kern,
+                      struct cpu_pool *pool);
+void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,
+                  struct cpu_pool *pool);
+
+/* The epilogue's activation, the same function as the reference executor's. */
+float cpu_act_apply(enum ir_op op, float x);
+
+#endif

@@ -1,0 +1,82 @@
+/* K-quant block layouts (ggml-compatible: Q4_K, Q5_K, Q6_K) and scalar reference
+ * quantizers / dequantizers. A super-block holds QK_K = 256 elements.
+ *
+ * Q4_K and Q5_K split a super-block into 8 sub-blocks of 32 elements; sub-block j
+ * has a 6-bit scale sc[j] and a 6-bit min mn[j]:  x = d * sc[j] * q - dmin * mn[j],
+ * q in 0..15 (Q4_K) or 0..31 (Q5_K). The 16 six-bit numbers are packed in 12 bytes:
+ *   bytes 0..3:  sc[0..3] in bits 0..5, bits 4..5 of sc[4..7] in bits 6..7
+ *   bytes 4..7:  mn[0..3] in bits 0..5, bits 4..5 of mn[4..7] in bits 6..7
+ *   bytes 8..11: bits 0..3 of sc[4..7] in the low nibble, of mn[4..7] in the high one
+ * Quants: each 64-element chunk c takes 32 bytes of qs; element 64c + l sits in the low
+ * nibble of qs[32c + l] and element 64c + 32 + l in its high nibble (l < 32). Q5_K adds
+ * the fifth bit of element 32j + l as bit j of qh[l].
+ *
+ * Q6_K: 16 sub-blocks of 16 elements, each with a signed 8-bit scale:
+ * x = d * scales[e / 16] * (q - 32), q in 0..63. Each 128-element half h uses
+ * ql[64h ..], qh[32h ..]; element 128h + 32g + l (g < 4, l < 32) keeps its low 4 bits in
+ * ql[64h + l + 32 * (g & 1)] (low nibble for g < 2, high nibble for g >= 2) and its top
+ * 2 bits in bits 2g..2g+1 of qh[32h + l]. */
+#ifndef LLMOPT_FORMAT_QUANT_K_H
+#define LLMOPT_FORMAT_QUANT_K_H
+
+#include "format/gguf.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+/* ggml's numbers for the K-quant tensor types (gguf.h names only the types the reader
+ * reads; these are valid enum ggml_type values all the same). */
+#define QUANT_TYPE_Q4_K ((enum ggml_type)12)
+#define QUANT_TYPE_Q5_K ((enum ggml_type)13)
+#define QUANT_TYPE_Q6_K ((enum ggml_type)14)
+
+typedef struct {
+    uint16_t d;                     /* f16 super-block scale of the sub-block scales */
+    uint16_t dmin;                  /* f16 super-block scale of the sub-block mins */
+    uint8_t scales[K_SCALE_SIZE];   /* 8 scales + 8 mins, 6 bits each (packing above) */
+    uint8_t qs[QK_K / 2];           /* (128) 4-bit quants */
+} block_q4_K;
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be 144 bytes");
+
+typedef struct {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];           /* (32) fifth bits */
+    uint8_t qs[QK_K / 2];           /* (128) low 4 bits */
+} block_q5_K;
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must be 176 bytes");
+
+typedef struct {
+    uint8_t ql[QK_K / 2];           /* (128) low 4 bits */
+    uint8_t qh[QK_K / 4];           /* (64) top 2 bits */
+    int8_t scales[QK_K / 16];       /* (16) signed sub-block scales */
+    uint16_t d;                     /* f16 super-block scale */
+} block_q6_K;
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must be 210 bytes");
+
+/* "q4_K" etc. for the three K types, NULL for any other type. */
+const char *quant_k_type_name(enum ggml_type type);
+/* Elements and bytes per block of a K type; false for any other type. */
+bool quant_k_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *block_bytes);
+
+/* Unpacks sub-block j's (0..7) 6-bit scale and min from a Q4_K/Q5_K scales array. */
+void quant_k_get_scale_min(const uint8_t scales[K_SCALE_SIZE], int j, uint8_t *sc, uint8_t *mn);
+
+/* dst[0..n) = the values of a row of a K type; n a multiple of QK_K (asserted). src
+ * needs no particular alignment. */
+void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n);
+
+/* Reference quantizers: n a multiple of QK_K (asserted); dst receives n / QK_K
+ * blocks. Each sub-block's scale (and min) is fitted by least squares over a few
+ * candidate grids; finite input gives finite output; non-finite input gives
+ * unspecified quants but no undefined behaviour. */
+void quant_k_quantize_row_q4_K(const float *src, void *dst, int64_t n);
+void quant_k_quantize_row_q5_K(const float *src, void *dst, int64_t n);
+void quant_k_quantize_row_q6_K(const float *src, void *dst, int64_t n);
+
+#endif

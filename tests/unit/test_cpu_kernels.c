@@ -1,0 +1,615 @@
+/* Every fast CPU kernel against a scalar reference, on fresh random inputs (never
+ * zeros), for every ISA this CPU has (the others are skipped with a message), over
+ * many shapes and thread counts 1, 2, 3.
+ *
+ * Errors are measured against what the arithmetic can promise: a dot product computed
+ * in f32 is within a small multiple of eps * sum |x_k w_k| of the exact one, so each
+ * output is checked against |ours - exact| <= tol * sum |x_k w_k| (exact in double).
+ * Kernels on quantized activations are checked twice: tightly against the exact dot
+ * of the same quants, and loosely against the f32 product. */
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/pool.h"
+#include "base/fp16.h"
+#include "format/quant.h"
+#include "llmopt.h"
+#include "test.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* ---- random inputs ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+/* Uniform in [-1, 1) without zeros. */
+static float rng_f(void) {
+    float v = ((float)(rng_u32() & 0xffffff) + 0.5f) / 8388608.0f - 1.0f;
+    return v;
+}
+
+static void fill(float *p, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) p[i] = rng_f() * scale;
+}
+
+static enum ggml_type ggml_of(enum ir_dtype t) {
+    switch (t) {
+    case IR_DTYPE_F16: return GGML_TYPE_F16;
+    case IR_DTYPE_BF16: return GGML_TYPE_BF16;
+    case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
+    case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
+    default: return GGML_TYPE_F32;
+    }
+}
+
+/* A random weight matrix (n_out, k) stored as t. */
+static void *make_weights(enum ir_dtype t, int64_t n_out, int64_t k) {
+    size_t row = ir_dtype_row_bytes(t, k);
+    uint8_t *w = malloc(row * (size_t)n_out + 64);
+    float *tmp = malloc((size_t)k * sizeof(float));
+    for (int64_t j = 0; j < n_out; j++) {
+        fill(tmp, k, 1.0f);
+        uint8_t *dst = w + row * (size_t)j;
+        switch (t) {
+        case IR_DTYPE_F32: memcpy(dst, tmp, (size_t)k * 4); break;
+        case IR_DTYPE_F16:
+            for (int64_t i = 0; i < k; i++) {
+                uint16_t h = fp16_from_f32(tmp[i]);
+                memcpy(dst + 2 * i, &h, 2);
+            }
+            break;
+        case IR_DTYPE_BF16:
+            for (int64_t i = 0; i < k; i++) {
+                uint16_t h = bf16_from_f32(tmp[i]);
+                memcpy(dst + 2 * i, &h, 2);
+            }
+            break;
+        case IR_DTYPE_Q8_0: quant_quantize_row_q8_0(tmp, dst, k); break;
+        case IR_DTYPE_Q4_0: quant_quantize_row_q4_0(tmp, dst, k); break;
+        default: break;
+        }
+    }
+    free(tmp);
+    return w;
+}
+
+static const struct cpu_isa_kernels *isa_or_skip(enum cpu_isa isa) {
+    const struct cpu_isa_kernels *k = cpu_isa_kernels_get(isa);
+    static bool said[CPU_ISA_COUNT];
+    if (!k && !said[isa]) {
+        fprintf(stderr, "  skip: this CPU lacks %s\n", cpu_isa_name(isa));
+        said[isa] = true;
+    }
+    return k;
+}
+
+/* ---- thread pool ------------------------------------------------------------------ */
+
+struct pool_probe {
+    struct cpu_pool *pool;
+    _Atomic int calls;
+    int seen_nth;
+    int hits[8];
+    int phase_data[8];
+    _Atomic int barrier_errors;
+};
+
+static void pool_probe_fn(void *arg, int ith, int nth) {
+    struct pool_probe *p = arg;
+    atomic_fetch_add(&p->calls, 1);
+    p->seen_nth = nth;
+    p->hits[ith]++;
+    /* Each phase: every thread writes its slot, then after the barrier reads all. */
+    for (int phase = 1; phase <= 3; phase++) {
+        p->phase_data[ith] = phase * 100 + ith;
+        pool_barrier(p->pool);
+        for (int t = 0; t < nth; t++)
+            if (p->phase_data[t] != phase * 100 + t) atomic_fetch_add(&p->barrier_errors, 1);
+        pool_barrier(p->pool);
+    }
+}
+
+static void test_pool(void) {
+    struct llmopt_err err = {0};
+    for (int nt = 1; nt <= 4; nt++) {
+        struct pool_probe probe = {0};
+        CHECK_MSG(pool_create(nt, &probe.pool, &err) == LLMOPT_OK, "%s", err.msg);
+        if (!probe.pool) continue;
+        CHECK_EQ_INT(pool_threads(probe.pool), nt);
+        for (int run = 0; run < 500; run++) pool_run(probe.pool, pool_probe_fn, &probe);
+        CHECK_EQ_INT(atomic_load(&probe.calls), 500 * nt);
+        CHECK_EQ_INT(probe.seen_nth, nt);
+        for (int t = 0; t < nt; t++) CHECK_EQ_INT(probe.hits[t], 500);
+        CHECK_EQ_INT(atomic_load(&probe.barrier_errors), 0);
+        pool_free(probe.pool);
+    }
+    /* pool_split covers [0, n) exactly, in aligned pieces. */
+    for (int64_t n = 0; n < 70; n++)
+        for (int nth = 1; nth <= 5; nth++) {
+            int64_t next = 0;
+            for (int ith = 0; ith < nth; ith++) {
+                int64_t b, e;
+                pool_split(n, 4, ith, nth, &b, &e);
+                CHECK(b == next && e >= b && (b % 4 == 0 || b == n));
+                next = e;
+            }
+            CHECK(next == n);
+        }
+}
+
+/* ---- activation quantization ------------------------------------------------------ */
+
+static void test_quantize_same_on_every_isa(void) {
+    const struct cpu_isa_kernels *ref = cpu_isa_kernels_get(CPU_ISA_SCALAR);
+    for (int isa = 1; isa < CPU_ISA_COUNT; isa++) {
+        const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
+        if (!kern) continue;
+        for (int64_t k = 32; k <= 1024; k += 96) {
+            int64_t rows = 3;
+            float *x = malloc((size_t)(rows * k) * 4);
+            fill(x, rows * k, 3.0f);
+            x[5] = 0.5f; /* ties and exact values */
+            for (int64_t i = 0; i < 32 && i < k; i++) x[k + i] = (float)(i - 16) * 0.25f;
+            void *b1 = malloc(cpu_qact_bytes(rows, k)), *b2 = malloc(cpu_qact_bytes(rows, k));
+            struct cpu_qact q1, q2;
+            cpu_qact_bind(&q1, b1, rows, k);
+            cpu_qact_bind(&q2, b2, rows, k);
+            for (int64_t r = 0; r < rows; r++) {
+                ref->quantize_row(x + r * k, &q1, r);
+                kern->quantize_row(x + r * k, &q2, r);
+            }
+            CHECK_MSG(!memcmp(q1.qs, q2.qs, (size_t)(rows * k)), "%s k=%lld: quants differ",
+                      cpu_isa_name(kern->isa), (long long)k);
+            CHECK(!memcmp(q1.d, q2.d, (size_t)(rows * k / 32) * 4));
+            CHECK(!memcmp(q1.corr, q2.corr, (size_t)(rows * k / 4) * 4));
+            /* the quants reproduce x within half a step */
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t i = 0; i < k; i++) {
+                    float d = q1.d[r * (k / 32) + i / 32];
+                    CHECK(fabsf(q1.qs[r * k + i] * d - x[r * k + i]) <= 0.5001f * d + 1e-7f);
+                }
+            free(x);
+            free(b1);
+            free(b2);
+        }
+    }
+}
+
+/* ---- linear ----------------------------------------------------------------------- */
+
+struct linear_case {
+    enum ir_dtype wt;
+    int64_t rows, k, n_out;
+    uint32_t flags; /* IR_LINEAR_* */
+    enum ir_op act;
+};
+
+static double act_d(enum ir_op op, double x) {
+    return (double)cpu_act_apply(op, (float)x);
+}
+
+/* Runs one case on one ISA and thread count; returns false on a mismatch (reported). */
+static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *pool,
+                         const struct linear_case *lc) {
+    int64_t rows = lc->rows, k = lc->k, n_out = lc->n_out;
+    float *x = malloc((size_t)(rows * k) * 4);
+    float *bias = malloc((size_t)n_out * 4);
+    float *gate = malloc((size_t)(rows * n_out) * 4);
+    float *res = malloc((size_t)(rows * n_out) * 4);
+    float *y = malloc((size_t)(rows * n_out) * 4);
+    float *wrow = malloc((size_t)k * 4);
+    fill(x, rows * k, 2.0f);
+    fill(bias, n_out, 0.5f);
+    fill(gate, rows * n_out, 1.0f);
+    fill(res, rows * n_out, 1.0f);
+    void *w = make_weights(lc->wt, n_out, k);
+    bool quant = lc->wt == IR_DTYPE_Q8_0 || lc->wt == IR_DTYPE_Q4_0;
+    void *scratch = quant ? malloc(cpu_qact_bytes(rows, k)) : NULL;
+    struct cpu_linear op = {
+        .x = x, .rows = rows, .k = k, .n_out = n_out, .w = w, .wtype = lc->wt,
+        .bias = lc->flags & IR_LINEAR_BIAS ? bias : NULL,
+        .gate = lc->flags & IR_LINEAR_GATE ? gate : NULL,
+        .residual = lc->flags & IR_LINEAR_RESIDUAL ? res : NULL,
+        .act = lc->act, .y = y, .scratch = scratch,
+    };
+    cpu_linear_run(&op, kern, pool);
+
+    /* The quants the kernel saw (every ISA's quantizer gives the same; tested above). */
+    struct cpu_qact qa = {0};
+    void *qbuf = NULL;
+    if (quant) {
+        qbuf = malloc(cpu_qact_bytes(rows, k));
+        cpu_qact_bind(&qa, qbuf, rows, k);
+        for (int64_t r = 0; r < rows; r++) cpu_isa_kernels_get(CPU_ISA_SCALAR)->quantize_row(x + r * k, &qa, r);
+    }
+    /* Tolerances per unit of sum |x w|: f32 accumulation; the activation-quantized
+     * paths are checked exactly against their quants and loosely against f32. */
+    const double tol = 2e-5 * (1.0 + (double)k / 4096.0), tol_q_f32 = 1.2e-2;
+    size_t ldw = ir_dtype_row_bytes(lc->wt, k);
+    bool ok = true;
+    for (int64_t j = 0; j < n_out && ok; j++) {
+        quant_dequantize_row(ggml_of(lc->wt), (const uint8_t *)w + ldw * (size_t)j, wrow, k);
+        for (int64_t r = 0; r < rows && ok; r++) {
+            const float *xr = x + r * k;
+            double dot = 0, bound = 0, qdot = 0, qbound = 0;
+            for (int64_t i = 0; i < k; i++) {
+                dot += (double)xr[i] * wrow[i];
+                bound += fabs((double)xr[i] * wrow[i]);
+            }
+            if (quant)
+                for (int64_t i = 0; i < k; i++) {
+                    double xq = (double)qa.qs[r * k + i] * qa.d[r * (k / 32) + i / 32];
+                    qdot += xq * wrow[i];
+                    qbound += fabs(xq * wrow[i]);
+                }
+            /* The epilogue in double from each exact dot; its error grows by at most
+             * max |act'| (< 1.2 for the activations tested) times |gate| <= 1. */
+            double ref[2], err_allow[2];
+            for (int v = 0; v < (quant ? 2 : 1); v++) {
+                double acc = v == 0 ? (quant ? qdot : dot) : dot;
+                double b = v == 0 ? (quant ? qbound : bound) : bound;
+                if (op.bias) acc += bias[j];
+                if (lc->act != IR_OP_INPUT) acc = act_d(lc->act, acc);
+                if (op.gate) acc *= gate[r * n_out + j];
+                if (op.residual) acc += res[r * n_out + j];
+                ref[v] = acc;
+                err_allow[v] = (v == 0 ? tol : tol_q_f32) * 1.2 * (b + 1.0) + 1e-6;
+            }
+            float got = y[r * n_out + j];
+            for (int v = 0; v < (quant ? 2 : 1); v++)
+                if (!(fabs(got - ref[v]) <= err_allow[v])) {
+                    fprintf(stderr,
+                            "  %s %s rows=%lld k=%lld n_out=%lld flags=%u act=%s threads=%d: "
+                            "y[%lld,%lld] = %.7g, %s %.7g (allowed %.3g)\n",
+                            cpu_isa_name(kern->isa), ir_dtype_name(lc->wt), (long long)rows,
+                            (long long)k, (long long)n_out, lc->flags, ir_op_name(lc->act),
+                            pool_threads(pool), (long long)r, (long long)j, got,
+                            v == 0 ? "expected" : "f32 product", ref[v], err_allow[v]);
+                    ok = false;
+                }
+        }
+    }
+    free(x);
+    free(bias);
+    free(gate);
+    free(res);
+    free(y);
+    free(wrow);
+    free(w);
+    free(scratch);
+    free(qbuf);
+    return ok;
+}
+
+static const enum ir_dtype all_wtypes[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16, IR_DTYPE_Q8_0,
+                                           IR_DTYPE_Q4_0};
+static const enum ir_op acts[] = {IR_OP_INPUT, IR_OP_SILU, IR_OP_GELU_TANH, IR_OP_RELU};
+
+static void run_linear_cases(int n_threads, int n_random) {
+    struct llmopt_err err = {0};
+    struct cpu_pool *pool = NULL;
+    CHECK_MSG(pool_create(n_threads, &pool, &err) == LLMOPT_OK, "%s", err.msg);
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
+        if (!kern) continue;
+        int failures = 0;
+        for (size_t t = 0; t < LLMOPT_ARRAY_LEN(all_wtypes); t++) {
+            enum ir_dtype wt = all_wtypes[t];
+            bool quant = wt == IR_DTYPE_Q8_0 || wt == IR_DTYPE_Q4_0;
+            /* Every row count 1..67 once, with varying K, columns and epilogues. */
+            for (int64_t rows = 1; rows <= 67 && failures < 3; rows++) {
+                struct linear_case lc = {
+                    .wt = wt, .rows = rows,
+                    .k = quant ? 32 * (1 + rng_u32() % 12) : 1 + rng_u32() % 300,
+                    .n_out = 1 + rng_u32() % 37,
+                    .flags = (uint32_t)(rows % 8),
+                    .act = acts[rows % LLMOPT_ARRAY_LEN(acts)],
+                };
+                if (!check_linear(kern, pool, &lc)) failures++;
+            }
+            /* Random larger shapes, big enough to spread over the threads. */
+            for (int i = 0; i < n_random && failures < 3; i++) {
+                struct linear_case lc = {
+                    .wt = wt, .rows = 1 + rng_u32() % 20,
+                    .k = quant ? 32 * (1 + rng_u32() % 40) : 1 + rng_u32() % 1100,
+                    .n_out = 1 + rng_u32() % 300,
+                    .flags = rng_u32() % 8,
+                    .act = acts[rng_u32() % LLMOPT_ARRAY_LEN(acts)],
+                };
+                if (!check_linear(kern, pool, &lc)) failures++;
+            }
+            /* Decode-like shapes at real sizes. */
+            int64_t ks[] = {256, 1024, quant ? 3072 : 3000};
+            for (size_t i = 0; i < LLMOPT_ARRAY_LEN(ks) && failures < 3; i++)
+                for (int64_t rows = 1; rows <= 4; rows++) {
+                    struct linear_case lc = {.wt = wt, .rows = rows, .k = ks[i], .n_out = 260,
+                                             .flags = IR_LINEAR_RESIDUAL, .act = IR_OP_INPUT};
+                    if (!check_linear(kern, pool, &lc)) failures++;
+                }
+        }
+        CHECK_MSG(failures == 0, "%s, %d threads: %d linear cases failed", cpu_isa_name(kern->isa),
+                  n_threads, failures);
+    }
+    pool_free(pool);
+}
+
+static void test_linear_1_thread(void) {
+    run_linear_cases(1, 30);
+}
+static void test_linear_2_threads(void) {
+    run_linear_cases(2, 15);
+}
+static void test_linear_3_threads(void) {
+    run_linear_cases(3, 15);
+}
+
+/* ---- attention -------------------------------------------------------------------- */
+
+static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, int64_t n_heads,
+                            int64_t n_kv_heads, int64_t dh, int32_t ctx_before, int32_t n_tok,
+                            int64_t window, int32_t n_slots, int *failures) {
+    struct llmopt_err err = {0};
+    struct kv_cache *kv = NULL;
+    int32_t row_elems[2] = {(int32_t)(n_kv_heads * dh), (int32_t)(n_kv_heads * dh)};
+    int32_t max_pos = ctx_before + n_tok + 1;
+    CHECK_MSG(kv_cache_create(2, row_elems, n_slots, max_pos, n_slots * ((max_pos + 15) / 16), 16, &kv,
+                              &err) == LLMOPT_OK,
+              "%s", err.msg);
+    if (!kv) return;
+    /* Tokens of n_slots sequences interleaved: token t belongs to slot t % n_slots and
+     * continues it, as a mixed batch does. */
+    int32_t *pos = malloc((size_t)n_tok * 4), *slot = malloc((size_t)n_tok * 4);
+    int32_t next[8] = {0};
+    for (int32_t s = 0; s < n_slots; s++) next[s] = ctx_before + s; /* different lengths */
+    for (int32_t t = 0; t < n_tok; t++) {
+        slot[t] = t % n_slots;
+        pos[t] = next[slot[t]]++;
+    }
+    int layer = 1;
+    for (int32_t s = 0; s < n_slots; s++) {
+        CHECK(kv_cache_reserve(kv, s, next[s], &err) == LLMOPT_OK);
+        for (int32_t p = 0; p < next[s]; p++) {
+            fill(kv_cache_row(kv, kv->k, layer, s, p), n_kv_heads * dh, 1.0f);
+            fill(kv_cache_row(kv, kv->v, layer, s, p), n_kv_heads * dh, 1.0f);
+        }
+    }
+    float *q = malloc((size_t)(n_heads * n_tok * dh) * 4);
+    float *out = malloc((size_t)(n_heads * n_tok * dh) * 4);
+    fill(q, n_heads * n_tok * dh, 2.0f);
+    int64_t per_thread = cpu_attention_scratch_floats(n_heads, n_kv_heads, dh);
+    float *scratch = malloc((size_t)(per_thread * pool_threads(pool)) * 4);
+    struct cpu_attention a = {
+        .q = q, .out = out, .pos = pos, .slot = slot, .n_heads = n_heads, .n_kv_heads = n_kv_heads,
+        .n_tok = n_tok, .head_dim = dh, .scale = 1.0f / sqrtf((float)dh), .window = window,
+        .layer = layer, .kv = kv, .scratch = scratch, .scratch_per_thread = per_thread,
+    };
+    cpu_attention_run(&a, kern, pool);
+    int64_t group = n_heads / n_kv_heads;
+    double *sc = malloc((size_t)max_pos * sizeof(double));
+    for (int32_t t = 0; t < n_tok && *failures < 3; t++)
+        for (int64_t h = 0; h < n_heads; h++) {
+            int32_t p = pos[t];
+            int32_t first = window > 0 && p + 1 > window ? p + 1 - (int32_t)window : 0;
+            const float *qv = q + (h * n_tok + t) * dh;
+            double mx = -INFINITY, sum = 0;
+            for (int32_t j = first; j <= p; j++) {
+                const float *kr = kv_cache_row(kv, kv->k, layer, slot[t], j) + (h / group) * dh;
+                double dot = 0;
+                for (int64_t d = 0; d < dh; d++) dot += (double)qv[d] * kr[d];
+                sc[j] = dot * a.scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int32_t j = first; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
+            for (int64_t d = 0; d < dh; d++) {
+                double acc = 0;
+                for (int32_t j = first; j <= p; j++)
+                    acc += sc[j] / sum * kv_cache_row(kv, kv->v, layer, slot[t], j)[(h / group) * dh + d];
+                float got = out[(t * n_heads + h) * dh + d];
+                if (!(fabs(got - acc) <= 2e-5 * (1 + fabs(acc)))) {
+                    fprintf(stderr,
+                            "  %s attention H=%lld Hkv=%lld Dh=%lld ctx=%d n_tok=%d window=%lld threads=%d: "
+                            "out[t=%d,h=%lld,%lld] = %.7g, expected %.7g\n",
+                            cpu_isa_name(kern->isa), (long long)n_heads, (long long)n_kv_heads,
+                            (long long)dh, ctx_before, n_tok, (long long)window, pool_threads(pool), t,
+                            (long long)h, (long long)d, got, acc);
+                    (*failures)++;
+                    break;
+                }
+            }
+        }
+    free(sc);
+    free(q);
+    free(out);
+    free(scratch);
+    free(pos);
+    free(slot);
+    kv_cache_free(kv);
+}
+
+static void test_attention(void) {
+    struct llmopt_err err = {0};
+    for (int nt = 1; nt <= 3; nt++) {
+        struct cpu_pool *pool = NULL;
+        CHECK_MSG(pool_create(nt, &pool, &err) == LLMOPT_OK, "%s", err.msg);
+        for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+            const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
+            if (!kern) continue;
+            int failures = 0;
+            static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}};
+            static const int64_t dims[] = {8, 16, 33, 64, 128};
+            for (size_t hi = 0; hi < LLMOPT_ARRAY_LEN(heads); hi++)
+                for (size_t di = 0; di < LLMOPT_ARRAY_LEN(dims); di++) {
+                    /* decode at several lengths (chunk edges at 64), and a prefill chunk */
+                    int32_t ctxs[] = {0, 1, 63, 64, 130};
+                    for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
+                        check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], ctxs[ci], 1, 0, 1,
+                                        &failures);
+                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 0, 70, 0, 1, &failures);
+                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 5, 9, 4, 3, &failures);
+                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 90, 3, 70, 2, &failures);
+                }
+            CHECK_MSG(failures == 0, "%s, %d threads: attention failed", cpu_isa_name(kern->isa), nt);
+        }
+        pool_free(pool);
+    }
+}
+
+/* ---- rms_norm, rope, exp ---------------------------------------------------------- */
+
+static void test_rms_norm_rope_exp(void) {
+    struct llmopt_err err = {0};
+    struct cpu_pool *pool = NULL;
+    CHECK_MSG(pool_create(3, &pool, &err) == LLMOPT_OK, "%s", err.msg);
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
+        if (!kern) continue;
+        int64_t ds[] = {1, 8, 31, 64, 100, 1024, 4099};
+        for (size_t di = 0; di < LLMOPT_ARRAY_LEN(ds); di++) {
+            int64_t d = ds[di], rows = 1 + rng_u32() % 40;
+            float *x = malloc((size_t)(rows * d) * 4), *w = malloc((size_t)d * 4), *o = malloc((size_t)(rows * d) * 4);
+            fill(x, rows * d, 3.0f);
+            fill(w, d, 1.0f);
+            struct cpu_rms_norm op = {.x = x, .w = w, .o = o, .rows = rows, .d = d, .eps = 1e-5f};
+            cpu_rms_norm_run(&op, kern, pool);
+            int bad = 0;
+            for (int64_t r = 0; r < rows; r++) {
+                double ss = 0;
+                for (int64_t i = 0; i < d; i++) ss += (double)x[r * d + i] * x[r * d + i];
+                double scale = 1.0 / sqrt(ss / (double)d + 1e-5);
+                for (int64_t i = 0; i < d; i++) {
+                    double ref = x[r * d + i] * scale * w[i];
+                    if (!(fabs(o[r * d + i] - ref) <= 2e-6 * (fabs(ref) + 1e-3))) bad++;
+                }
+            }
+            CHECK_MSG(bad == 0, "%s rms_norm d=%lld rows=%lld: %d values off", cpu_isa_name(kern->isa),
+                      (long long)d, (long long)rows, bad);
+            free(x);
+            free(w);
+            free(o);
+        }
+        /* rope: x [A, B, D] with cos/sin [1, B, D] broadcast over A */
+        int64_t dims_d[] = {2, 8, 30, 64, 128};
+        for (size_t di = 0; di < LLMOPT_ARRAY_LEN(dims_d); di++) {
+            int64_t d = dims_d[di], a_n = 3, b_n = 1 + rng_u32() % 50, rows = a_n * b_n;
+            float *x = malloc((size_t)(rows * d) * 4), *o = malloc((size_t)(rows * d) * 4);
+            float *c = malloc((size_t)(b_n * d) * 4), *s = malloc((size_t)(b_n * d) * 4);
+            fill(x, rows * d, 2.0f);
+            fill(c, b_n * d, 1.0f);
+            fill(s, b_n * d, 1.0f);
+            struct cpu_rope op = {.x = x, .o = o, .cos_t = c, .sin_t = s, .rows = rows, .d = d, .rank = 2,
+                                  .dims = {a_n, b_n}, .strides = {0, d}};
+            cpu_rope_run(&op, kern, pool);
+            int bad = 0;
+            int64_t half = d / 2;
+            for (int64_t r = 0; r < rows; r++) {
+                const float *xr = x + r * d, *cr = c + (r % b_n) * d, *sr = s + (r % b_n) * d;
+                for (int64_t i = 0; i < half; i++) {
+                    double r0 = (double)xr[i] * cr[i] - (double)xr[i + half] * sr[i];
+                    double r1 = (double)xr[i + half] * cr[i + half] + (double)xr[i] * sr[i + half];
+                    if (!(fabs(o[r * d + i] - r0) <= 1e-6 * 4)) bad++;
+                    if (!(fabs(o[r * d + i + half] - r1) <= 1e-6 * 4)) bad++;
+                }
+            }
+            CHECK_MSG(bad == 0, "%s rope d=%lld: %d values off", cpu_isa_name(kern->isa), (long long)d, bad);
+            free(x);
+            free(o);
+            free(c);
+            free(s);
+        }
+        /* exp over the f32 range */
+        enum { N_EXP = 4001 };
+        float src[N_EXP], dst[N_EXP];
+        for (int i = 0; i < N_EXP; i++) src[i] = -87.0f + 175.0f * (float)i / (N_EXP - 1) + rng_f() * 0.01f;
+        src[0] = 0.0f;
+        kern->exp_row(src, dst, N_EXP);
+        double worst = 0;
+        for (int i = 0; i < N_EXP; i++) {
+            double ref = exp((double)src[i]), rel = fabs(dst[i] - ref) / ref;
+            worst = rel > worst ? rel : worst;
+        }
+        CHECK_MSG(worst < 4e-7, "%s exp: relative error %.3g", cpu_isa_name(kern->isa), worst);
+    }
+    pool_free(pool);
+}
+
+/* ---- whole models: the fast backend against the reference executor -------------- */
+
+/* Logits of a prompt (prefill in chunks of 7) and 6 greedy decode steps. */
+static void model_logits(const char *path, bool reference, int n_threads, float *out, int32_t *n_vocab) {
+    struct llmopt_err err = {0};
+    struct llmopt_model *m = NULL;
+    struct llmopt_session *s = NULL;
+    if (reference)
+        setenv("LLMOPT_CPU_REF", "1", 1);
+    else
+        unsetenv("LLMOPT_CPU_REF");
+    CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
+    if (!m) return;
+    struct llmopt_session_opts so = {.n_ctx = 64, .n_batch = 7, .n_threads = n_threads};
+    CHECK_MSG(llmopt_session_create(m, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
+    *n_vocab = llmopt_model_n_vocab(m);
+    if (s) {
+        int32_t prompt[20];
+        for (int i = 0; i < 20; i++) prompt[i] = 1 + (int32_t)((i * 37 + 11) % (*n_vocab - 1));
+        const float *logits = NULL;
+        CHECK_MSG(llmopt_session_append(s, 0, prompt, 20, &logits, &err) == LLMOPT_OK, "%s", err.msg);
+        for (int step = 0; step < 7 && logits; step++) {
+            if (out) memcpy(out + (size_t)step * (size_t)*n_vocab, logits, (size_t)*n_vocab * 4);
+            int32_t best = 0;
+            for (int32_t v = 1; v < *n_vocab; v++) best = logits[v] > logits[best] ? v : best;
+            if (step < 6) CHECK(llmopt_session_append(s, 0, &best, 1, &logits, &err) == LLMOPT_OK);
+        }
+    }
+    llmopt_session_free(s);
+    llmopt_model_free(m);
+    unsetenv("LLMOPT_CPU_REF");
+}
+
+static void test_models_fast_vs_reference(void) {
+    static const struct {
+        const char *path;
+        double tol; /* max |fast - ref| / max |ref| over each logits row */
+    } models[] = {
+        {"../shared/models/stories260K/stories260K-F32.gguf", 1e-4},
+        {"../shared/models/stories260K/stories260K-Q8_0.gguf", 3e-2},
+        {"../shared/models/stories260K/stories260K-Q4_0.gguf", 3e-2},
+        {"tests/golden/llama_tiny/model.gguf", 1e-4},
+    };
+    for (size_t i = 0; i < LLMOPT_ARRAY_LEN(models); i++) {
+        FILE *f = fopen(models[i].path, "rb");
+        if (!f) {
+            fprintf(stderr, "  skip: %s not found\n", models[i].path);
+            continue;
+        }
+        fclose(f);
+        int32_t nv = 0;
+        model_logits(models[i].path, true, 1, NULL, &nv);
+        if (nv <= 0) continue;
+        float *ref = calloc((size_t)nv * 7, 4), *fast = calloc((size_t)nv * 7, 4);
+        model_logits(models[i].path, true, 1, ref, &nv);
+        for (int nt = 1; nt <= 3; nt++) {
+            model_logits(models[i].path, false, nt, fast, &nv);
+            for (int step = 0; step < 7; step++) {
+                const float *a = ref + (size_t)step * (size_t)nv, *b = fast + (size_t)step * (size_t)nv;
+                double mx = 0, diff = 0;
+                for (int32_t v = 0; v < nv; v++) {
+                    mx = fabs(a[v]) > mx ? fabs(a[v]) : mx;
+                    diff = fabs(a[v] - b[v]) > diff ? fabs(a[v] - b[v]) : diff;
+                }
+                CHECK_MSG(diff <= models[i].tol * mx, "%s threads=%d step %d: max diff %.3g of max %.3g",
+                          models[i].path, nt, step, diff, mx);
+            }
+        }
+        free(ref);
+        free(fast);
+    }
+}
+
+TEST_MAIN(test_pool, test_quantize_same_on_every_isa, test_linear_1_thread, test_linear_2_threads,
+          test_linear_3_threads, test_attention, test_rms_norm_rope_exp, test_models_fast_vs_reference)
