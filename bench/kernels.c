@@ -23,9 +23,13 @@
 #include <string.h>
 #include <time.h>
 
+/* One thread: this thread's CPU time, which leaves out time the scheduler gave to other
+ * processes (this machine is shared); more threads: wall time. */
+static clockid_t bench_clock = CLOCK_MONOTONIC;
+
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(bench_clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -75,6 +79,7 @@ struct opts {
     const char *model;
     int prompt, decode;
     bool ref;
+    bool wall; /* wall time even with one thread */
     const char *only; /* run only kernels whose name contains this */
 };
 
@@ -90,10 +95,11 @@ static const enum ir_dtype wtypes[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16
 /* Decode: y (rows, n) = x W^T, cycling through enough weight copies to defeat the
  * caches. Returns GB/s of weights. */
 static double bench_matvec(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, enum ir_dtype t,
-                           int64_t rows, int64_t k, int64_t n, int reps) {
+                           int64_t rows, int64_t k, int64_t n, int reps, bool hot) {
     size_t bytes = ir_dtype_row_bytes(t, k) * (size_t)n;
     int copies = (int)((768u << 20) / bytes) + 1;
     if (copies > 512) copies = 512;
+    if (hot) copies = 1; /* cache-resident: the kernel's arithmetic limit */
     uint8_t **w = malloc((size_t)copies * sizeof *w);
     w[0] = make_weights(t, n, k);
     for (int c = 1; c < copies; c++) {
@@ -102,7 +108,7 @@ static double bench_matvec(const struct cpu_isa_kernels *kern, struct cpu_pool *
     }
     float *x = malloc((size_t)(rows * k) * 4), *y = malloc((size_t)(rows * n) * 4);
     for (int64_t i = 0; i < rows * k; i++) x[i] = rnd();
-    void *scratch = malloc(cpu_qact_bytes(rows, k));
+    void *scratch = malloc(cpu_linear_scratch_bytes(kern, t, rows, k, pool_threads(pool)) + 64);
     struct cpu_linear op = {.x = x, .rows = rows, .k = k, .n_out = n, .wtype = t, .act = IR_OP_INPUT,
                             .y = y, .scratch = scratch};
     double *gbs = malloc((size_t)reps * sizeof *gbs);
@@ -110,13 +116,15 @@ static double bench_matvec(const struct cpu_isa_kernels *kern, struct cpu_pool *
         op.w = w[c];
         cpu_linear_run(&op, kern, pool);
     }
+    int inner = hot ? 200 : 1;
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();
-        for (int c = 0; c < copies; c++) {
-            op.w = w[c];
-            cpu_linear_run(&op, kern, pool);
-        }
-        gbs[r] = (double)bytes * copies / (now_s() - t0) / 1e9;
+        for (int i = 0; i < inner; i++)
+            for (int c = 0; c < copies; c++) {
+                op.w = w[c];
+                cpu_linear_run(&op, kern, pool);
+            }
+        gbs[r] = (double)bytes * copies * inner / (now_s() - t0) / 1e9;
     }
     double res = median(gbs, reps);
     for (int c = 0; c < copies; c++) free(w[c]);
@@ -135,7 +143,7 @@ static double bench_gemm(const struct cpu_isa_kernels *kern, struct cpu_pool *po
     uint8_t *w = make_weights(t, n, k);
     float *x = malloc((size_t)(rows * k) * 4), *y = malloc((size_t)(rows * n) * 4);
     for (int64_t i = 0; i < rows * k; i++) x[i] = rnd();
-    void *scratch = malloc(cpu_qact_bytes(rows, k));
+    void *scratch = malloc(cpu_linear_scratch_bytes(kern, t, rows, k, pool_threads(pool)) + 64);
     struct cpu_linear op = {.x = x, .rows = rows, .k = k, .n_out = n, .w = w, .wtype = t,
                             .act = IR_OP_INPUT, .y = y, .scratch = scratch};
     cpu_linear_run(&op, kern, pool);
@@ -287,6 +295,8 @@ static int bench_model(const struct opts *o) {
     }
     double t_prefill = now_s() - t0;
     double *step = malloc((size_t)o->decode * sizeof *step);
+    struct timespec cpu0, cpu1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
     for (int i = 0; i < o->decode; i++) {
         int32_t best = 0;
         for (int32_t v = 1; v < nv; v++) best = logits[v] > logits[best] ? v : best;
@@ -297,6 +307,8 @@ static int bench_model(const struct opts *o) {
         }
         step[i] = now_s() - ts;
     }
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    double cpu_s = (double)(cpu1.tv_sec - cpu0.tv_sec) + (double)(cpu1.tv_nsec - cpu0.tv_nsec) * 1e-9;
     double total = 0;
     for (int i = 0; i < o->decode; i++) total += step[i];
     double med = o->decode ? median(step, o->decode) : 0;
@@ -304,8 +316,8 @@ static int bench_model(const struct opts *o) {
            o->ref ? "scalar-ref" : cpu_isa_name(cpu_isa_best()), o->threads);
     printf("  prefill %d tokens: %.1f tok/s (%.1f ms)\n", np, np / t_prefill, t_prefill * 1e3);
     if (o->decode)
-        printf("  decode %d tokens: %.1f tok/s (mean), median step %.3f ms\n", o->decode,
-               o->decode / total, med * 1e3);
+        printf("  decode %d tokens: %.1f tok/s (mean), median step %.3f ms; process CPU time %.1f ms/token\n",
+               o->decode, o->decode / total, med * 1e3, cpu_s / o->decode * 1e3);
     free(step);
     free(prompt);
     llmopt_session_free(s);
@@ -319,6 +331,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) o.threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) o.quick = true;
         else if (!strcmp(argv[i], "--ref")) o.ref = true;
+        else if (!strcmp(argv[i], "--wall")) o.wall = true;
+        else if (!strcmp(argv[i], "--gemm-min-rows") && i + 1 < argc) cpu_gemm_min_rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) o.only = only_filter = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) o.model = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) o.prompt = atoi(argv[++i]);
@@ -334,6 +348,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick] [--only NAME]\n"
+                            "       [--gemm-min-rows N] [--wall]\n"
                             "       %s --model MODEL.gguf [-t THREADS] [-p PROMPT] [-n DECODE] [--ref]\n",
                     argv[0], argv[0]);
             return 2;
@@ -348,7 +363,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     int reps = o.quick ? 3 : 7;
-    printf("threads %d; pool_run (empty) %.0f ns\n", pool_threads(pool), bench_pool_run(pool));
+    if (pool_threads(pool) == 1 && !o.wall) bench_clock = CLOCK_THREAD_CPUTIME_ID;
+    printf("threads %d (%s); pool_run (empty) %.0f ns\n", pool_threads(pool),
+           bench_clock == CLOCK_MONOTONIC ? "wall time" : "thread CPU time", bench_pool_run(pool));
     for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
         if (o.isa == -2 && isa != (int)cpu_isa_best()) continue;
         if (o.isa >= 0 && isa != o.isa) continue;
@@ -369,9 +386,21 @@ int main(int argc, char **argv) {
                     printf("| matvec %s | rows %lld, k %lld, n %lld | %.1f GB/s |\n",
                            ir_dtype_name(wtypes[t]), (long long)rows, (long long)mv[s][0],
                            (long long)mv[s][1],
-                           bench_matvec(kern, pool, wtypes[t], rows, mv[s][0], mv[s][1], reps));
+                           bench_matvec(kern, pool, wtypes[t], rows, mv[s][0], mv[s][1], reps, false));
                 fflush(stdout);
             }
+        /* The same kernels on a cache-resident matrix: what they could stream if memory
+         * kept up (decode stays memory-bound only while this is well above the
+         * machine's bandwidth per core). */
+        for (int t = 0; t < N_WTYPES; t++) {
+            snprintf(name, sizeof name, "matvec-hot %s", ir_dtype_name(wtypes[t]));
+            if (!wanted(name)) continue;
+            for (int64_t rows = 1; rows <= 4; rows *= 2)
+                printf("| matvec-hot %s | rows %lld, k 1024, n 256 (in L2) | %.1f GB/s |\n",
+                       ir_dtype_name(wtypes[t]), (long long)rows,
+                       bench_matvec(kern, pool, wtypes[t], rows, 1024, 256, reps, true));
+            fflush(stdout);
+        }
         int64_t gemm_rows[] = {16, 128};
         for (int t = 0; t < N_WTYPES; t++)
             for (size_t r = 0; r < 2; r++) {

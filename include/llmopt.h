@@ -151,6 +151,7 @@ struct llmopt_session_opts {
     int32_t n_batch; /* max tokens per forward (prompt chunk); 0: 256 */
     int32_t n_slots; /* sequences at once; 0: 1 */
     int32_t n_threads; /* CPU threads for kernels; 0: every CPU this process may use */
+    const char *backend; /* "cpu" (NULL or "": the default), "cpu-ref" or "cuda" */
 };
 
 enum llmopt_status llmopt_session_create(const struct llmopt_model *m,

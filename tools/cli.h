@@ -25,6 +25,8 @@ char *cli_read_file(const char *path, size_t *len, struct llmopt_err *err);
 /* A chat template from text with bos/eos strings from MODEL's tokenizer (NULL: none). */
 enum llmopt_status cli_template_from_text(const char *model, const char *text, size_t len,
                                           struct llmopt_chat_template **out, struct llmopt_err *err);
+/* Replaces the generic "chat template" at the start of an error message with path. */
+void cli_name_template_error(struct llmopt_err *err, const char *path);
 
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

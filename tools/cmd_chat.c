@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 struct chat_args {
-    const char *model, *system, *template_path, *programs;
+    const char *model, *system, *template_path, *programs, *extra;
     long long n_predict, n_ctx;
     struct llmopt_sampling sampling;
     bool seed_given, verbose;
@@ -35,6 +35,7 @@ struct chat {
     struct llmopt_chat_template *tpl;
     json_t *messages;   /* the conversation, OpenAI style */
     char *system;       /* current system prompt or NULL */
+    char *extra;        /* extra template variables (a JSON object) or NULL */
     char *end_of_turn;  /* the template's end-of-turn string, or NULL */
     int32_t *kv_ids;    /* (n_ctx) ids the session's sequence holds */
     int32_t n_kv, n_ctx, n_vocab;
@@ -131,7 +132,7 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
     size_t prompt_len = 0;
     char *msgs = json_dumps(c->messages, JSON_COMPACT);
     if (!msgs) return err->status = LLMOPT_ERR_NOMEM;
-    enum llmopt_status st = llmopt_chat_template_render(c->tpl, msgs, strlen(msgs), true, NULL, &prompt, &prompt_len, err);
+    enum llmopt_status st = llmopt_chat_template_render(c->tpl, msgs, strlen(msgs), true, c->extra, &prompt, &prompt_len, err);
     free(msgs);
     if (st) return st;
 
@@ -256,6 +257,7 @@ int cmd_chat(int argc, char **argv) {
         if (!(v = option_value(argc, argv, &i))) return usage_error("chat: option '%s' needs a value", arg);
         if (!strcmp(arg, "--system")) a.system = v;
         else if (!strcmp(arg, "--chat-template")) a.template_path = v;
+        else if (!strcmp(arg, "--extra")) a.extra = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-predict")) {
             if (!parse_long(v, 1, INT32_MAX, &a.n_predict)) return usage_error("chat: -n needs a count >= 1, got '%s'", v);
@@ -300,6 +302,13 @@ int cmd_chat(int argc, char **argv) {
             goto done;
     } else if (llmopt_chat_template_load(a.model, &c.tpl, &err)) {
         goto done;
+    }
+    if (a.extra) {
+        size_t len;
+        if (a.extra[0] == '@' ? !(c.extra = cli_read_file(a.extra + 1, &len, &err)) : !(c.extra = strdup(a.extra))) {
+            if (!err.status) err.status = LLMOPT_ERR_NOMEM;
+            goto done;
+        }
     }
     c.end_of_turn = probe_end_of_turn(c.tpl);
     struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx};
@@ -351,6 +360,7 @@ int cmd_chat(int argc, char **argv) {
         enum llmopt_status st = chat_turn(&c, &a, &err);
         if ((st == LLMOPT_ERR_LIMIT || st == LLMOPT_ERR_INVALID_ARG) && c.tty) {
             /* the conversation does not fit, or the template refused it: drop the message */
+            cli_name_template_error(&err, a.template_path);
             fail(&err);
             json_array_remove(c.messages, json_array_size(c.messages) - 1);
             memset(&err, 0, sizeof err);
@@ -360,13 +370,17 @@ int cmd_chat(int argc, char **argv) {
     }
     rc = 0;
 done:
-    if (rc) fail(&err);
+    if (rc) {
+        cli_name_template_error(&err, a.template_path);
+        fail(&err);
+    }
     free(line);
     free(tpl_text);
     free(c.kv_ids);
     free(c.logits);
     free(c.system);
     free(c.end_of_turn);
+    free(c.extra);
     json_decref(c.messages);
     llmopt_sampler_free(c.sampler);
     llmopt_session_free(c.sess);

@@ -8,7 +8,7 @@
 #include <time.h>
 
 struct run_args {
-    const char *model, *prompt, *programs, *prompt_ids;
+    const char *model, *prompt, *programs, *prompt_ids, *backend;
     long long n_predict, n_ctx;
     struct llmopt_sampling sampling;
     bool seed_given, ids, verbose;
@@ -49,6 +49,7 @@ int cmd_run(int argc, char **argv) {
         if (!strcmp(arg, "-p") || !strcmp(arg, "--prompt")) a.prompt = v;
         else if (!strcmp(arg, "--prompt-ids")) a.prompt_ids = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
+        else if (!strcmp(arg, "--backend")) a.backend = v;
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-predict")) {
             if (!parse_long(v, 0, INT32_MAX, &a.n_predict)) return usage_error("run: -n needs a count >= 0, got '%s'", v);
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
@@ -86,7 +87,7 @@ int cmd_run(int argc, char **argv) {
     int rc = 1;
     struct llmopt_load_opts lo = {.programs_dir = a.programs, .verbose = a.verbose};
     if (llmopt_model_load(a.model, &lo, &model, &err)) goto done;
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx};
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .backend = a.backend};
     if (llmopt_session_create(model, &so, &sess, &err)) goto done;
     const char *text = a.prompt ? a.prompt : "";
     size_t len = strlen(text), n_prompt = 0, cap = len + 2;

@@ -35,6 +35,16 @@ enum llmopt_status cli_template_from_text(const char *model, const char *text, s
     return st;
 }
 
+/* Errors of a template given with --chat-template FILE name the file instead of the
+ * generic "chat template" (llmopt_chat_template_from_text's name for its text). */
+void cli_name_template_error(struct llmopt_err *err, const char *path) {
+    static const char generic[] = "chat template";
+    if (!path || strncmp(err->msg, generic, sizeof generic - 1) != 0) return;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s%s", path, err->msg + sizeof generic - 1);
+    memcpy(err->msg, msg, sizeof msg);
+}
+
 /* Reads a whole file ("-" for stdin) into a NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len, struct llmopt_err *err) {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
@@ -164,7 +174,10 @@ int cmd_template(int argc, char **argv) {
     fflush(stdout);
     rc = 0;
 done:
-    if (rc) fail(&err);
+    if (rc) {
+        cli_name_template_error(&err, template_path);
+        fail(&err);
+    }
     free(out);
     free(extra_text);
     free(messages);

@@ -78,6 +78,10 @@ def make_config(arch, hp):
     kw.update(arch.config_extra)
     kw.update(hp.get("tokens", {}))
     kw = {k: v for k, v in kw.items() if k in fields}
+    # hparam-dependent keys are passed even when the signature does not list them (a
+    # config takes unknown keys as attributes); checked below to have been taken
+    required = arch.config_fn(hp) if arch.config_fn else {}
+    kw.update(required)
     if "head_dim" in fields or hp["head_dim"] * hp["n_heads"] != hp["d_model"]:
         kw["head_dim"] = hp["head_dim"]
     rope = {"rope_type": "default", "rope_theta": hp["rope_theta"]}
@@ -94,6 +98,9 @@ def make_config(arch, hp):
     theta = _rope_theta(cfg)
     if theta != float(hp["rope_theta"]):
         raise RuntimeError("%s did not take rope_theta=%r (got %r)" % (arch.config_class, hp["rope_theta"], theta))
+    for k, v in required.items():
+        if getattr(cfg, k, None) != v:
+            raise RuntimeError("%s did not take %s=%r (got %r)" % (arch.config_class, k, v, getattr(cfg, k, None)))
     got_hd = getattr(cfg, "head_dim", None) or hp["d_model"] // hp["n_heads"]
     if got_hd != hp["head_dim"]:
         raise RuntimeError("%s did not take head_dim=%r (got %r)" % (arch.config_class, hp["head_dim"], got_hd))
@@ -246,6 +253,114 @@ GEMMA_MAP = make_map(GEMMA_PARAMS, GEMMA_TRANSFORMS,
 LLAMA_GGUF_MAP = LLAMA_MAP
 
 
+# --------------------------------------------------------------------------- LFM2
+
+# LFM2 (Lfm2ForCausalLM): hybrid layers. layer_types mixes "conv" (a gated short
+# convolution, llmopt::short_conv) and "full_attention" layers; the graph has one
+# repeat with a body per kind, chosen by the per-layer hparam layer_kind (0 conv,
+# 1 attention). Every layer: operator_norm -> operator -> residual, ffn_norm -> SwiGLU
+# (w1 gate, w3 up, w2 down) -> residual; embedding_norm is the final norm. head_dim is
+# always d_model / n_heads (the probe makes them equal, so the graph spells the q/k/v
+# and out widths "d_model").
+LFM2_KINDS = {"conv": 0, "full_attention": 1}
+LFM2_KIND_NAMES = {0: "conv", 1: "attention"}
+LFM2_PROBE = dict(PROBE, d_model=120, head_dim=8, n_layers=5, conv_L=6,
+                  layer_types=["conv", "conv", "full_attention", "full_attention", "conv"])
+LFM2_DIM_EXPRS = ["vocab", "d_model", "2*d_model", "3*d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim",
+                  "head_dim/2", "n_kv_heads*head_dim", "n_heads/n_kv_heads", "conv_L"]
+LFM2_HPARAMS = HPARAMS + ["conv_L"]
+
+LFM2_ATTN = [
+    "model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.k_proj.weight",
+    "model.layers.{i}.self_attn.v_proj.weight", "model.layers.{i}.self_attn.out_proj.weight",
+    "model.layers.{i}.self_attn.q_layernorm.weight", "model.layers.{i}.self_attn.k_layernorm.weight",
+]
+LFM2_CONV = [
+    "model.layers.{i}.conv.in_proj.weight", "model.layers.{i}.conv.conv.weight",
+    "model.layers.{i}.conv.out_proj.weight",
+]
+LFM2_PARAMS = [
+    "model.embed_tokens.weight", "model.embedding_norm.weight", "lm_head.weight",
+    "model.layers.{i}.operator_norm.weight", "model.layers.{i}.ffn_norm.weight",
+    "model.layers.{i}.feed_forward.w1.weight", "model.layers.{i}.feed_forward.w3.weight",
+    "model.layers.{i}.feed_forward.w2.weight",
+] + LFM2_ATTN + LFM2_CONV
+
+# llama.cpp's names (gguf-py tensor_mapping for MODEL_ARCH.LFM2). The final norm is
+# embedding_norm -> token_embd_norm in the llama.cpp versions that added LFM2; output_norm
+# is accepted as a fallback in case a later converter renames it.
+LFM2_GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.embedding_norm.weight": "token_embd_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.{i}.operator_norm.weight": "blk.{i}.attn_norm.weight",
+    "model.layers.{i}.ffn_norm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.feed_forward.w1.weight": "blk.{i}.ffn_gate.weight",
+    "model.layers.{i}.feed_forward.w3.weight": "blk.{i}.ffn_up.weight",
+    "model.layers.{i}.feed_forward.w2.weight": "blk.{i}.ffn_down.weight",
+    "model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight",
+    "model.layers.{i}.self_attn.k_proj.weight": "blk.{i}.attn_k.weight",
+    "model.layers.{i}.self_attn.v_proj.weight": "blk.{i}.attn_v.weight",
+    "model.layers.{i}.self_attn.out_proj.weight": "blk.{i}.attn_output.weight",
+    "model.layers.{i}.self_attn.q_layernorm.weight": "blk.{i}.attn_q_norm.weight",
+    "model.layers.{i}.self_attn.k_layernorm.weight": "blk.{i}.attn_k_norm.weight",
+    "model.layers.{i}.conv.in_proj.weight": "blk.{i}.shortconv.in_proj.weight",
+    "model.layers.{i}.conv.conv.weight": "blk.{i}.shortconv.conv.weight",
+    "model.layers.{i}.conv.out_proj.weight": "blk.{i}.shortconv.out_proj.weight",
+}
+
+
+def _lfm2_map():
+    gp, sp = {}, {}
+    for name in LFM2_PARAMS:
+        e = {"tensor": LFM2_GGUF_NAMES[name]}
+        s = {"tensor": name}
+        if name == "lm_head.weight":
+            e["fallback"] = TIED_FALLBACK_GGUF
+            s["fallback"] = TIED_FALLBACK_HF
+        if name == "model.embedding_norm.weight":
+            e["fallback"] = "output_norm.weight"
+        if name == "model.layers.{i}.conv.conv.weight":
+            # the converter squeezes the [C, 1, L] Conv1d kernel to [C, L]
+            e["transform"] = {"op": "reshape", "shape": ["d_model", "conv_L"]}
+        gp[name] = e
+        sp[name] = s
+    gh = _std_hparams_gguf({
+        # head_count_kv is per layer in LFM2 GGUFs (0 on conv layers): the attention
+        # layers' value, and the layer kinds
+        "n_kv_heads": {"key": "{arch}.attention.head_count_kv", "reduce": "max", "default": "n_heads"},
+        "layer_kind": {"key": "{arch}.attention.head_count_kv", "values": {"0": 0, "*": 1}},
+        "conv_L": {"key": "{arch}.shortconv.l_cache", "default": "3"},
+        # the converter writes the auto-adjusted width (the tensors' rows)
+        "d_ff": {"key": "{arch}.feed_forward_length", "tensor": "blk.0.ffn_gate.weight", "dim": 0},
+    })
+    hh = _std_hparams_hf("0.00001")
+    hh.update({
+        "rms_eps": {"config": "norm_eps", "default": "0.00001"},
+        # config.json's intermediate_size is the width before block_auto_adjust_ff_dim:
+        # read the tensors' rows instead
+        "d_ff": {"tensor": "model.layers.0.feed_forward.w1.weight", "dim": 0},
+        "layer_kind": {"config": "layer_types", "values": {k: v for k, v in LFM2_KINDS.items()}},
+        "conv_L": {"config": "conv_L_cache", "default": "3"},
+    })
+    return {"format": "llmopt-param-map", "version": 1,
+            "gguf": {"match": dict(DEFAULT_ROPE_GGUF), "hparams": gh, "params": gp},
+            "safetensors": {"match": dict(DEFAULT_ROPE_HF), "hparams": hh, "params": sp}}
+
+
+LFM2_MAP = _lfm2_map()
+
+
+def _lfm2_config(hp):
+    # intermediate_size is taken as the MLP width only without block_auto_adjust_ff_dim
+    return {"layer_types": list(hp["layer_types"]), "conv_L_cache": hp["conv_L"], "norm_eps": hp["rms_eps"],
+            "block_auto_adjust_ff_dim": False, "conv_bias": False, "intermediate_size": hp["d_ff"]}
+
+
+def _lfm2_layer_hparams(hp):
+    return {"layer_kind": [LFM2_KINDS[t] for t in hp["layer_types"]]}
+
+
 # --------------------------------------------------------------------------- golden configs
 
 # Small random-weight configurations for the CI goldens: GQA everywhere, a head_dim that
@@ -264,12 +379,24 @@ TINY = {
     "gemma": {"vocab": 320, "d_model": 64, "d_ff": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
               "head_dim": 24, "rms_eps": 1e-6, "rope_theta": 10000.0, "max_positions": 8192, "tied": True,
               "tokens": {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}},
+    # LFM2-shaped: conv layers first (as in LFM2-350M/1.2B), kernel 3, tied embeddings
+    "lfm2": {"vocab": 320, "d_model": 64, "d_ff": 128, "n_layers": 5, "n_heads": 4, "n_kv_heads": 2,
+             "head_dim": 16, "rms_eps": 1e-5, "rope_theta": 1000000.0, "max_positions": 4096, "tied": True,
+             "conv_L": 3, "layer_types": ["conv", "conv", "full_attention", "conv", "full_attention"],
+             "tokens": {"bos_token_id": 317, "eos_token_id": 319, "pad_token_id": None}},
 }
 
 
 class Arch:
+    """config_fn(hp): config kwargs that depend on the hparams (and must be taken as given);
+    layer_hparams_fn(hp): per-layer hparams (name -> one value per layer); kind_hparam:
+    the per-layer hparam choosing each layer's body (layers of different kinds);
+    state_modules: module class name -> llmopt.ops.STATE_FORWARDS key (modules owning
+    recurrent state, replaced by llmopt state ops during capture)."""
+
     def __init__(self, name, config_class, model_class, param_map, hparams=HPARAMS, config_extra=None,
-                 probe=PROBE, dim_exprs=DIM_EXPRS, float_exprs=FLOAT_EXPRS, notes=""):
+                 probe=PROBE, dim_exprs=DIM_EXPRS, float_exprs=FLOAT_EXPRS, notes="", config_fn=None,
+                 layer_hparams_fn=None, kind_hparam=None, kind_names=None, state_modules=None):
         self.name = name
         self.config_class = config_class
         self.model_class = model_class
@@ -282,6 +409,21 @@ class Arch:
         self.float_exprs = list(float_exprs)
         self.tiny = TINY[name]
         self.notes = notes
+        self.config_fn = config_fn
+        self.layer_hparams_fn = layer_hparams_fn
+        self.kind_hparam = kind_hparam
+        self.kind_names = dict(kind_names or {})
+        self.state_modules = dict(state_modules or {})
+
+    def layer_hparams(self, hp):
+        """Per-layer hparams of hp (name -> list), {} for uniform layers."""
+        return self.layer_hparams_fn(hp) if self.layer_hparams_fn else {}
+
+    def layer_kinds(self, hp):
+        """One body key per layer, or None when every layer has the same body."""
+        if not self.kind_hparam:
+            return None
+        return list(self.layer_hparams(hp)[self.kind_hparam])
 
     def build(self, hp):
         return build_model(self, hp)
@@ -307,4 +449,11 @@ ARCHS = {
                       "attention_bias": False},
         float_exprs=FLOAT_EXPRS + ["d_model^0.5"],
         notes="Gemma 1 (gelu_tanh MLP, embeddings scaled by sqrt(d_model), RMSNorm with 1 + w)"),
+    "lfm2": Arch(
+        "lfm2", "Lfm2Config", "Lfm2ForCausalLM", LFM2_MAP, hparams=LFM2_HPARAMS,
+        config_extra={"hidden_act": "silu"}, probe=LFM2_PROBE, dim_exprs=LFM2_DIM_EXPRS,
+        config_fn=_lfm2_config, layer_hparams_fn=_lfm2_layer_hparams, kind_hparam="layer_kind",
+        kind_names=LFM2_KIND_NAMES, state_modules={"Lfm2ShortConv": "lfm2_short_conv"},
+        notes="LFM2 hybrid (gated short-convolution layers beside GQA attention with QK RMSNorm); tied or "
+              "untied lm_head"),
 }

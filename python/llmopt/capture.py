@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -129,7 +130,9 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     from .convert import Converter
 
     arch = ARCHS[arch_name]
-    hp = arch.probe
+    hp = dict(arch.probe)
+    hp.update(arch.layer_hparams(hp))
+    kinds = arch.layer_kinds(hp)
     sym = Symbolizer(hp, arch.dim_exprs, arch.float_exprs)
     torch.manual_seed(seed)
     model = arch.build(hp)
@@ -138,22 +141,30 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     inputs = example_batch(hp["vocab"])
     tokens, positions, seq_slots, out_rows = inputs
 
-    # 1. the model's own attention vs llmopt::attention's eager reference
-    ops.set_attn_implementation(model, "eager")
+    # 1. the model's own attention (and state modules) vs llmopt's ops' eager references
+    def use_llmopt(on):
+        ops.set_attn_implementation(model, ops.ATTN_IMPL_NAME if on else "eager")
+        return ops.set_state_ops(model, arch.state_modules, on)
+
+    use_llmopt(False)
     want = eager_reference(model, *inputs)
-    ops.set_attn_implementation(model, ops.ATTN_IMPL_NAME)
+    n_state = use_llmopt(True)
     ops.CTX.calls = 0
+    ops.CTX.conv_calls = 0
     with torch.no_grad():
         got = wrapper(*inputs)[0]
-    n_calls = ops.CTX.calls
-    if n_calls != hp["n_layers"]:
-        raise ir.CaptureError("llmopt attention ran %d times for %d layers: the attention interface "
-                              "was not used" % (n_calls, hp["n_layers"]))
-    d_op = max_rel(got, want)
-    log("check eager llmopt::attention vs model attention (2 sequences): max_abs=%.3g max_rel=%.3g" % d_op)
     problems = []
+    n_calls, n_conv = ops.CTX.calls, ops.CTX.conv_calls
+    log("llmopt attention ran %d times, llmopt state ops %d times (%d layers, %d state modules)" % (
+        n_calls, n_conv, hp["n_layers"], n_state))
+    if n_calls != hp["n_layers"] - n_state or n_conv != n_state:
+        problems.append("llmopt attention ran %d times and state ops %d times for %d layers (%d with state): "
+                        "the attention interface or a state module substitution was not used" % (
+                            n_calls, n_conv, hp["n_layers"], n_state))
+    d_op = max_rel(got, want)
+    log("check eager llmopt ops vs model attention (2 sequences): max_abs=%.3g max_rel=%.3g" % d_op)
     if d_op[1] > 1e-4:
-        problems.append("llmopt::attention disagrees with the model's attention")
+        problems.append("llmopt's ops disagree with the model's attention / state modules")
 
     # 2. export
     t0 = time.time()
@@ -183,15 +194,17 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
                 f.write("%-6s L%-4s %-12s %-60s %-40s %s  <- %s\n" % (
                     n.id, n.layer, n.op, n.ins, n.shape, json.dumps(n.attrs), n.src))
     layer_prefix = layers_fqn[len("hf."):] if layers_fqn.startswith("hf.") else layers_fqn
-    pre, rep, post = ir.extract_repeat(nodes, outs, len(layers), layer_prefix)
+    pre, rep, post = ir.extract_repeat(nodes, outs, len(layers), layer_prefix, kinds)
     params = []
+    seen = set()
     for name in conv.b.param_order:
         dtype, shape = conv.b.params[name]
-        head0 = "%s.0." % layer_prefix
-        if name.startswith(layer_prefix + "."):
-            if not name.startswith(head0):
+        m = re.match(r"%s\.(\d+)\.(.*)$" % re.escape(layer_prefix), name)
+        if m:
+            name = "%s.{i}.%s" % (layer_prefix, m.group(2))
+            if name in seen:
                 continue
-            name = "%s.{i}.%s" % (layer_prefix, name[len(head0):])
+        seen.add(name)
         params.append({"name": name, "dtype": dtype, "shape": shape})
     source = {
         "module": arch.module,
@@ -201,9 +214,10 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
         "command": command or "python3 -m llmopt.capture --hf-arch %s -o <dir>" % arch_name,
         "probe": hp,
     }
-    graph = ir.to_graph(arch.name, source, arch.hparams, conv.inputs, params, pre, rep, post, outs)
+    graph = ir.to_graph(arch.name, source, arch.hparams, conv.inputs, params, pre, rep, post, outs,
+                        layer_hparams=sorted(arch.layer_hparams(hp)) or None, kind_expr=arch.kind_hparam,
+                        kind_names=arch.kind_names)
     ir.validate(graph, ir.CANONICAL_OPS)
-    check_map(graph, arch.param_map)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "graph.json"), "w") as f:
         f.write(ir.dumps_graph(graph))
@@ -222,7 +236,7 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     log("check ref_interp(graph.json) vs model attention (N=%d, M=%d): max_abs=%.3g max_rel=%.3g" % (
         len(tokens), len(out_rows), *d_int))
     one = tuple(t[:4] for t in inputs[:3]) + (torch.tensor([3, 0], dtype=torch.int64),)
-    ops.set_attn_implementation(model, "eager")
+    use_llmopt(False)
     want1 = eager_reference(model, *one)
     prog.reset()
     got1 = prog.forward(*[t.tolist() for t in one])
@@ -231,6 +245,10 @@ def capture(arch_name, out_dir, log=print, debug_dir=None, seed=0, command=None)
     worst = max(d_ep[1], d_int[1], d_int1[1])
     if worst > 1e-4:
         problems.append("captured graph disagrees with eager torch (max_rel %.3g)" % worst)
+    try:
+        check_map(graph, arch.param_map)
+    except ir.CaptureError as e:
+        problems.append("map: %s" % e)
     if problems:
         raise ir.CaptureError("; ".join(problems))
     return graph, {"eager_op": d_op, "export": d_ep, "interp": d_int, "interp_n4": d_int1}
@@ -249,7 +267,7 @@ def check_map(graph, pmap):
             raise ir.CaptureError("params without a %s binding: %s" % (section, sorted(gp - mp)))
         if mp - gp:
             raise ir.CaptureError("%s map binds params the graph does not use: %s" % (section, sorted(mp - gp)))
-        gh = set(graph["hparams"])
+        gh = set(graph["hparams"]) | set(graph.get("layer_hparams", []))
         mh = set(spec["hparams"])
         if gh - mh:
             raise ir.CaptureError("hparams without a %s binding: %s" % (section, sorted(gh - mh)))

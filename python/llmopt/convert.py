@@ -614,6 +614,11 @@ class Converter:
                               {"scale": sc, "window": self.sym.int_or_literal(w) if w else 0}, n)
 
 
+    def op_llmopt_short_conv(self, n, a, k):
+        x, w, pos, slots = [self.tensor(t) for t in a[:4]]
+        return self.emit_like("short_conv", [x, w, self.cast_to(pos, "i32"), self.cast_to(slots, "i32")], {}, n)
+
+
 def _get_attr(gm, target):
     obj = gm
     for part in target.split("."):

@@ -31,7 +31,7 @@ EMBEDDING_SCALES = (1.0, 0.1, 0.03)
 MIN_DISTINCT = 8
 
 # Which dummy vocabulary, and the prompt ids: (BOS or None, lowest, highest + 1 normal id).
-TOKENIZER = {"llama": "llama", "gemma": "gemma", "qwen2": "qwen2", "qwen3": "qwen2"}
+TOKENIZER = {"llama": "llama", "gemma": "gemma", "qwen2": "qwen2", "qwen3": "qwen2", "lfm2": "qwen2"}
 
 
 def prompt_ids(arch_name, hp):
@@ -157,12 +157,14 @@ def dumps_golden(g):
     return text
 
 
-def check_llmopt_op(model, case_steps_cases, log):
+def check_llmopt_op(model, case_steps_cases, log, state_modules=None):
     """Our custom-op path (eager) must give the same logits as the model's attention:
-    replays each case's first step (a whole prompt batch) through TokenBatchLM."""
+    replays each case's first step (a whole prompt batch) through TokenBatchLM (state
+    modules, e.g. LFM2's short convolutions, through llmopt's state ops too)."""
     import torch
     from . import ops
     ops.set_attn_implementation(model, ops.ATTN_IMPL_NAME)
+    ops.set_state_ops(model, state_modules or {}, True)
     wrapper = ops.TokenBatchLM(model).eval()
     worst = 0.0
     try:
@@ -179,6 +181,7 @@ def check_llmopt_op(model, case_steps_cases, log):
                 case["name"], d, rel))
     finally:
         ops.set_attn_implementation(model, "eager")
+        ops.set_state_ops(model, state_modules or {}, False)
     if worst > 1e-4:
         raise RuntimeError("llmopt::attention path disagrees with the model's attention (max_rel %.3g)" % worst)
     return worst
@@ -252,19 +255,25 @@ CONV_NOTES = {
     "qwen3": "qwen3.* keys; attn_q_norm/attn_k_norm; no row permutation: NEOX RoPE",
     "gemma": "gemma.* keys; every norm weight stored as w + 1; no row permutation: NEOX "
              "RoPE; no output.weight",
+    "lfm2": "lfm2.* keys; attention.head_count_kv per layer (0 on conv layers); "
+            "shortconv.conv.weight squeezed to [C, L]; embedding_norm as token_embd_norm; no row "
+            "permutation: NEOX RoPE; no output.weight",
 }
-FAMILY = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
+FAMILY = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "lfm2": "LFM2"}
 VOCAB_KIND = {"llama": "SentencePiece (Llama 2 layout)", "gemma": "SentencePiece (Gemma's special ids)",
               "qwen2": "byte-level BPE (with merges)"}
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "gemma": "GemmaForCausalLM"}
+            "gemma": "GemmaForCausalLM", "lfm2": "Lfm2ForCausalLM"}
 
 
 def _desc(hp):
-    return ("vocab %d, d_model %d, d_ff %d, %d layers, %d heads, %d KV heads, head_dim %d, rms_eps %g, "
+    text = ("vocab %d, d_model %d, d_ff %d, %d layers, %d heads, %d KV heads, head_dim %d, rms_eps %g, "
             "rope_theta %g, %s lm_head" % (hp["vocab"], hp["d_model"], hp["d_ff"], hp["n_layers"], hp["n_heads"],
                                            hp["n_kv_heads"], hp["head_dim"], hp["rms_eps"], hp["rope_theta"],
                                            "tied" if hp.get("tied") else "untied"))
+    if hp.get("layer_types"):
+        text += "; layers %s, conv kernel %d" % (", ".join(hp["layer_types"]), hp.get("conv_L", 0))
+    return text
 
 
 def readme_text(golden):
@@ -279,6 +288,19 @@ def readme_text(golden):
         tied_note=" (no lm_head.weight: tied to the embedding)" if hp.get("tied") else "",
         gguf_arch=llamacpp.GGUF_ARCH[HF_CLASS[arch]], conv_note=CONV_NOTES[arch],
         vocab_kind=VOCAB_KIND[TOKENIZER[arch]], vocab=hp["vocab"])
+
+
+def write_golden_gguf(out_dir, golden):
+    """model.gguf of a golden directory, from its hf/ (llamacpp.py's emulation of the
+    converter; pure Python, so it can be redone without torch)."""
+    ck = HFCheckpoint(os.path.join(out_dir, "hf"))
+    hp = golden["config"]
+    tensors = {n: (ck.tensors[n]["shape"], ck.tensor_values(n)) for n in ck.tensor_order}
+    name = "%s_tiny (random weights, llmopt golden)" % golden["arch"]
+    kind = TOKENIZER[golden["arch"]]
+    return llamacpp.write_gguf(ck.config, tensors, name,
+                               lambda w, a: vocabs.add_tokenizer(w, kind, hp["vocab"], hp["tokens"]),
+                               os.path.join(out_dir, "model.gguf"))
 
 
 def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
@@ -299,6 +321,7 @@ def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
             with torch.no_grad():
                 model.get_input_embeddings().weight.mul_(emb_scale)
         ops.set_attn_implementation(model, "eager")
+        ops.set_state_ops(model, arch.state_modules, False)
         ref = Reference(model)
         g = torch.Generator().manual_seed(sd + 1)
 
@@ -337,15 +360,15 @@ def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
     if bool(getattr(model.config, "tie_word_embeddings", False)) != bool(hp.get("tied")):
         raise RuntimeError("model tie_word_embeddings is %r, wanted %r" % (model.config.tie_word_embeddings,
                                                                          hp.get("tied")))
-    worst = check_llmopt_op(model, cases, log)
+    # the torch data first: a failing check or conversion below still leaves hf/ and
+    # golden.json (model.gguf can be converted again from hf/ without torch)
+    try:
+        worst = check_llmopt_op(model, cases, log, arch.state_modules)
+        op_error = None
+    except Exception as e:  # reported after the files are written
+        worst, op_error = float("nan"), e
     os.makedirs(out_dir, exist_ok=True)
     ck, how = write_hf(model, os.path.join(out_dir, "hf"), log)
-    tensors = {n: (ck.tensors[n]["shape"], ck.tensor_values(n)) for n in ck.tensor_order}
-    gguf_path = os.path.join(out_dir, "model.gguf")
-    name = "%s_tiny (random weights, llmopt golden)" % arch_name
-    kind = TOKENIZER[arch_name]
-    blob = llamacpp.write_gguf(ck.config, tensors, name,
-                               lambda w, a: vocabs.add_tokenizer(w, kind, hp["vocab"], hp["tokens"]), gguf_path)
     golden = {
         "format": "llmopt-golden",
         "version": 1,
@@ -374,6 +397,9 @@ def make_golden(arch_name, out_dir, seed=1234, n_decode=32, log=print):
         f.write(text)
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write(readme_text(golden))
+    blob = write_golden_gguf(out_dir, golden)
+    if op_error is not None:
+        raise op_error
     log("golden %s: seed %d, embedding scale %g; model.gguf %d bytes, golden.json %d bytes; prompt %s; "
         "greedy %s; min margin %.3g" % (
         arch_name, seed, emb_scale, len(blob), len(text), prompt, cases[0]["greedy"],

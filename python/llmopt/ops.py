@@ -1,6 +1,15 @@
 """Runtime-owned ops as torch custom ops, and the transformers attention function
 that routes a model's attention through them (DESIGN.md decisions 1-2).
 
+`llmopt::short_conv(x, w, positions, seq_slots)`: x [1,N,C], w [C,L] (or PyTorch's
+depthwise Conv1d weight [C,1,L]) -> [1,N,C], the
+causal depthwise convolution of each sequence of the token batch:
+y[t, c] = sum_j w[c, j] * u(pos_t - (L-1) + j)[c], u(q) the input row of the same
+sequence at position q, 0 where there is none (q < 0). The runtime keeps each sequence's
+last L-1 inputs (its conv state) between batches. `STATE_FORWARDS` holds forwards that
+replace a model module owning such state (LFM2's short convolution), switched on and off
+with `set_state_ops`.
+
 `llmopt::attention(q, k, v, positions, seq_slots, scale, window)`:
 q [1,H,N,Dh], k/v [1,Hkv,N,Dh], positions/seq_slots [N] -> [1,N,H,Dh]. The eager
 reference is causal attention among the batch's tokens of the same sequence slot,
@@ -49,10 +58,41 @@ def _attention_fake(q, k, v, positions, seq_slots, scale, window):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
 
 
+def _short_conv_reference(x, w, positions, seq_slots):
+    if w.dim() == 3 and w.shape[1] == 1:  # PyTorch's depthwise Conv1d weight [C, 1, L]
+        w = w.reshape(w.shape[0], w.shape[2])
+    if x.dim() != 3 or x.shape[0] != 1 or w.dim() != 2 or w.shape[0] != x.shape[2]:
+        raise ValueError("llmopt::short_conv wants x [1,N,C], w [C,L] or [C,1,L]; got %s %s" % (
+            tuple(x.shape), tuple(w.shape)))
+    L = w.shape[1]
+    pos = positions.reshape(-1).to(torch.int64)
+    slot = seq_slots.reshape(-1).to(torch.int64)
+    same = slot[:, None] == slot[None, :]
+    xf = x[0].float()
+    out = torch.zeros_like(xf)
+    for j in range(L):
+        back = L - 1 - j
+        # row t reads the token of its own sequence at position pos_t - back (if any)
+        pick = (same & (pos[None, :] == pos[:, None] - back)).to(xf.dtype)  # [N, N]
+        out = out + (pick @ xf) * w[:, j].float()
+    return out.unsqueeze(0).to(x.dtype)
+
+
+@torch.library.custom_op("llmopt::short_conv", mutates_args=())
+def short_conv(x: torch.Tensor, w: torch.Tensor, positions: torch.Tensor, seq_slots: torch.Tensor) -> torch.Tensor:
+    return _short_conv_reference(x, w, positions, seq_slots)
+
+
+@short_conv.register_fake
+def _short_conv_fake(x, w, positions, seq_slots):
+    return x.new_empty(x.shape)
+
+
 class _Context(threading.local):
     positions = None
     seq_slots = None
     calls = 0
+    conv_calls = 0
 
 
 CTX = _Context()
@@ -130,6 +170,63 @@ def set_attn_implementation(model, name):
     got = getattr(model.config, "_attn_implementation", None)
     if got != name:
         raise RuntimeError("could not select attention implementation %r (config says %r)" % (name, got))
+
+
+def lfm2_short_conv_forward(self, hidden_states, *args, **kwargs):
+    """Replaces transformers' Lfm2ShortConv.forward: in_proj to 3C channels split into
+    B, C, x (thirds, in that order); y = C * conv(B * x) with the depthwise causal
+    convolution as llmopt::short_conv over the token batch; out_proj. (HF's slow path
+    convolves along the batch axis, which would mix the sequences of a token batch.)"""
+    if CTX.positions is None:
+        raise RuntimeError("llmopt short_conv called outside llmopt.ops.token_batch()")
+    if hidden_states.shape[0] != 1:
+        raise RuntimeError("llmopt short_conv wants batch 1 (the token batch), got %d" % hidden_states.shape[0])
+    conv = self.conv
+    ch = conv.weight.shape[0]
+    if conv.weight.dim() != 3 or conv.weight.shape[1] != 1 or conv.groups != ch:
+        raise RuntimeError("llmopt short_conv: %s is not a depthwise convolution" % (tuple(conv.weight.shape),))
+    bcx = self.in_proj(hidden_states)  # [1, N, 3C]
+    b = bcx[..., 0:ch]
+    c = bcx[..., ch:2 * ch]
+    x = bcx[..., 2 * ch:3 * ch]
+    CTX.conv_calls += 1
+    # the kernel as the module stores it, [C, 1, L] (no reshape node on a parameter)
+    y = torch.ops.llmopt.short_conv(b * x, conv.weight, CTX.positions, CTX.seq_slots)
+    if conv.bias is not None:
+        y = y + conv.bias
+    return self.out_proj(c * y)
+
+
+# module class name -> forward using llmopt state ops (archs.Arch.state_modules names them)
+STATE_FORWARDS = {"lfm2_short_conv": lfm2_short_conv_forward}
+
+
+_ORIGINAL_FORWARDS = {}
+
+
+def set_state_ops(model, state_modules, on):
+    """Routes (on) or un-routes (off) the modules that own recurrent state through the
+    llmopt state ops: state_modules maps a module class name to a STATE_FORWARDS key; the
+    class's forward is replaced (and restored). Returns how many modules there are."""
+    classes = {}
+    n = 0
+    for m in model.modules():
+        key = state_modules.get(type(m).__name__)
+        if key is not None:
+            classes[type(m)] = key
+            n += 1
+    for cls, key in classes.items():
+        if on:
+            if cls not in _ORIGINAL_FORWARDS:
+                _ORIGINAL_FORWARDS[cls] = cls.__dict__.get("forward")
+            cls.forward = STATE_FORWARDS[key]
+        elif cls in _ORIGINAL_FORWARDS:
+            orig = _ORIGINAL_FORWARDS.pop(cls)
+            if orig is None:
+                del cls.forward
+            else:
+                cls.forward = orig
+    return n
 
 
 class TokenBatchLM(torch.nn.Module):

@@ -402,18 +402,15 @@ class _GGUFSource:
         self.tensors = gg.tensors
         self.tensor_order = gg.tensor_order
 
-    def meta(self, h, name):
+    def raw(self, h):
+        """(value, key) of the first present key of rule h, or (None, None)."""
         if "key" not in h:
-            return None
+            return None, None
         for tmpl in (h["key"] if isinstance(h["key"], list) else [h["key"]]):
             key = tmpl.replace("{arch}", self.arch)
-            if key not in self.gg.kv:
-                continue
-            v = self.gg.kv[key]
-            if isinstance(v, list):
-                raise BindError("hparam %r: key %r is an array" % (name, key))
-            return v
-        return None
+            if key in self.gg.kv:
+                return self.gg.kv[key], key
+        return None, None
 
     def match_value(self, key):
         return self.gg.kv.get(key.replace("{arch}", self.arch))
@@ -430,18 +427,15 @@ class _HFSource:
         self.tensors = ck.tensors
         self.tensor_order = ck.tensor_order
 
-    def meta(self, h, name):
+    def raw(self, h):
         if "config" not in h:
-            return None
+            return None, None
         paths = h["config"] if isinstance(h["config"], list) else [h["config"]]
         for p in paths:
             v = _config_get(self.ck.config, p)
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise BindError("hparam %r: config.json %s is %r, not a number" % (name, p, v))
-            return v
-        return None
+            if v is not None:
+                return v, "config.json " + p
+        return None, None
 
     def match_value(self, key):
         return _config_get(self.ck.config, key)
@@ -458,6 +452,8 @@ def apply_transform(tr, shape, data, env, pname=""):
     if op == "add_scalar":
         v = E.eval_float(tr["value"], env)
         return [x + v for x in data]
+    if op == "reshape":
+        return data  # a view: the shape was checked at binding
     raise BindError("param %r: unknown transform %r" % (pname, op))
 
 
@@ -471,18 +467,50 @@ def check_match(pmap_section, src):
                 key, json.dumps(got), json.dumps(allowed)))
 
 
+def _value_key(x):
+    """How a metadata value is spelled as a key of a per-layer rule's "values"."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, (int, float)) and float(x).is_integer():
+        return str(int(x))
+    return repr(float(x))
+
+
+def _as_number(v, name, where):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BindError("hparam %r: %s is %s, not a number" % (name, where, json.dumps(v)))
+    return v
+
+
+def _plain(v):
+    if isinstance(v, float):
+        return v
+    return int(v) if v.denominator == 1 else float(v)
+
+
 def resolve_hparams(graph, spec, src):
     """Values of the graph's hparams and of every other hparam the map section names
-    (max_positions), from metadata, tensor shapes and defaults."""
+    (max_positions), from metadata, tensor shapes and defaults. Per-layer hparams (the
+    graph's "layer_hparams") become lists with one value per layer."""
     hspec = spec["hparams"]
+    layer_names = list(graph.get("layer_hparams", []))
 
     def lookup(name, env):
         if name not in hspec:
             raise BindError("map.json has no hparam %r" % name)
         h = hspec[name]
-        v = src.meta(h, name)
+        v, where = src.raw(h)
         if v is not None:
-            return v
+            if isinstance(v, list):
+                if h.get("reduce") != "max":
+                    raise BindError("hparam %r: %s is a list (one value per layer?); a scalar hparam needs "
+                                    "\"reduce\": \"max\"" % (name, where))
+                if not v:
+                    raise BindError("hparam %r: %s is an empty list" % (name, where))
+                return max(_as_number(x, name, where) for x in v)
+            return _as_number(v, name, where)
         if "tensor" in h:
             t = src.tensors.get(h["tensor"])
             if t is not None:
@@ -491,38 +519,97 @@ def resolve_hparams(graph, spec, src):
             need = E.symbols(str(h["default"])) if isinstance(h["default"], str) else set()
             if not need <= set(env):
                 raise _Pending()
-            v = E.evaluate(h["default"], env)
-            return int(v) if not isinstance(v, float) and v.denominator == 1 else float(v)
+            return _plain(E.evaluate(h["default"], env))
         raise BindError("hparam %r: %s absent and no default" % (
             name, h.get("key", h.get("config", h.get("tensor")))))
 
-    names = list(graph["hparams"]) + [h for h in hspec if h not in graph["hparams"]]
+    names = [h for h in graph["hparams"] if h not in layer_names]
+    names += [h for h in hspec if h not in graph["hparams"] and h not in layer_names]
     try:
-        return _resolve_hparams(names, lookup)
+        env = _resolve_hparams(names, lookup)
     except InterpError as e:
         raise BindError(str(e)) from e
+    if layer_names:
+        from . import ir
+        rep = ir.find_repeat(graph)
+        if rep is None:
+            raise BindError("per-layer hparams without a repeat")
+        count = E.eval_int(rep["count"], env)
+        for name in layer_names:
+            if name not in hspec:
+                raise BindError("map.json has no hparam %r" % name)
+            env[name] = per_layer_values(name, hspec[name], src, env, count)
+    return env
+
+
+def per_layer_values(name, h, src, env, count):
+    """A per-layer hparam: a list of `count` numbers from a list (or a scalar, the same
+    for every layer) in the metadata, each mapped through "values" when the rule has it;
+    else "default", an expression over the hparams and the layer index i."""
+    v, where = src.raw(h)
+    if v is None:
+        if "default" not in h:
+            raise BindError("hparam %r: %s absent and no default" % (name, h.get("key", h.get("config"))))
+        return [_plain(E.evaluate(h["default"], dict(env, i=i))) for i in range(count)]
+    items = v if isinstance(v, list) else [v] * count
+    if len(items) != count:
+        raise BindError("hparam %r: %s has %d entries for %d layers" % (name, where, len(items), count))
+    out = []
+    for i, x in enumerate(items):
+        if "values" in h:
+            table = h["values"]
+            k = _value_key(x)
+            if k in table:
+                e = table[k]
+            elif "*" in table:
+                e = table["*"]
+            else:
+                raise BindError("hparam %r: %s[%d] is %s; the program takes %s" % (
+                    name, where, i, json.dumps(x), ", ".join(sorted(table))))
+            out.append(_plain(E.evaluate(e, dict(env, i=i))))
+        else:
+            out.append(_as_number(x, name, "%s[%d]" % (where, i)))
+    return out
+
+
+def _file_shape_ok(p, m, shape, env):
+    """The tensor's shape against what the graph wants (a "reshape" transform names the
+    file's shape: same elements, same rows). Returns the graph's shape or raises."""
+    want = [E.eval_int(d, env) for d in p["shape"]]
+    tr = m.get("transform")
+    if tr and tr.get("op") == "reshape":
+        stored = [E.eval_int(d, env) for d in tr["shape"]]
+        if list(shape) != stored:
+            return None, stored
+        if _numel(stored) != _numel(want) or (stored and want and stored[-1] != want[-1]):
+            raise BindError("param %r: reshape from %r to %r changes the rows" % (p["name"], stored, want))
+        return want, stored
+    return (want if list(shape) == want else None), want
 
 
 def bind_source(graph, pmap, src):
     """Hparams and params of `graph` from a weights source through section
     `src.section` of parameter map `pmap`. Returns (hparams, params, unused tensors).
-    Raises BindError when the program does not bind (missing tensor, wrong shape, ...)."""
+    Raises BindError when the program does not bind (missing tensor, wrong shape, ...).
+    A per-layer param binds only on the layers whose body reads it (layer kinds)."""
     if src.section not in pmap:
         raise BindError("map.json has no %r section" % src.section)
     spec = pmap[src.section]
     check_match(spec, src)
     hp = resolve_hparams(graph, spec, src)
-    n_layers = int(hp.get("n_layers", 0))
+    from . import ir
+    players = ir.param_layers(graph, hp)
     pspec = spec["params"]
     used = set()
     plan = []
+    scalars = {k: v for k, v in hp.items() if not isinstance(v, list)}
     # names and shapes first (a refusal reads no tensor data), then the data
     for p in graph["params"]:
         name = p["name"]
         if name not in pspec:
             raise InterpError("map.json has no entry for param %r" % name)
         m = pspec[name]
-        layers = range(n_layers) if "{i}" in name else [None]
+        layers = players[name] if "{i}" in name else [None]
         for i in layers:
             full = name if i is None else _subst_layer(name, i)
             tname = m["tensor"] if i is None else _subst_layer(m["tensor"], i)
@@ -532,13 +619,13 @@ def bind_source(graph, pmap, src):
                 raise BindError("param %r: tensor %r not in the file" % (full, tname))
             used.add(tname)
             shape = list(src.tensors[tname]["shape"])
-            env = dict(hp)
+            env = dict(scalars)
             if i is not None:
                 env["i"] = i
-            want = [E.eval_int(d, env) for d in p["shape"]]
-            if shape != want:
+            got, want = _file_shape_ok(p, m, shape, env)
+            if got is None:
                 raise BindError("param %r (tensor %r): shape %r, graph wants %r" % (full, tname, shape, want))
-            plan.append((full, tname, shape, m.get("transform"), env))
+            plan.append((full, tname, got, m.get("transform"), env))
     params = {}
     for full, tname, shape, tr, env in plan:
         data = src.tensor_values(tname)
@@ -594,15 +681,16 @@ def select_program(programs_dir, weights):
 def bind_dict(graph, hparams, tensors):
     """Params from a dict of full names -> (shape, flat data)."""
     params = {}
-    n_layers = int(hparams.get("n_layers", 0))
+    from . import ir
+    players = ir.param_layers(graph, hparams)
     for p in graph["params"]:
         name = p["name"]
-        for i in (range(n_layers) if "{i}" in name else [None]):
+        for i in (players[name] if "{i}" in name else [None]):
             full = name if i is None else _subst_layer(name, i)
             if full not in tensors:
                 raise InterpError("param %r missing" % full)
             shape, data = tensors[full]
-            env = dict(hparams)
+            env = {k: v for k, v in hparams.items() if not isinstance(v, list)}
             if i is not None:
                 env["i"] = i
             want = [E.eval_int(d, env) for d in p["shape"]]
@@ -624,11 +712,13 @@ class Program:
         self.hp = dict(hparams)
         self.params = params
         self.kv = {}  # attention node (unrolled id) -> {slot: {pos: (k rows, v rows)}}
+        self.conv = {}  # short_conv node (unrolled id) -> {slot: {pos: input row}}
         self.check_shapes = True
         self._shapes = {}  # (node id, layer, N, M) -> declared shape, evaluated
 
     def reset(self):
         self.kv = {}
+        self.conv = {}
 
     # -- values
     def _lookup(self, ref, scopes, layer):
@@ -642,7 +732,7 @@ class Program:
 
     def forward(self, tokens, positions, seq_slots, out_rows):
         N, M = len(tokens), len(out_rows)
-        env = dict(self.hp)
+        env = {k: v for k, v in self.hp.items() if not isinstance(v, list)}
         env["N"] = N
         env["M"] = M
         inputs = {
@@ -667,14 +757,16 @@ class Program:
             if n["op"] == "repeat":
                 if layer is not None:
                     raise InterpError("nested repeat")
+                from . import ir
                 count = E.eval_int(n["count"], env)
                 carry = {name: self._lookup(init, scopes, layer) for name, init in n["carry"].items()}
                 for i in range(count):
-                    body_env = dict(env)
-                    body_env[n.get("index", "i")] = i
+                    body_env = ir.layer_env(self.g, self.hp, n, i)
+                    body_env["N"], body_env["M"] = env["N"], env["M"]
+                    body, yld = ir.layer_body(n, body_env)
                     inner = dict(carry)
-                    self._run(n["body"], [inner] + scopes, i, body_env, "@%d" % i)
-                    carry = {name: inner[v] for name, v in n["yield"].items()}
+                    self._run(body, [inner] + scopes, i, body_env, "@%d" % i)
+                    carry = {name: inner[v] for name, v in yld.items()}
                 for name, oid in n["out"].items():
                     local[oid] = carry[name]
                 continue
@@ -781,7 +873,40 @@ class Program:
             return x.take(_gather_offsets(dims), x.shape[:-2] + (len(rows.data), x.shape[-1]))
         if op == "attention":
             return self._attention(a, at, env, uid)
+        if op == "short_conv":
+            return self._short_conv(a, uid)
         raise InterpError("op %r is not canonical (or not in this interpreter)" % op)
+
+    def _short_conv(self, a, uid):
+        """y[t, c] = sum_j w[c, j] * u(pos_t - (L-1) + j)[c] (w [C, L] or [C, 1, L]), u(q) the sequence's input at
+        position q (this batch or earlier ones), 0 for q < 0."""
+        x, w, pos, slots = a
+        if len(w.shape) == 3 and w.shape[1] == 1:  # [C, 1, L]: PyTorch's depthwise Conv1d layout
+            w = Tensor((w.shape[0], w.shape[2]), w.data)
+        if len(x.shape) != 3 or x.shape[0] != 1 or len(w.shape) != 2 or w.shape[0] != x.shape[2]:
+            raise InterpError("short_conv shapes x %r w %r" % (x.shape, w.shape))
+        _, N, C = x.shape
+        L = w.shape[1]
+        state = self.conv.setdefault(uid, {})
+        for t in range(N):
+            state.setdefault(slots.data[t], {})[pos.data[t]] = x.data[t * C:(t + 1) * C]
+        wr = _rows(w)
+        out = []
+        for t in range(N):
+            p = pos.data[t]
+            seq = state[slots.data[t]]
+            acc = [0.0] * C
+            for j in range(L):
+                q = p - (L - 1) + j
+                if q < 0:
+                    continue
+                if q not in seq:
+                    raise InterpError("short_conv: position %d of slot %d was never seen" % (q, slots.data[t]))
+                u = seq[q]
+                for c in range(C):
+                    acc[c] += wr[c][j] * u[c]
+            out.extend(acc)
+        return Tensor((1, N, C), out)
 
     def _attention(self, a, at, env, uid):
         q, k, v, pos, slots = a

@@ -21,6 +21,7 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from llmopt import expr as E  # noqa: E402
+from llmopt import ir  # noqa: E402
 from llmopt import llamacpp, vocabs  # noqa: E402
 from llmopt import ref_interp as RI  # noqa: E402
 from llmopt.archs import TINY, GGUF_NAMES  # noqa: E402
@@ -30,8 +31,8 @@ from llmopt.safetensors_io import (HFCheckpoint, SafetensorsError, SafetensorsFi
 
 PROGRAMS = os.path.join(ROOT, "programs")
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "gemma": "GemmaForCausalLM"}
-TOKENIZER = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen2", "gemma": "gemma"}
+            "gemma": "GemmaForCausalLM", "lfm2": "Lfm2ForCausalLM"}
+TOKENIZER = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen2", "gemma": "gemma", "lfm2": "qwen2"}
 
 
 class TestSafetensors(unittest.TestCase):
@@ -164,7 +165,10 @@ def hf_config(arch, hp):
          "rms_norm_eps": hp["rms_eps"], "max_position_embeddings": hp["max_positions"],
          "rope_parameters": {"rope_theta": hp["rope_theta"], "rope_type": "default"},
          "tie_word_embeddings": hp["tied"], "torch_dtype": "float32"}
-    if arch != "qwen2":
+    if arch == "lfm2":  # LFM2's own keys; head_dim is always d_model / n_heads
+        c.update(norm_eps=c.pop("rms_norm_eps"), layer_types=list(hp["layer_types"]), conv_L_cache=hp["conv_L"],
+                 block_auto_adjust_ff_dim=False, conv_bias=False)
+    elif arch != "qwen2":
         c["head_dim"] = hp["head_dim"]
     return c
 
@@ -172,10 +176,12 @@ def hf_config(arch, hp):
 def random_checkpoint(graph, hp, seed):
     """HF-named tensors for every param of `graph` at sizes `hp` (tied: no lm_head)."""
     rnd = random.Random(seed)
-    env = dict(hp)
+    env = {k: v for k, v in hp.items() if not isinstance(v, list)}
     out = {}
+    kinds = {"layer_kind": [{"conv": 0, "full_attention": 1}[t] for t in hp["layer_types"]]} if "layer_types" in hp else {}
+    players = ir.param_layers(graph, dict(env, **kinds))  # layer kinds: a param on its kind's layers only
     for p in graph["params"]:
-        layers = range(hp["n_layers"]) if "{i}" in p["name"] else [None]
+        layers = players[p["name"]] if "{i}" in p["name"] else [None]
         for i in layers:
             name = p["name"] if i is None else p["name"].replace("{i}", str(i))
             if name == "lm_head.weight" and hp["tied"]:
@@ -192,7 +198,7 @@ def random_checkpoint(graph, hp, seed):
 def small(arch, **over):
     """The golden config of `arch`, smaller (the maps, not the numerics, are tested here)."""
     hp = dict(TINY[arch], vocab=272, d_model=32, d_ff=48)
-    if arch in ("llama", "qwen2"):
+    if arch in ("llama", "qwen2", "lfm2"):
         hp["head_dim"] = hp["d_model"] // hp["n_heads"]
     hp.pop("tokens")
     hp.update(over)

@@ -25,7 +25,7 @@ from llmopt.safetensors_io import HFCheckpoint  # noqa: E402
 PROGRAMS = os.path.join(ROOT, "programs")
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared", "models"))
-EXPECTED = ["gemma", "llama", "qwen2", "qwen3"]
+EXPECTED = ["gemma", "lfm2", "llama", "qwen2", "qwen3"]
 
 
 def load(path):
@@ -52,7 +52,13 @@ class TestPrograms(unittest.TestCase):
                 self.assertEqual([i["name"] for i in g["inputs"]], ["tokens", "positions", "seq_slots", "out_rows"])
                 self.assertEqual(sum(1 for n in g["nodes"] if n["op"] == "repeat"), 1)
                 rep = [n for n in g["nodes"] if n["op"] == "repeat"][0]
-                self.assertEqual(sum(1 for n in rep["body"] if n["op"] == "attention"), 1)
+                if "bodies" in rep:  # layers of several kinds (lfm2): state ops per body
+                    ops = [[n["op"] for n in b["body"]] for b in rep["bodies"].values()]
+                    self.assertEqual(sorted((o.count("attention"), o.count("short_conv")) for o in ops),
+                                     [(0, 1), (1, 0)])
+                    self.assertEqual(g["layer_hparams"], [rep["kind"]])
+                else:
+                    self.assertEqual(sum(1 for n in rep["body"] if n["op"] == "attention"), 1)
                 for section in ("gguf", "safetensors"):
                     self.assertEqual({p["name"] for p in g["params"]}, set(pmap[section]["params"]), section)
                     self.assertTrue(set(g["hparams"]) | {"max_positions"} <= set(pmap[section]["hparams"]), section)

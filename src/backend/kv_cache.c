@@ -47,8 +47,38 @@ oom:
                    n_blocks, block_size);
 }
 
+enum llmopt_status kv_cache_add_conv_state(struct kv_cache *kv, int32_t n_layers, const int32_t *rows,
+                                           const int32_t *channels, struct llmopt_err *err) {
+    if (kv->conv || n_layers < 0)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "kv cache: conv state added twice or %d layers", n_layers);
+    for (int32_t l = 0; l < n_layers; l++)
+        if (rows[l] < 0 || channels[l] < 1)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "kv cache: conv layer %d has %d rows of %d channels", l,
+                           rows[l], channels[l]);
+    if (!n_layers) return LLMOPT_OK;
+    kv->conv_rows = calloc((size_t)n_layers, sizeof *kv->conv_rows);
+    kv->conv_channels = calloc((size_t)n_layers, sizeof *kv->conv_channels);
+    kv->conv = calloc((size_t)n_layers, sizeof *kv->conv);
+    if (!kv->conv_rows || !kv->conv_channels || !kv->conv) goto oom;
+    kv->n_conv_layers = n_layers;
+    for (int32_t l = 0; l < n_layers; l++) {
+        kv->conv_rows[l] = rows[l];
+        kv->conv_channels[l] = channels[l];
+        size_t n = (size_t)kv->n_slots * (size_t)rows[l] * (size_t)channels[l];
+        kv->conv[l] = calloc(n ? n : 1, sizeof(float));
+        if (!kv->conv[l]) goto oom;
+    }
+    return LLMOPT_OK;
+oom:
+    return err_set(err, LLMOPT_ERR_NOMEM, "kv cache: out of memory for the conv state of %d layers", n_layers);
+}
+
 void kv_cache_free(struct kv_cache *kv) {
     if (!kv) return;
+    for (int32_t l = 0; l < kv->n_conv_layers && kv->conv; l++) free(kv->conv[l]);
+    free(kv->conv);
+    free(kv->conv_rows);
+    free(kv->conv_channels);
     for (int32_t l = 0; l < kv->n_layers && kv->k && kv->v; l++) {
         free(kv->k[l]);
         free(kv->v[l]);
@@ -91,6 +121,10 @@ void kv_cache_release(struct kv_cache *kv, int32_t slot) {
     }
     kv->slot_blocks[slot] = 0;
     kv->slot_len[slot] = 0;
+    for (int32_t l = 0; l < kv->n_conv_layers; l++) {
+        size_t row = (size_t)kv->conv_rows[l] * (size_t)kv->conv_channels[l];
+        memset(kv->conv[l] + (size_t)slot * row, 0, row * sizeof(float));
+    }
 }
 
 int32_t kv_cache_blocks_in_use(const struct kv_cache *kv) { return kv->n_blocks - kv->n_free; }

@@ -1,11 +1,19 @@
-/* Paged KV cache, owned by the runtime and read by backends' attention kernels.
+/* Paged KV cache, owned by the runtime and read by backends' attention kernels, plus
+ * the conv state of short_conv layers (the other runtime-owned state).
  *
  * Positions of a sequence (slot) live in fixed-size blocks; a per-slot block table
  * maps position / block_size to a block id. Blocks come from one free list shared by
  * all slots, so a long sequence and many short ones share memory. Every layer uses
  * the same block ids; each layer has its own storage because layers may differ in
  * KV heads and head size. Storage is allocated once at creation: reserving blocks
- * during a step never touches the heap. */
+ * during a step never touches the heap.
+ *
+ * Conv state (kv_cache_add_conv_state): for each short_conv layer and slot, the last
+ * L-1 inputs of the sequence, L the layer's kernel size; row (pos % (L-1)) holds the
+ * input at position pos. A short_conv kernel reads the rows of positions before its
+ * batch, then writes the batch's inputs; releasing a slot zeroes its rows. Unlike the
+ * KV cache it cannot be rolled back: a forward that fails part way leaves the slot's
+ * conv state undefined (release it). */
 #ifndef LLMOPT_BACKEND_KV_CACHE_H
 #define LLMOPT_BACKEND_KV_CACHE_H
 
@@ -29,6 +37,10 @@ struct kv_cache {
     int32_t *slot_blocks;  /* (n_slots) blocks held */
     int32_t *free_blocks;  /* (n_blocks) stack of free block ids */
     int32_t n_free;
+    int32_t n_conv_layers;   /* short_conv layers */
+    int32_t *conv_rows;      /* (n_conv_layers) L - 1 */
+    int32_t *conv_channels;  /* (n_conv_layers) C */
+    float **conv;            /* (n_conv_layers) each (n_slots, conv_rows[l], conv_channels[l]) */
 };
 
 enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, int32_t n_slots,
@@ -36,11 +48,16 @@ enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, i
                                    struct kv_cache **out, struct llmopt_err *err);
 void kv_cache_free(struct kv_cache *kv);
 
+/* Adds conv state for n_layers short_conv layers (rows[l] = L - 1, channels[l] = C),
+ * zeroed; once, after kv_cache_create. */
+enum llmopt_status kv_cache_add_conv_state(struct kv_cache *kv, int32_t n_layers, const int32_t *rows,
+                                           const int32_t *channels, struct llmopt_err *err);
+
 /* Makes positions [0, n_positions) of slot addressable; LLMOPT_ERR_LIMIT when the
  * sequence would exceed max_positions or no free block is left (nothing changes then). */
 enum llmopt_status kv_cache_reserve(struct kv_cache *kv, int32_t slot, int32_t n_positions,
                                     struct llmopt_err *err);
-/* Returns the slot's blocks to the free list and empties it. */
+/* Returns the slot's blocks to the free list and empties it (conv state zeroed). */
 void kv_cache_release(struct kv_cache *kv, int32_t slot);
 int32_t kv_cache_blocks_in_use(const struct kv_cache *kv);
 
@@ -51,5 +68,21 @@ static inline float *kv_cache_row(const struct kv_cache *kv, float *const *store
     int64_t row = (int64_t)block * kv->block_size + pos % kv->block_size;
     return store[layer] + row * kv->row_elems[layer];
 }
+
+/* Conv-state row (conv_channels[layer] floats) of position pos >= 0 of slot. */
+static inline float *kv_cache_conv_row(const struct kv_cache *kv, int32_t layer, int32_t slot, int32_t pos) {
+    int64_t rows = kv->conv_rows[layer];
+    return kv->conv[layer] + ((int64_t)slot * rows + pos % rows) * kv->conv_channels[layer];
+}
+
+/* Reference kernels of the state ops over this cache, in src/backend/cpu/ref_state.c
+ * (declared here so every backend reaches them through backend.h). short_conv node i
+ * of g: operand and result data at arena + offset[node] (parameters, also through
+ * reshapes, at their bound weight), extents of the current step in extent[]. */
+struct ir_graph;
+struct ir_extent;
+enum llmopt_status ref_short_conv(const struct ir_graph *g, int32_t i, const struct ir_extent *extent,
+                                  uint8_t *arena, const int64_t *offset, struct kv_cache *kv,
+                                  struct llmopt_err *err);
 
 #endif

@@ -18,12 +18,12 @@
 #error "gguf_write.c writes little-endian fields with memcpy: port it for big-endian hosts"
 #endif
 
-#define GGUF_W_VERSION 3u
+#define GGUF_W_VERSION   3u
 #define GGUF_W_IO_BUFFER (4u << 20)
 
 struct w_kv {
-    char *key;       /* NUL-terminated copy, for lookups */
-    uint8_t *blob;   /* on-disk encoding: u64 key length, key, u32 type, value */
+    char *key;     /* NUL-terminated copy, for lookups */
+    uint8_t *blob; /* on-disk encoding: u64 key length, key, u32 type, value */
     size_t size;
 };
 
@@ -33,23 +33,23 @@ struct w_tensor {
     uint32_t n_dims;
     uint64_t ne[GGUF_MAX_DIMS];
     uint64_t n_bytes;
-    uint64_t offset;  /* relative to the data section */
+    uint64_t offset; /* relative to the data section */
 };
 
 struct gguf_w {
-    struct w_kv *kv;            /* (n_kv) */
+    struct w_kv *kv; /* (n_kv) */
     uint64_t n_kv, cap_kv;
-    struct w_tensor *tensors;   /* (n_tensors) */
+    struct w_tensor *tensors; /* (n_tensors) */
     uint32_t n_tensors, cap_tensors;
     uint32_t alignment;
-    uint64_t data_bytes;        /* data section, every tensor padded to the alignment */
+    uint64_t data_bytes; /* data section, every tensor padded to the alignment */
 
     FILE *file;
     char *path, *partial_path;
     void *io_buffer;
     bool begun, finished;
-    uint32_t cur;               /* tensor the next write continues */
-    uint64_t cur_written;       /* bytes of it written */
+    uint32_t cur;         /* tensor the next write continues */
+    uint64_t cur_written; /* bytes of it written */
 };
 
 /* ---- a growable byte buffer for encodings ---- */
@@ -77,8 +77,12 @@ static void wbuf_put(struct wbuf *b, const void *p, size_t n) {
     b->len += n;
 }
 
-static void wbuf_u32(struct wbuf *b, uint32_t v) { wbuf_put(b, &v, sizeof v); }
-static void wbuf_u64(struct wbuf *b, uint64_t v) { wbuf_put(b, &v, sizeof v); }
+static void wbuf_u32(struct wbuf *b, uint32_t v) {
+    wbuf_put(b, &v, sizeof v);
+}
+static void wbuf_u64(struct wbuf *b, uint64_t v) {
+    wbuf_put(b, &v, sizeof v);
+}
 
 static void wbuf_str(struct wbuf *b, const char *s, uint64_t len) {
     wbuf_u64(b, len);
@@ -132,7 +136,8 @@ static enum llmopt_status kv_start(const struct gguf_w *w, const char *key, uint
     enum llmopt_status st = check_open_for_layout(w, "setting a kv", err);
     if (st) return st;
     if (key_len == 0 || key_len > GGUF_MAX_STRING)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: key of %llu bytes (expected 1..%u)",
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: key of %llu bytes (expected 1..%u)",
                        (unsigned long long)key_len, GGUF_MAX_STRING);
     if (memchr(key, 0, (size_t)key_len))
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: key holds a NUL byte");
@@ -187,8 +192,8 @@ static bool is_scalar_type(enum gguf_type type) {
 enum llmopt_status gguf_w_set_scalar(struct gguf_w *w, const char *key, enum gguf_type type,
                                      const void *value, struct llmopt_err *err) {
     if (!is_scalar_type(type))
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: kv '%s': type %d is not a scalar type",
-                       key, (int)type);
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: kv '%s': type %d is not a scalar type", key, (int)type);
     struct wbuf b = {0};
     enum llmopt_status st = kv_start(w, key, strlen(key), type, &b, err);
     if (st) {
@@ -204,23 +209,28 @@ enum llmopt_status gguf_w_set_scalar(struct gguf_w *w, const char *key, enum ggu
     return kv_commit(w, key, strlen(key), &b, err);
 }
 
-enum llmopt_status gguf_w_set_u32(struct gguf_w *w, const char *key, uint32_t v, struct llmopt_err *err) {
+enum llmopt_status gguf_w_set_u32(struct gguf_w *w, const char *key, uint32_t v,
+                                  struct llmopt_err *err) {
     return gguf_w_set_scalar(w, key, GGUF_TYPE_UINT32, &v, err);
 }
 
-enum llmopt_status gguf_w_set_i32(struct gguf_w *w, const char *key, int32_t v, struct llmopt_err *err) {
+enum llmopt_status gguf_w_set_i32(struct gguf_w *w, const char *key, int32_t v,
+                                  struct llmopt_err *err) {
     return gguf_w_set_scalar(w, key, GGUF_TYPE_INT32, &v, err);
 }
 
-enum llmopt_status gguf_w_set_u64(struct gguf_w *w, const char *key, uint64_t v, struct llmopt_err *err) {
+enum llmopt_status gguf_w_set_u64(struct gguf_w *w, const char *key, uint64_t v,
+                                  struct llmopt_err *err) {
     return gguf_w_set_scalar(w, key, GGUF_TYPE_UINT64, &v, err);
 }
 
-enum llmopt_status gguf_w_set_f32(struct gguf_w *w, const char *key, float v, struct llmopt_err *err) {
+enum llmopt_status gguf_w_set_f32(struct gguf_w *w, const char *key, float v,
+                                  struct llmopt_err *err) {
     return gguf_w_set_scalar(w, key, GGUF_TYPE_FLOAT32, &v, err);
 }
 
-enum llmopt_status gguf_w_set_bool(struct gguf_w *w, const char *key, bool v, struct llmopt_err *err) {
+enum llmopt_status gguf_w_set_bool(struct gguf_w *w, const char *key, bool v,
+                                   struct llmopt_err *err) {
     uint8_t b = v;
     return gguf_w_set_scalar(w, key, GGUF_TYPE_BOOL, &b, err);
 }
@@ -228,8 +238,8 @@ enum llmopt_status gguf_w_set_bool(struct gguf_w *w, const char *key, bool v, st
 enum llmopt_status gguf_w_set_strn(struct gguf_w *w, const char *key, const char *s, uint64_t len,
                                    struct llmopt_err *err) {
     if (len > GGUF_MAX_STRING)
-        return err_set(err, LLMOPT_ERR_LIMIT, "gguf writer: kv '%s': string of %llu bytes (cap %u)", key,
-                       (unsigned long long)len, GGUF_MAX_STRING);
+        return err_set(err, LLMOPT_ERR_LIMIT, "gguf writer: kv '%s': string of %llu bytes (cap %u)",
+                       key, (unsigned long long)len, GGUF_MAX_STRING);
     struct wbuf b = {0};
     enum llmopt_status st = kv_start(w, key, strlen(key), GGUF_TYPE_STRING, &b, err);
     if (st) {
@@ -240,7 +250,8 @@ enum llmopt_status gguf_w_set_strn(struct gguf_w *w, const char *key, const char
     return kv_commit(w, key, strlen(key), &b, err);
 }
 
-enum llmopt_status gguf_w_set_str(struct gguf_w *w, const char *key, const char *s, struct llmopt_err *err) {
+enum llmopt_status gguf_w_set_str(struct gguf_w *w, const char *key, const char *s,
+                                  struct llmopt_err *err) {
     return gguf_w_set_strn(w, key, s, strlen(s), err);
 }
 
@@ -249,7 +260,8 @@ enum llmopt_status gguf_w_set_array(struct gguf_w *w, const char *key, enum gguf
     if (!is_scalar_type(elem_type))
         return err_set(err, LLMOPT_ERR_INVALID_ARG,
                        "gguf writer: kv '%s': array element type %d is not a scalar type (strings: "
-                       "gguf_w_set_str_array)", key, (int)elem_type);
+                       "gguf_w_set_str_array)",
+                       key, (int)elem_type);
     if (n > GGUF_MAX_ARRAY)
         return err_set(err, LLMOPT_ERR_LIMIT, "gguf writer: kv '%s': %llu elements (cap %u)", key,
                        (unsigned long long)n, GGUF_MAX_ARRAY);
@@ -289,8 +301,9 @@ enum llmopt_status gguf_w_set_str_array(struct gguf_w *w, const char *key, const
         uint64_t len = lens ? lens[i] : strlen(strs[i]);
         if (len > GGUF_MAX_STRING) {
             free(b.data);
-            return err_set(err, LLMOPT_ERR_LIMIT, "gguf writer: kv '%s' element %llu: %llu bytes (cap %u)",
-                           key, (unsigned long long)i, (unsigned long long)len, GGUF_MAX_STRING);
+            return err_set(err, LLMOPT_ERR_LIMIT,
+                           "gguf writer: kv '%s' element %llu: %llu bytes (cap %u)", key,
+                           (unsigned long long)i, (unsigned long long)len, GGUF_MAX_STRING);
         }
         wbuf_str(&b, strs[i], len);
     }
@@ -317,11 +330,14 @@ static uint64_t kv_value_bytes(const struct gguf_kv *kv) {
     return (uint64_t)(p - kv->data);
 }
 
-enum llmopt_status gguf_w_copy_kv(struct gguf_w *w, const struct gguf_kv *kv, struct llmopt_err *err) {
+enum llmopt_status gguf_w_copy_kv(struct gguf_w *w, const struct gguf_kv *kv,
+                                  struct llmopt_err *err) {
     if ((unsigned)kv->type >= GGUF_TYPE_COUNT ||
-        (kv->type == GGUF_TYPE_ARRAY && !is_scalar_type(kv->array_type) && kv->array_type != GGUF_TYPE_STRING))
-        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "gguf writer: kv '%.*s' has a type it cannot copy",
-                       (int)kv->key.len, kv->key.ptr);
+        (kv->type == GGUF_TYPE_ARRAY && !is_scalar_type(kv->array_type) &&
+         kv->array_type != GGUF_TYPE_STRING))
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                       "gguf writer: kv '%.*s' has a type it cannot copy", (int)kv->key.len,
+                       kv->key.ptr);
     struct wbuf b = {0};
     enum llmopt_status st = kv_start(w, kv->key.ptr, kv->key.len, kv->type, &b, err);
     if (st) {
@@ -336,7 +352,9 @@ enum llmopt_status gguf_w_copy_kv(struct gguf_w *w, const struct gguf_kv *kv, st
     return kv_commit(w, kv->key.ptr, kv->key.len, &b, err);
 }
 
-bool gguf_w_has_kv(const struct gguf_w *w, const char *key) { return find_kv(w, key) != NULL; }
+bool gguf_w_has_kv(const struct gguf_w *w, const char *key) {
+    return find_kv(w, key) != NULL;
+}
 
 bool gguf_w_remove_kv(struct gguf_w *w, const char *key) {
     struct w_kv *slot = find_kv(w, key);
@@ -349,18 +367,22 @@ bool gguf_w_remove_kv(struct gguf_w *w, const char *key) {
     return true;
 }
 
-enum llmopt_status gguf_w_set_alignment(struct gguf_w *w, uint32_t alignment, struct llmopt_err *err) {
+enum llmopt_status gguf_w_set_alignment(struct gguf_w *w, uint32_t alignment,
+                                        struct llmopt_err *err) {
     if (alignment == 0 || (alignment & (alignment - 1)))
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: alignment %u is not a power of two",
-                       alignment);
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: alignment %u is not a power of two", alignment);
     if (w->n_tensors)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: alignment set after tensors were added");
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: alignment set after tensors were added");
     enum llmopt_status st = gguf_w_set_u32(w, "general.alignment", alignment, err);
     if (!st) w->alignment = alignment;
     return st;
 }
 
-uint64_t gguf_w_n_kv(const struct gguf_w *w) { return w->n_kv; }
+uint64_t gguf_w_n_kv(const struct gguf_w *w) {
+    return w->n_kv;
+}
 
 /* ---- tensors ---- */
 
@@ -375,31 +397,37 @@ enum llmopt_status gguf_w_add_tensor(struct gguf_w *w, const char *name, enum gg
     if (st) return st;
     size_t name_len = strlen(name);
     if (name_len == 0 || name_len > GGUF_W_NAME_MAX)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: tensor name '%.80s' has %zu bytes (expected 1..%d)",
-                       name, name_len, GGUF_W_NAME_MAX);
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: tensor name '%.80s' has %zu bytes (expected 1..%d)", name,
+                       name_len, GGUF_W_NAME_MAX);
     for (uint32_t i = 0; i < w->n_tensors; i++)
         if (!strcmp(w->tensors[i].name, name))
-            return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: tensor '%s' added twice", name);
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: tensor '%s' added twice",
+                           name);
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: tensor '%s': %u dims (expected 1..%d)", name,
-                       n_dims, GGUF_MAX_DIMS);
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: tensor '%s': %u dims (expected 1..%d)", name, n_dims,
+                       GGUF_MAX_DIMS);
     uint32_t block_elems, block_bytes;
     if (!gguf_w_type_block(type, &block_elems, &block_bytes))
-        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "gguf writer: tensor '%s': type %d is not one it writes", name,
-                       (int)type);
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                       "gguf writer: tensor '%s': type %d is not one it writes", name, (int)type);
     uint64_t n_elems = 1;
     for (uint32_t d = 0; d < n_dims; d++) {
         if (ne[d] == 0 || ne[d] > (uint64_t)INT64_MAX / n_elems)
-            return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: tensor '%s': ne[%u] = %llu out of range",
-                           name, d, (unsigned long long)ne[d]);
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "gguf writer: tensor '%s': ne[%u] = %llu out of range", name, d,
+                           (unsigned long long)ne[d]);
         n_elems *= ne[d];
     }
     if (ne[0] % block_elems)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG,
-                       "gguf writer: tensor '%s': row length %llu is not a multiple of the %s block (%u)", name,
-                       (unsigned long long)ne[0], gguf_w_type_name(type), block_elems);
+        return err_set(
+            err, LLMOPT_ERR_INVALID_ARG,
+            "gguf writer: tensor '%s': row length %llu is not a multiple of the %s block (%u)",
+            name, (unsigned long long)ne[0], gguf_w_type_name(type), block_elems);
     if (w->n_tensors >= GGUF_MAX_TENSORS)
-        return err_set(err, LLMOPT_ERR_LIMIT, "gguf writer: more than %u tensors", GGUF_MAX_TENSORS);
+        return err_set(err, LLMOPT_ERR_LIMIT, "gguf writer: more than %u tensors",
+                       GGUF_MAX_TENSORS);
     if (w->n_tensors == w->cap_tensors) {
         uint32_t cap = w->cap_tensors ? 2 * w->cap_tensors : 64;
         struct w_tensor *t = realloc(w->tensors, (size_t)cap * sizeof *t);
@@ -421,7 +449,9 @@ enum llmopt_status gguf_w_add_tensor(struct gguf_w *w, const char *name, enum gg
     return LLMOPT_OK;
 }
 
-uint32_t gguf_w_n_tensors(const struct gguf_w *w) { return w->n_tensors; }
+uint32_t gguf_w_n_tensors(const struct gguf_w *w) {
+    return w->n_tensors;
+}
 
 uint64_t gguf_w_tensor_bytes(const struct gguf_w *w, uint32_t index) {
     return index < w->n_tensors ? w->tensors[index].n_bytes : 0;
@@ -435,7 +465,9 @@ static uint64_t header_bytes(const struct gguf_w *w) {
     return pad_to(n, w->alignment);
 }
 
-uint64_t gguf_w_file_bytes(const struct gguf_w *w) { return header_bytes(w) + w->data_bytes; }
+uint64_t gguf_w_file_bytes(const struct gguf_w *w) {
+    return header_bytes(w) + w->data_bytes;
+}
 
 /* ---- writing ---- */
 
@@ -508,13 +540,16 @@ enum llmopt_status gguf_w_begin(struct gguf_w *w, const char *path, struct llmop
     return st;
 }
 
-enum llmopt_status gguf_w_write(struct gguf_w *w, const void *data, size_t n, struct llmopt_err *err) {
+enum llmopt_status gguf_w_write(struct gguf_w *w, const void *data, size_t n,
+                                struct llmopt_err *err) {
     if (!w->begun || w->finished)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: gguf_w_write outside begin/finish");
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: gguf_w_write outside begin/finish");
     const uint8_t *p = data;
     while (n) {
         if (w->cur >= w->n_tensors)
-            return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: %zu bytes more than the tensors hold", n);
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "gguf writer: %zu bytes more than the tensors hold", n);
         const struct w_tensor *t = &w->tensors[w->cur];
         uint64_t left = t->n_bytes - w->cur_written;
         size_t k = n < left ? n : (size_t)left;
@@ -533,29 +568,34 @@ enum llmopt_status gguf_w_write(struct gguf_w *w, const void *data, size_t n, st
     return LLMOPT_OK;
 }
 
-uint32_t gguf_w_current_tensor(const struct gguf_w *w) { return w->cur; }
+uint32_t gguf_w_current_tensor(const struct gguf_w *w) {
+    return w->cur;
+}
 
 enum llmopt_status gguf_w_finish(struct gguf_w *w, struct llmopt_err *err) {
     if (!w->begun || w->finished)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf writer: gguf_w_finish without gguf_w_begin");
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "gguf writer: gguf_w_finish without gguf_w_begin");
     if (w->cur < w->n_tensors)
         return err_set(err, LLMOPT_ERR_INVALID_ARG,
                        "gguf writer: tensor '%s' (%u of %u) got %llu of its %llu bytes",
-                       w->tensors[w->cur].name, w->cur, w->n_tensors, (unsigned long long)w->cur_written,
+                       w->tensors[w->cur].name, w->cur, w->n_tensors,
+                       (unsigned long long)w->cur_written,
                        (unsigned long long)w->tensors[w->cur].n_bytes);
     FILE *f = w->file;
     w->file = NULL;
     if (fflush(f) != 0 || ferror(f)) {
         int e = errno;
         fclose(f);
-        return err_set(err, LLMOPT_ERR_IO, "gguf writer: writing '%s' failed: %s", w->partial_path, strerror(e));
+        return err_set(err, LLMOPT_ERR_IO, "gguf writer: writing '%s' failed: %s", w->partial_path,
+                       strerror(e));
     }
     if (fclose(f) != 0)
         return err_set(err, LLMOPT_ERR_IO, "gguf writer: closing '%s' failed: %s", w->partial_path,
                        strerror(errno));
     if (rename(w->partial_path, w->path) != 0)
-        return err_set(err, LLMOPT_ERR_IO, "gguf writer: renaming '%s' to '%s' failed: %s", w->partial_path,
-                       w->path, strerror(errno));
+        return err_set(err, LLMOPT_ERR_IO, "gguf writer: renaming '%s' to '%s' failed: %s",
+                       w->partial_path, w->path, strerror(errno));
     w->finished = true;
     return LLMOPT_OK;
 }
@@ -574,13 +614,14 @@ bool gguf_w_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *blo
 
 size_t gguf_w_row_bytes(enum ggml_type type, int64_t n) {
     uint32_t block_elems, block_bytes;
-    if (n < 0 || !gguf_w_type_block(type, &block_elems, &block_bytes) || (uint64_t)n % block_elems) return 0;
+    if (n < 0 || !gguf_w_type_block(type, &block_elems, &block_bytes) || (uint64_t)n % block_elems)
+        return 0;
     return (size_t)((uint64_t)n / block_elems * block_bytes);
 }
 
 bool gguf_w_type_from_name(const char *name, enum ggml_type *out) {
-    static const enum ggml_type known[] = {GGML_TYPE_F32,   GGML_TYPE_F16,   GGML_TYPE_BF16,
-                                           GGML_TYPE_Q8_0,  GGML_TYPE_Q4_0,  QUANT_TYPE_Q4_K,
+    static const enum ggml_type known[] = {GGML_TYPE_F32,   GGML_TYPE_F16,  GGML_TYPE_BF16,
+                                           GGML_TYPE_Q8_0,  GGML_TYPE_Q4_0, QUANT_TYPE_Q4_K,
                                            QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K};
     for (size_t i = 0; i < LLMOPT_ARRAY_LEN(known); i++) {
         if (!strcasecmp(name, gguf_w_type_name(known[i]))) {
@@ -595,7 +636,9 @@ bool gguf_w_encode_row(enum ggml_type type, const float *src, void *dst, int64_t
     if (n < 0 || (n && !gguf_w_row_bytes(type, n))) return false;
     uint16_t *h = dst;
     switch (type) {
-    case GGML_TYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); return true;
+    case GGML_TYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return true;
     case GGML_TYPE_F16:
         for (int64_t i = 0; i < n; i++) {
             uint16_t v = fp16_from_f32(src[i]);
@@ -608,14 +651,23 @@ bool gguf_w_encode_row(enum ggml_type type, const float *src, void *dst, int64_t
             memcpy(h + i, &v, sizeof v);
         }
         return true;
-    case GGML_TYPE_Q8_0: quant_quantize_row_q8_0(src, dst, n); return true;
-    case GGML_TYPE_Q4_0: quant_quantize_row_q4_0(src, dst, n); return true;
-    default: break;
+    case GGML_TYPE_Q8_0:
+        quant_quantize_row_q8_0(src, dst, n);
+        return true;
+    case GGML_TYPE_Q4_0:
+        quant_quantize_row_q4_0(src, dst, n);
+        return true;
+    default:
+        break;
     }
-    if (type == QUANT_TYPE_Q4_K) quant_k_quantize_row_q4_K(src, dst, n);
-    else if (type == QUANT_TYPE_Q5_K) quant_k_quantize_row_q5_K(src, dst, n);
-    else if (type == QUANT_TYPE_Q6_K) quant_k_quantize_row_q6_K(src, dst, n);
-    else return false;
+    if (type == QUANT_TYPE_Q4_K)
+        quant_k_quantize_row_q4_K(src, dst, n);
+    else if (type == QUANT_TYPE_Q5_K)
+        quant_k_quantize_row_q5_K(src, dst, n);
+    else if (type == QUANT_TYPE_Q6_K)
+        quant_k_quantize_row_q6_K(src, dst, n);
+    else
+        return false;
     return true;
 }
 

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GGUF_W_NAME_MAX 63      /* bytes in a tensor name (ggml's GGML_MAX_NAME - 1) */
+#define GGUF_W_NAME_MAX          63 /* bytes in a tensor name (ggml's GGML_MAX_NAME - 1) */
 #define GGUF_W_DEFAULT_ALIGNMENT 32u
 
 struct gguf_w;
@@ -39,12 +39,18 @@ void gguf_w_free(struct gguf_w *w);
  * (uint8_t ... double; bool as uint8_t 0/1). */
 enum llmopt_status gguf_w_set_scalar(struct gguf_w *w, const char *key, enum gguf_type type,
                                      const void *value, struct llmopt_err *err);
-enum llmopt_status gguf_w_set_u32(struct gguf_w *w, const char *key, uint32_t v, struct llmopt_err *err);
-enum llmopt_status gguf_w_set_i32(struct gguf_w *w, const char *key, int32_t v, struct llmopt_err *err);
-enum llmopt_status gguf_w_set_u64(struct gguf_w *w, const char *key, uint64_t v, struct llmopt_err *err);
-enum llmopt_status gguf_w_set_f32(struct gguf_w *w, const char *key, float v, struct llmopt_err *err);
-enum llmopt_status gguf_w_set_bool(struct gguf_w *w, const char *key, bool v, struct llmopt_err *err);
-enum llmopt_status gguf_w_set_str(struct gguf_w *w, const char *key, const char *s, struct llmopt_err *err);
+enum llmopt_status gguf_w_set_u32(struct gguf_w *w, const char *key, uint32_t v,
+                                  struct llmopt_err *err);
+enum llmopt_status gguf_w_set_i32(struct gguf_w *w, const char *key, int32_t v,
+                                  struct llmopt_err *err);
+enum llmopt_status gguf_w_set_u64(struct gguf_w *w, const char *key, uint64_t v,
+                                  struct llmopt_err *err);
+enum llmopt_status gguf_w_set_f32(struct gguf_w *w, const char *key, float v,
+                                  struct llmopt_err *err);
+enum llmopt_status gguf_w_set_bool(struct gguf_w *w, const char *key, bool v,
+                                   struct llmopt_err *err);
+enum llmopt_status gguf_w_set_str(struct gguf_w *w, const char *key, const char *s,
+                                  struct llmopt_err *err);
 enum llmopt_status gguf_w_set_strn(struct gguf_w *w, const char *key, const char *s, uint64_t len,
                                    struct llmopt_err *err);
 /* Array of n numbers or bools of elem_type, packed as that C type. */
@@ -54,13 +60,15 @@ enum llmopt_status gguf_w_set_array(struct gguf_w *w, const char *key, enum gguf
 enum llmopt_status gguf_w_set_str_array(struct gguf_w *w, const char *key, const char *const *strs,
                                         const uint64_t *lens, uint64_t n, struct llmopt_err *err);
 /* The kv of another (open) file, value copied byte for byte under the same key. */
-enum llmopt_status gguf_w_copy_kv(struct gguf_w *w, const struct gguf_kv *kv, struct llmopt_err *err);
+enum llmopt_status gguf_w_copy_kv(struct gguf_w *w, const struct gguf_kv *kv,
+                                  struct llmopt_err *err);
 bool gguf_w_has_kv(const struct gguf_w *w, const char *key);
 /* True when the key was there. */
 bool gguf_w_remove_kv(struct gguf_w *w, const char *key);
 /* Data alignment (a power of two); also sets general.alignment (u32). Default 32,
  * written as no key. */
-enum llmopt_status gguf_w_set_alignment(struct gguf_w *w, uint32_t alignment, struct llmopt_err *err);
+enum llmopt_status gguf_w_set_alignment(struct gguf_w *w, uint32_t alignment,
+                                        struct llmopt_err *err);
 uint64_t gguf_w_n_kv(const struct gguf_w *w);
 
 /* ---- tensors (before gguf_w_begin) ---- */
@@ -80,7 +88,8 @@ uint64_t gguf_w_file_bytes(const struct gguf_w *w);
 enum llmopt_status gguf_w_begin(struct gguf_w *w, const char *path, struct llmopt_err *err);
 /* Appends tensor data: the bytes of tensor 0, then 1, ...; a call may end anywhere
  * and may span tensors; the padding between tensors is written by the writer. */
-enum llmopt_status gguf_w_write(struct gguf_w *w, const void *data, size_t n, struct llmopt_err *err);
+enum llmopt_status gguf_w_write(struct gguf_w *w, const void *data, size_t n,
+                                struct llmopt_err *err);
 /* Index of the tensor the next gguf_w_write continues (n_tensors when all are done). */
 uint32_t gguf_w_current_tensor(const struct gguf_w *w);
 enum llmopt_status gguf_w_finish(struct gguf_w *w, struct llmopt_err *err);
@@ -88,7 +97,7 @@ enum llmopt_status gguf_w_finish(struct gguf_w *w, struct llmopt_err *err);
 /* ---- tensor element types the writer knows: the reader's (f32, f16, bf16, q8_0,
  * q4_0) and the K-quants (q4_K, q5_K, q6_K) ---- */
 
-const char *gguf_w_type_name(enum ggml_type type);  /* NULL when unknown */
+const char *gguf_w_type_name(enum ggml_type type); /* NULL when unknown */
 bool gguf_w_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *block_bytes);
 /* Bytes of a row of n elements; 0 when the type is unknown or n not a multiple of
  * its block. */

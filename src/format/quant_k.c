@@ -20,10 +20,14 @@ const char *quant_k_type_name(enum ggml_type type) {
 
 bool quant_k_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *block_bytes) {
     uint32_t bytes;
-    if (type == QUANT_TYPE_Q4_K) bytes = sizeof(block_q4_K);
-    else if (type == QUANT_TYPE_Q5_K) bytes = sizeof(block_q5_K);
-    else if (type == QUANT_TYPE_Q6_K) bytes = sizeof(block_q6_K);
-    else return false;
+    if (type == QUANT_TYPE_Q4_K)
+        bytes = sizeof(block_q4_K);
+    else if (type == QUANT_TYPE_Q5_K)
+        bytes = sizeof(block_q5_K);
+    else if (type == QUANT_TYPE_Q6_K)
+        bytes = sizeof(block_q6_K);
+    else
+        return false;
     *block_elems = QK_K;
     *block_bytes = bytes;
     return true;
@@ -113,10 +117,14 @@ static void dequantize_q6_K(const uint8_t *src, float *dst, int64_t n_blocks) {
 
 void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n) {
     LLMOPT_ASSERT(n >= 0 && n % QK_K == 0);
-    if (type == QUANT_TYPE_Q4_K) dequantize_q4_K(src, dst, n / QK_K);
-    else if (type == QUANT_TYPE_Q5_K) dequantize_q5_K(src, dst, n / QK_K);
-    else if (type == QUANT_TYPE_Q6_K) dequantize_q6_K(src, dst, n / QK_K);
-    else LLMOPT_ASSERT(!"quant_k_dequantize_row: not a K type");
+    if (type == QUANT_TYPE_Q4_K)
+        dequantize_q4_K(src, dst, n / QK_K);
+    else if (type == QUANT_TYPE_Q5_K)
+        dequantize_q5_K(src, dst, n / QK_K);
+    else if (type == QUANT_TYPE_Q6_K)
+        dequantize_q6_K(src, dst, n / QK_K);
+    else
+        LLMOPT_ASSERT(!"quant_k_dequantize_row: not a K type");
 }
 
 /* ---- sub-block fits ---- *
@@ -148,9 +156,11 @@ static void fit_affine(const float *x, int n, int nmax, float *s_out, float *m_o
     for (int k = -3; k <= 3; k++) {
         float iscale = ((float)nmax + 0.25f * (float)k) / range;
         int sq = 0, sqq = 0;
-        float sqx0 = 0.0f, sqx1 = 0.0f; /* two chains: the adds' latency, not their count, is the cost */
+        float sqx0 = 0.0f,
+              sqx1 = 0.0f; /* two chains: the adds' latency, not their count, is the cost */
         for (int i = 0; i < n; i += 2) {
-            int q0 = (int)(iscale * (x[i] - lo) + 0.5f), q1 = (int)(iscale * (x[i + 1] - lo) + 0.5f);
+            int q0 = (int)(iscale * (x[i] - lo) + 0.5f),
+                q1 = (int)(iscale * (x[i + 1] - lo) + 0.5f);
             q0 = q0 < nmax ? q0 : nmax;
             q1 = q1 < nmax ? q1 : nmax;
             sq += q0 + q1;
@@ -169,7 +179,8 @@ static void fit_affine(const float *x, int n, int nmax, float *s_out, float *m_o
             s = sqx / sqq;
         }
         if (!(s > 0.0)) continue;
-        double err = s * s * sqq + 2.0 * s * b * sq + (double)n * b * b - 2.0 * s * sqx - 2.0 * b * sx + sxx;
+        double err =
+            s * s * sqq + 2.0 * s * b * sq + (double)n * b * b - 2.0 * s * sqx - 2.0 * b * sx + sxx;
         if (err < best_err) {
             best_err = err;
             best_s = (float)s;
@@ -251,7 +262,8 @@ static void quantize_affine_block(const float *src, int nmax, uint16_t *d_out, u
     for (int j = 0; j < 8; j++) {
         float ds = d_stored * sc[j], dm = dmin_stored * mn[j];
         float ids = ds > 0.0f ? 1.0f / ds : 0.0f;
-        for (int l = 0; l < 32; l++) q[32 * j + l] = (uint8_t)round_clamp((x[32 * j + l] + dm) * ids, 0, nmax);
+        for (int l = 0; l < 32; l++)
+            q[32 * j + l] = (uint8_t)round_clamp((x[32 * j + l] + dm) * ids, 0, nmax);
     }
 }
 
@@ -277,7 +289,8 @@ void quant_k_quantize_row_q5_K(const float *src, void *dst, int64_t n) {
         memset(blk.qh, 0, sizeof blk.qh);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
-                blk.qs[32 * c + l] = (uint8_t)((q[64 * c + l] & 0x0f) | ((q[64 * c + 32 + l] & 0x0f) << 4));
+                blk.qs[32 * c + l] =
+                    (uint8_t)((q[64 * c + l] & 0x0f) | ((q[64 * c + 32 + l] & 0x0f) << 4));
         for (int j = 0; j < 8; j++)
             for (int l = 0; l < 32; l++) blk.qh[l] |= (uint8_t)((q[32 * j + l] >> 4) << j);
         memcpy((uint8_t *)dst + b * (int64_t)sizeof blk, &blk, sizeof blk);

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define QK_K 256
+#define QK_K         256
 #define K_SCALE_SIZE 12
 
 /* ggml's numbers for the K-quant tensor types (gguf.h names only the types the reader
@@ -35,10 +35,10 @@
 #define QUANT_TYPE_Q6_K ((enum ggml_type)14)
 
 typedef struct {
-    uint16_t d;                     /* f16 super-block scale of the sub-block scales */
-    uint16_t dmin;                  /* f16 super-block scale of the sub-block mins */
-    uint8_t scales[K_SCALE_SIZE];   /* 8 scales + 8 mins, 6 bits each (packing above) */
-    uint8_t qs[QK_K / 2];           /* (128) 4-bit quants */
+    uint16_t d;                   /* f16 super-block scale of the sub-block scales */
+    uint16_t dmin;                /* f16 super-block scale of the sub-block mins */
+    uint8_t scales[K_SCALE_SIZE]; /* 8 scales + 8 mins, 6 bits each (packing above) */
+    uint8_t qs[QK_K / 2];         /* (128) 4-bit quants */
 } block_q4_K;
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be 144 bytes");
 
@@ -46,16 +46,16 @@ typedef struct {
     uint16_t d;
     uint16_t dmin;
     uint8_t scales[K_SCALE_SIZE];
-    uint8_t qh[QK_K / 8];           /* (32) fifth bits */
-    uint8_t qs[QK_K / 2];           /* (128) low 4 bits */
+    uint8_t qh[QK_K / 8]; /* (32) fifth bits */
+    uint8_t qs[QK_K / 2]; /* (128) low 4 bits */
 } block_q5_K;
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must be 176 bytes");
 
 typedef struct {
-    uint8_t ql[QK_K / 2];           /* (128) low 4 bits */
-    uint8_t qh[QK_K / 4];           /* (64) top 2 bits */
-    int8_t scales[QK_K / 16];       /* (16) signed sub-block scales */
-    uint16_t d;                     /* f16 super-block scale */
+    uint8_t ql[QK_K / 2];     /* (128) low 4 bits */
+    uint8_t qh[QK_K / 4];     /* (64) top 2 bits */
+    int8_t scales[QK_K / 16]; /* (16) signed sub-block scales */
+    uint16_t d;               /* f16 super-block scale */
 } block_q6_K;
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must be 210 bytes");
 

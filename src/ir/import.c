@@ -293,6 +293,7 @@ static enum llmopt_status parse_attrs(struct importer *im, struct ir_node *n, co
         if ((st = attr_int(im, attrs, "window", false, 0, &at->window, err))) return st;
         at->kv_layer = g->n_kv_layers++;
         return LLMOPT_OK;
+    case IR_OP_SHORT_CONV: at->kv_layer = g->n_conv_layers++; return LLMOPT_OK;
     default: return LLMOPT_OK;
     }
 }
@@ -311,6 +312,35 @@ static enum llmopt_status define_value(struct importer *im, const char *id, int3
 static enum llmopt_status import_nodes(struct importer *im, const json_t *nodes,
                                        struct llmopt_err *err);
 
+/* The body a layer runs: "body"/"yield" of a plain repeat, or for a repeat with "kind"
+ * and "bodies" the body whose key is the kind expression's value for this layer. */
+static enum llmopt_status layer_body(struct importer *im, const json_t *node, int layer,
+                                     const json_t **body, const json_t **yield,
+                                     struct llmopt_err *err) {
+    const json_t *bodies = json_object_get(node, "bodies");
+    if (!bodies) {
+        *body = json_object_get(node, "body");
+        *yield = json_object_get(node, "yield");
+        return LLMOPT_OK;
+    }
+    int64_t kind;
+    enum llmopt_status st = attr_int(im, node, "kind", true, 0, &kind, err);
+    if (st) {
+        err_prefix(err, "layer %d: repeat", layer);
+        return st;
+    }
+    char key[32];
+    snprintf(key, sizeof key, "%lld", (long long)kind);
+    const json_t *b = json_object_get(bodies, key);
+    if (!json_is_object(b))
+        return err_set(err, LLMOPT_ERR_FORMAT, "layer %d: kind '%s' is %lld, which has no body", layer,
+                       json_string_value(json_object_get(node, "kind")) ? json_string_value(json_object_get(node, "kind")) : "?",
+                       (long long)kind);
+    *body = json_object_get(b, "body");
+    *yield = json_object_get(b, "yield");
+    return LLMOPT_OK;
+}
+
 static enum llmopt_status import_repeat(struct importer *im, const json_t *node,
                                         struct llmopt_err *err) {
     if (im->in_body) return err_set(err, LLMOPT_ERR_UNSUPPORTED, "nested repeat");
@@ -320,37 +350,58 @@ static enum llmopt_status import_repeat(struct importer *im, const json_t *node,
     if (count_d < 0 || count_d > IMPORT_MAX_LAYERS || count_d != floor(count_d))
         return err_set(err, LLMOPT_ERR_FORMAT, "repeat count %g out of range", count_d);
     const char *index = json_string_value(json_object_get(node, "index"));
-    const json_t *carry = json_object_get(node, "carry"), *yield = json_object_get(node, "yield");
-    const json_t *outs = json_object_get(node, "out"), *body = json_object_get(node, "body");
-    if (!index || !json_is_object(carry) || !json_is_object(yield) || !json_is_object(outs) ||
-        !json_is_array(body))
+    const json_t *carry = json_object_get(node, "carry"), *outs = json_object_get(node, "out");
+    const json_t *bodies = json_object_get(node, "bodies");
+    bool plain = json_is_array(json_object_get(node, "body")) && json_is_object(json_object_get(node, "yield"));
+    bool kinds = json_is_object(bodies) && json_object_get(node, "kind");
+    if (!index || !json_is_object(carry) || !json_is_object(outs) || plain == kinds)
         return err_set(err, LLMOPT_ERR_FORMAT,
-                       "repeat needs 'index', 'carry', 'yield', 'out' and 'body'");
+                       "repeat needs 'index', 'carry', 'out', and either 'body' and 'yield' or 'kind' and "
+                       "'bodies'");
+    if (kinds) {
+        const char *key;
+        json_t *b;
+        json_object_foreach((json_t *)bodies, key, b) {
+            if (!json_is_array(json_object_get(b, "body")) || !json_is_object(json_object_get(b, "yield")))
+                return err_set(err, LLMOPT_ERR_FORMAT, "repeat body '%s' needs 'body' and 'yield'", key);
+        }
+    }
     if (json_object_size(carry) > IMPORT_MAX_CARRY)
         return err_set(err, LLMOPT_ERR_LIMIT, "repeat carries more than %d values",
                        IMPORT_MAX_CARRY);
-    if (im->hp.n >= IR_MAX_HPARAMS) return err_set(err, LLMOPT_ERR_LIMIT, "too many hparams");
+    if (im->hp.n + 1 + im->hp.n_layer > IR_MAX_HPARAMS)
+        return err_set(err, LLMOPT_ERR_LIMIT, "too many hparams");
+    int n_layers = (int)count_d;
+    for (int k = 0; k < im->hp.n_layer; k++)
+        if (im->hp.layer_count[k] < n_layers)
+            return err_set(err, LLMOPT_ERR_FORMAT, "per-layer hparam '%s' has %d values for %d layers",
+                           im->hp.layer_names[k], im->hp.layer_count[k], n_layers);
+    /* The loop index, then each per-layer hparam as this layer's scalar. */
     int index_slot = im->hp.n++;
     im->hp.names[index_slot] = index;
+    int layer_slot = im->hp.n;
+    for (int k = 0; k < im->hp.n_layer; k++) im->hp.names[im->hp.n++] = im->hp.layer_names[k];
 
     im->n_carry = 0;
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)carry, key, val) {
         if (!json_is_string(val)) return err_set(err, LLMOPT_ERR_FORMAT, "carry '%s' not a name", key);
-        if (!json_is_string(json_object_get(yield, key)) || !json_is_string(json_object_get(outs, key)))
-            return err_set(err, LLMOPT_ERR_FORMAT, "carry '%s' has no yield/out", key);
+        if (!json_is_string(json_object_get(outs, key)))
+            return err_set(err, LLMOPT_ERR_FORMAT, "carry '%s' has no out", key);
         im->carry_names[im->n_carry] = key;
         if ((st = resolve_value(im, json_string_value(val), &im->carry_vals[im->n_carry], err)))
             return st;
         im->n_carry++;
     }
-    int n_layers = (int)count_d;
     for (int layer = 0; layer < n_layers; layer++) {
         im->hp.values[index_slot] = layer;
+        for (int k = 0; k < im->hp.n_layer; k++) im->hp.values[layer_slot + k] = im->hp.layer_values[k][layer];
         im->in_body = true;
         im->layer = layer;
         strmap_clear(&im->local);
+        const json_t *body = NULL, *yield = NULL;
+        if ((st = layer_body(im, node, layer, &body, &yield, err))) return st;
         if ((st = import_nodes(im, body, err))) {
             err_prefix(err, "layer %d", layer);
             return st;
@@ -358,12 +409,13 @@ static enum llmopt_status import_repeat(struct importer *im, const json_t *node,
         int32_t next[IMPORT_MAX_CARRY];
         for (int c = 0; c < im->n_carry; c++) {
             const char *y = json_string_value(json_object_get(yield, im->carry_names[c]));
+            if (!y) return err_set(err, LLMOPT_ERR_FORMAT, "layer %d: the body yields no '%s'", layer, im->carry_names[c]);
             if ((st = resolve_value(im, y, &next[c], err))) return st;
         }
         memcpy(im->carry_vals, next, sizeof(int32_t) * (size_t)im->n_carry);
     }
     im->in_body = false;
-    im->hp.n--;
+    im->hp.n = index_slot;
     for (int c = 0; c < im->n_carry; c++) {
         const char *o = json_string_value(json_object_get(outs, im->carry_names[c]));
         if ((st = define_value(im, o, im->carry_vals[c], err))) return st;

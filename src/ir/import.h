@@ -9,11 +9,18 @@
 #include <jansson.h>
 
 #define IR_MAX_HPARAMS 64
+#define IR_MAX_LAYER_HPARAMS 8
 
+/* Hyper-parameter values. Per-layer hparams (the graph's "layer_hparams") hold one value
+ * per layer; inside a repeat body they read as the current layer's value. */
 struct ir_hparams {
     int n;
     const char *names[IR_MAX_HPARAMS];
     double values[IR_MAX_HPARAMS];
+    int n_layer;
+    const char *layer_names[IR_MAX_LAYER_HPARAMS];
+    const double *layer_values[IR_MAX_LAYER_HPARAMS]; /* (layer_count[k]), owned by the caller */
+    int32_t layer_count[IR_MAX_LAYER_HPARAMS];
 };
 
 bool ir_hparams_get(const struct ir_hparams *hp, const char *name, double *value);

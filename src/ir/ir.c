@@ -240,11 +240,16 @@ enum llmopt_status ir_infer_node(struct ir_graph *g, int32_t idx, struct llmopt_
     const struct ir_node *b = node->n_in > 1 ? &g->nodes[node->in[1]] : NULL;
     for (int i = 0; i < node->n_in; i++) {
         const struct ir_node *x = &g->nodes[node->in[i]];
+        /* weights keep their stored type: embedding/linear tables, the short_conv kernel,
+         * and views of a parameter (which keep its rows, checked below) */
         bool weight_ok = (node->op == IR_OP_EMBEDDING && i == 0) ||
-                         (node->op == IR_OP_LINEAR && i == 1);
+                         (node->op == IR_OP_LINEAR && i == 1) ||
+                         (node->op == IR_OP_SHORT_CONV && i == 1) ||
+                         (node->op == IR_OP_RESHAPE && (x->op == IR_OP_PARAM || x->op == IR_OP_RESHAPE));
         bool int_ok = (node->op == IR_OP_EMBEDDING && i == 1) ||
                       (node->op == IR_OP_SELECT_ROWS && i == 1) ||
-                      (node->op == IR_OP_ATTENTION && i >= 3) || node->op == IR_OP_CAST ||
+                      (node->op == IR_OP_ATTENTION && i >= 3) ||
+                      (node->op == IR_OP_SHORT_CONV && i >= 2) || node->op == IR_OP_CAST ||
                       node->op == IR_OP_RESHAPE;
         if (x->dtype == IR_DTYPE_I32 ? !int_ok : (x->dtype != IR_DTYPE_F32 && !weight_ok))
             INFER_FAIL("operand %d '%s' has dtype %s, which this op does not take", i,
@@ -370,6 +375,11 @@ enum llmopt_status ir_infer_node(struct ir_graph *g, int32_t idx, struct llmopt_
                        ir_shape_str(&at->target, b2, sizeof b2));
         *out = at->target;
         dtype = a->dtype;
+        if (dtype != IR_DTYPE_F32 && dtype != IR_DTYPE_I32 &&
+            (!a->shape.rank || !out->rank ||
+             !ir_dim_eq(a->shape.dims[a->shape.rank - 1], out->dims[out->rank - 1])))
+            INFER_FAIL("a %s weight keeps its rows: cannot reshape %s to %s", ir_dtype_name(dtype),
+                       ir_shape_str(&a->shape, b1, sizeof b1), ir_shape_str(&at->target, b2, sizeof b2));
         break;
     }
     case IR_OP_PERMUTE: {
@@ -467,6 +477,25 @@ enum llmopt_status ir_infer_node(struct ir_graph *g, int32_t idx, struct llmopt_
         out->dims[3] = q->dims[3];
         break;
     }
+    case IR_OP_SHORT_CONV: {
+        /* x [..., N, C] (leading dims 1), w [C, L] or [C, 1, L] (PyTorch's depthwise
+         * Conv1d layout), positions and seq_slots i32 [N] */
+        const struct ir_shape *x = &a->shape, *w = &b->shape;
+        bool ok = x->rank >= 2 && (w->rank == 2 || (w->rank == 3 && dim_is_one(w->dims[1]))) &&
+                  !w->dims[0].sym && !w->dims[w->rank - 1].sym && w->dims[w->rank - 1].coef >= 1 &&
+                  !x->dims[x->rank - 1].sym && ir_dim_eq(x->dims[x->rank - 1], w->dims[0]);
+        for (int d = 0; ok && d + 2 < x->rank; d++) ok = dim_is_one(x->dims[d]);
+        if (!ok)
+            INFER_FAIL("needs x [1, N, C] and w [C, L] or [C, 1, L]; got x %s w %s", ir_shape_str(x, b1, sizeof b1),
+                       ir_shape_str(w, b2, sizeof b2));
+        for (int i = 2; i < 4; i++) {
+            const struct ir_node *p = &g->nodes[node->in[i]];
+            if (p->dtype != IR_DTYPE_I32 || p->shape.rank != 1 || !ir_dim_eq(p->shape.dims[0], x->dims[x->rank - 2]))
+                INFER_FAIL("positions and seq_slots must be i32 [N]");
+        }
+        *out = *x;
+        break;
+    }
     default:
         if (ir_op_is_unary_elementwise(node->op)) {
             *out = a->shape;
@@ -489,7 +518,7 @@ enum llmopt_status ir_verify(const struct ir_graph *g, struct llmopt_err *err) {
             return err_set(err, LLMOPT_ERR_FORMAT, "ir: input '%s' is missing", ir_input_names[i]);
     if (g->output == IR_NONE || g->output >= g->n_nodes)
         return err_set(err, LLMOPT_ERR_FORMAT, "ir: no output");
-    int32_t kv = 0;
+    int32_t kv = 0, conv = 0;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         for (int k = 0; k < n->n_in; k++)
@@ -502,6 +531,9 @@ enum llmopt_status ir_verify(const struct ir_graph *g, struct llmopt_err *err) {
         if (n->op == IR_OP_ATTENTION && n->attrs.kv_layer != kv++)
             return err_set(err, LLMOPT_ERR_FORMAT, "ir: attention node %d has kv layer %d", i,
                            n->attrs.kv_layer);
+        if (n->op == IR_OP_SHORT_CONV && n->attrs.kv_layer != conv++)
+            return err_set(err, LLMOPT_ERR_FORMAT, "ir: short_conv node %d has conv layer %d, expected %d",
+                           i, n->attrs.kv_layer, conv - 1);
     }
     if (kv != g->n_kv_layers)
         return err_set(err, LLMOPT_ERR_FORMAT, "ir: %d attention nodes, %d kv layers", kv,
@@ -513,6 +545,12 @@ enum llmopt_status ir_verify(const struct ir_graph *g, struct llmopt_err *err) {
         if (!dim_is_one(o->dims[i]))
             return err_set(err, LLMOPT_ERR_FORMAT, "ir: output logits must be [.., M, vocab]");
     return LLMOPT_OK;
+}
+
+int32_t ir_count_conv_layers(const struct ir_graph *g) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++) n += g->nodes[i].op == IR_OP_SHORT_CONV;
+    return n;
 }
 
 void ir_count_uses(struct ir_graph *g) {
@@ -542,6 +580,23 @@ enum llmopt_status ir_set_operands(struct ir_graph *g, int32_t idx, const int32_
     return LLMOPT_OK;
 }
 
+uint64_t ir_weight_bytes_per_token(const struct ir_graph *g) {
+    uint64_t total = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *p = &g->nodes[i];
+        if (p->op != IR_OP_PARAM) continue;
+        bool only_gathered = p->n_uses > 0;
+        for (int32_t j = i + 1; j < g->n_nodes && only_gathered; j++)
+            for (int k = 0; k < g->nodes[j].n_in; k++)
+                if (g->nodes[j].in[k] == i && !(g->nodes[j].op == IR_OP_EMBEDDING && k == 0)) only_gathered = false;
+        if (only_gathered && p->shape.rank == 2)
+            total += ir_dtype_row_bytes(p->weight.dtype, p->shape.dims[1].coef);
+        else
+            total += p->weight.n_bytes;
+    }
+    return total;
+}
+
 int32_t ir_count_kernels(const struct ir_graph *g) {
     int32_t n = 0;
     for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -567,6 +622,7 @@ void ir_print(const struct ir_graph *g, FILE *out) {
             fprintf(out, "  kv_layer=%d scale=%g window=%" PRId64, n->attrs.kv_layer,
                     n->attrs.value, n->attrs.window);
             break;
+        case IR_OP_SHORT_CONV: fprintf(out, "  conv_layer=%d", n->attrs.kv_layer); break;
         case IR_OP_SOFTMAX:
         case IR_OP_CONCAT: fprintf(out, "  dim=%" PRId64, n->attrs.axis); break;
         case IR_OP_LINEAR:

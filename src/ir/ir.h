@@ -47,7 +47,7 @@ size_t ir_dtype_row_bytes(enum ir_dtype t, int64_t n);
     X(RESHAPE, "reshape", 1) X(PERMUTE, "permute", 1) X(EXPAND, "expand", 1)        \
     X(SLICE, "slice", 1) X(CONCAT, "concat", -1) X(CAST, "cast", 1)                 \
     X(SELECT_ROWS, "select_rows", 2) X(ATTENTION, "attention", 5)                  \
-    X(ROPE, "rope", 3)
+    X(ROPE, "rope", 3) X(SHORT_CONV, "short_conv", 4)
 
 enum ir_op {
 #define IR_OP_ENUM(name, str, arity) IR_OP_##name,
@@ -108,7 +108,8 @@ struct ir_attrs {
     struct ir_shape target;       /* reshape/expand */
     enum ir_dtype cast_to;        /* cast */
     int64_t window;               /* attention: 0 = unlimited */
-    int32_t kv_layer;             /* attention: index of its KV cache layer */
+    int32_t kv_layer;             /* attention: index of its KV cache layer; short_conv: index of
+                                     its conv-state layer (numbered apart from the KV layers) */
     uint32_t linear_flags;        /* linear: enum ir_linear_flags */
     enum ir_op linear_act;        /* linear: unary activation, or IR_OP_INPUT for none */
 };
@@ -145,7 +146,11 @@ struct ir_graph {
     int32_t inputs[IR_INPUT_COUNT];
     int32_t output;          /* logits [.., M, vocab] */
     int32_t n_kv_layers;     /* attention nodes */
+    int32_t n_conv_layers;   /* short_conv nodes (conv-state layers), set by the importer */
 };
+
+/* Conv-state layers of g: its short_conv nodes, counted (the k-th has kv_layer k). */
+int32_t ir_count_conv_layers(const struct ir_graph *g);
 
 enum llmopt_status ir_graph_init(struct ir_graph *g, struct llmopt_err *err);
 void ir_graph_free(struct ir_graph *g);
@@ -165,6 +170,10 @@ void ir_replace_uses(struct ir_graph *g, int32_t from, int32_t to);
 /* Sets node idx's operands (copied into the arena). */
 enum llmopt_status ir_set_operands(struct ir_graph *g, int32_t idx, const int32_t *in, int n_in,
                                    struct llmopt_err *err);
+/* Weight bytes one decode token reads: every parameter a linear/other op reads whole,
+ * one row of an embedding table (decode is bandwidth-bound: this over the measured
+ * read bandwidth is its ceiling). KV cache reads are extra and grow with context. */
+uint64_t ir_weight_bytes_per_token(const struct ir_graph *g);
 /* Nodes a step executes as kernels (not inputs, params, views or constants). */
 int32_t ir_count_kernels(const struct ir_graph *g);
 

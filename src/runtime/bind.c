@@ -80,6 +80,196 @@ static bool tensor_shape(const struct weights_tensor *t, int rank, int64_t *dims
     return true;
 }
 
+/* A metadata value as JSON, arrays included (GGUF arrays of numbers or strings become
+ * JSON arrays; at most 1 << 16 elements, which per-layer keys never approach). NULL
+ * when absent. The caller json_decref()s it. */
+static json_t *meta_json(struct binder *b, const char *key) {
+    struct llmopt_model *m = b->m;
+    if (m->weights.kind != WEIGHTS_GGUF) return weights_value(&m->weights, key);
+    const struct gguf_kv *kv = gguf_find_kv(m->weights.gguf, key);
+    if (!kv) return NULL;
+    if (kv->type != GGUF_TYPE_ARRAY) return weights_value(&m->weights, key);
+    if (kv->array_len > (1u << 16)) return NULL;
+    json_t *arr = json_array();
+    for (uint64_t i = 0; arr && i < kv->array_len; i++) {
+        double d;
+        struct gguf_str s;
+        if (kv->array_type == GGUF_TYPE_STRING && gguf_str_array_get(kv, i, &s))
+            json_array_append_new(arr, json_stringn(s.ptr, s.len));
+        else if (gguf_array_get_f64(kv, i, &d))
+            json_array_append_new(arr, json_real(d));
+        else
+            json_array_append_new(arr, json_null());
+    }
+    return arr;
+}
+
+/* The first present key of a rule ("key" or "config", a name or a list of names) as
+ * JSON; key_out names it. NULL when none is present. */
+static json_t *rule_meta(struct binder *b, const json_t *spec, char *key_out, size_t cap, bool *bad) {
+    const json_t *rule = json_object_get(spec, "key");
+    if (!rule) rule = json_object_get(spec, "config");
+    *bad = false;
+    key_out[0] = 0;
+    if (!rule) return NULL;
+    size_t n_alt = json_is_array(rule) ? json_array_size(rule) : 1;
+    for (size_t a = 0; a < n_alt; a++) {
+        const char *tmpl = json_string_value(json_is_array(rule) ? json_array_get(rule, a) : rule);
+        if (!tmpl || !substitute_arch(tmpl, b->arch, key_out, cap)) {
+            *bad = true;
+            return NULL;
+        }
+        json_t *v = meta_json(b, key_out);
+        if (v) return v;
+    }
+    return NULL;
+}
+
+/* How a metadata value is spelled as a key of a per-layer rule's "values": a string
+ * as is, true/false, an integral number as an integer, else the shortest round trip. */
+static bool value_key(const json_t *v, char *buf, size_t cap) {
+    if (json_is_string(v)) {
+        snprintf(buf, cap, "%s", json_string_value(v));
+        return true;
+    }
+    if (json_is_boolean(v)) {
+        snprintf(buf, cap, "%s", json_is_true(v) ? "true" : "false");
+        return true;
+    }
+    if (!json_is_number(v)) return false;
+    double d = json_number_value(v);
+    if (d == floor(d) && fabs(d) < 9.0e15) {
+        snprintf(buf, cap, "%lld", (long long)d);
+        return true;
+    }
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d) break;
+    }
+    return true;
+}
+
+/* hp plus the layer index `i` and layer `layer`'s per-layer values (for expressions
+ * evaluated per layer). */
+static void layer_env(const struct ir_hparams *hp, const char *index, int layer, struct ir_hparams *env) {
+    *env = *hp;
+    if (env->n < IR_MAX_HPARAMS) {
+        env->names[env->n] = index;
+        env->values[env->n++] = layer;
+    }
+    for (int k = 0; k < hp->n_layer && env->n < IR_MAX_HPARAMS; k++) {
+        if (layer >= hp->layer_count[k]) continue;
+        env->names[env->n] = hp->layer_names[k];
+        env->values[env->n++] = hp->layer_values[k][layer];
+    }
+}
+
+static const json_t *graph_repeat(const json_t *graph) {
+    size_t i;
+    json_t *node;
+    json_array_foreach(json_object_get(graph, "nodes"), i, node) {
+        const char *op = json_string_value(json_object_get(node, "op"));
+        if (op && !strcmp(op, "repeat")) return node;
+    }
+    return NULL;
+}
+
+/* One per-layer hparam (docs/formats/graph.md "Per-layer hparams"): a list in the
+ * metadata (or a scalar, the same on every layer), each entry mapped through "values"
+ * when the rule has it; else "default", an expression over the hparams and i. */
+static enum llmopt_status per_layer_hparam(struct binder *b, const char *name, const json_t *spec,
+                                           int32_t count, double *out, struct llmopt_err *err) {
+    char key[BIND_NAME_MAX];
+    bool bad;
+    json_t *v = rule_meta(b, spec, key, sizeof key, &bad);
+    if (bad) return err_set(err, LLMOPT_ERR_FORMAT, "map: hparam '%s' has a bad key", name);
+    const json_t *dflt = json_object_get(spec, "default");
+    const json_t *table = json_object_get(spec, "values");
+    enum llmopt_status st = LLMOPT_OK;
+    if (!v && !json_is_string(dflt) && !json_is_number(dflt))
+        return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': key '%s' not in the %s", name, key,
+                       b->m->weights.kind == WEIGHTS_GGUF ? "file's metadata" : "config.json");
+    if (v && json_is_array(v) && (int64_t)json_array_size(v) != count) {
+        st = err_set(err, LLMOPT_ERR_BIND, "hparam '%s': '%s' has %zu entries for %d layers", name, key,
+                     json_array_size(v), count);
+        json_decref(v);
+        return st;
+    }
+    for (int32_t i = 0; i < count && !st; i++) {
+        struct ir_hparams env;
+        layer_env(&b->m->hp, "i", i, &env);
+        const json_t *expr = dflt;
+        if (v) {
+            const json_t *item = json_is_array(v) ? json_array_get(v, (size_t)i) : v;
+            if (table) {
+                char k[128];
+                expr = value_key(item, k, sizeof k) ? json_object_get(table, k) : NULL;
+                if (!expr) expr = json_object_get(table, "*");
+                if (!expr) {
+                    char *text = json_dumps(item, JSON_ENCODE_ANY);
+                    st = err_set(err, LLMOPT_ERR_BIND, "hparam '%s': '%s'[%d] is %s, which the program does not take",
+                                 name, key, i, text ? text : "?");
+                    free(text);
+                    break;
+                }
+            } else if (json_is_number(item)) {
+                out[i] = json_number_value(item);
+                continue;
+            } else {
+                st = err_set(err, LLMOPT_ERR_BIND, "hparam '%s': '%s'[%d] is not a number", name, key, i);
+                break;
+            }
+        }
+        if ((st = ir_number_from_json(expr, &env, &out[i], err))) err_prefix(err, "hparam '%s' layer %d", name, i);
+        else if (!isfinite(out[i])) st = err_set(err, LLMOPT_ERR_BIND, "hparam '%s' layer %d is not finite", name, i);
+    }
+    json_decref(v);
+    return st;
+}
+
+static bool is_layer_hparam(const json_t *graph, const char *name) {
+    size_t i;
+    json_t *h;
+    json_array_foreach(json_object_get(graph, "layer_hparams"), i, h) {
+        if (json_is_string(h) && !strcmp(json_string_value(h), name)) return true;
+    }
+    return false;
+}
+
+static enum llmopt_status resolve_layer_hparams(struct binder *b, struct llmopt_err *err) {
+    struct llmopt_model *m = b->m;
+    const json_t *names = json_object_get(m->graph, "layer_hparams");
+    if (!json_array_size(names)) return LLMOPT_OK;
+    const json_t *hmap = json_object_get(json_object_get(m->map, weights_kind_section(m->weights.kind)), "hparams");
+    const json_t *rep = graph_repeat(m->graph);
+    double count_d;
+    if (!rep || ir_number_from_json(json_object_get(rep, "count"), &m->hp, &count_d, err) ||
+        count_d < 0 || count_d > 4096 || count_d != floor(count_d))
+        return err_set(err, LLMOPT_ERR_FORMAT, "graph: per-layer hparams need a repeat with a layer count");
+    if (json_array_size(names) > IR_MAX_LAYER_HPARAMS)
+        return err_set(err, LLMOPT_ERR_LIMIT, "graph: more than %d per-layer hparams", IR_MAX_LAYER_HPARAMS);
+    int32_t count = (int32_t)count_d;
+    size_t i;
+    json_t *h;
+    json_array_foreach(names, i, h) {
+        const char *name = json_string_value(h);
+        const json_t *spec = name ? json_object_get(hmap, name) : NULL;
+        if (!spec) return err_set(err, LLMOPT_ERR_FORMAT, "graph per-layer hparam '%s' has no rule in the map",
+                                  name ? name : "?");
+        double *vals = calloc((size_t)(count ? count : 1), sizeof *vals);
+        if (!vals || !owned_push(m, vals)) {
+            free(vals);
+            return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
+        }
+        enum llmopt_status st = per_layer_hparam(b, name, spec, count, vals, err);
+        if (st) return st;
+        m->hp.layer_names[m->hp.n_layer] = name;
+        m->hp.layer_values[m->hp.n_layer] = vals;
+        m->hp.layer_count[m->hp.n_layer++] = count;
+    }
+    return LLMOPT_OK;
+}
+
 static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *err) {
     struct llmopt_model *m = b->m;
     const json_t *hmap = json_object_get(json_object_get(m->map, weights_kind_section(m->weights.kind)), "hparams");
@@ -88,6 +278,7 @@ static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *e
     bool done[IR_MAX_HPARAMS] = {0};
     size_t n_done = 0;
     m->hp.n = 0;
+    m->hp.n_layer = 0;
     /* Defaults may refer to other hparams: resolve in rounds until nothing moves. */
     for (size_t round = 0; round <= n && n_done < n; round++) {
         size_t k = 0;
@@ -96,6 +287,11 @@ static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *e
         json_object_foreach((json_t *)hmap, name, spec) {
             size_t i = k++;
             if (done[i]) continue;
+            if (is_layer_hparam(m->graph, name)) { /* resolved after the scalars */
+                done[i] = true;
+                n_done++;
+                continue;
+            }
             double value = 0;
             bool have = false;
             /* "key": GGUF metadata; "config": a dotted config.json path or a list of them */
@@ -111,6 +307,27 @@ static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *e
                     if (!tmpl || !substitute_arch(tmpl, b->arch, key, sizeof key))
                         return err_set(err, LLMOPT_ERR_FORMAT, "map: hparam '%s' has a bad key", name);
                     have = weights_number(&m->weights, key, &value);
+                    json_t *arr = have ? NULL : meta_json(b, key);
+                    if (json_is_array(arr)) {
+                        /* one value per layer: a scalar hparam takes their maximum when
+                         * the rule says so ("reduce": "max"), else the file is refused */
+                        const char *reduce = json_string_value(json_object_get(spec, "reduce"));
+                        bool ok = reduce && !strcmp(reduce, "max") && json_array_size(arr) > 0;
+                        size_t e;
+                        json_t *x;
+                        json_array_foreach(arr, e, x) {
+                            ok = ok && json_is_number(x);
+                            if (ok && (!e || json_number_value(x) > value)) value = json_number_value(x);
+                        }
+                        json_decref(arr);
+                        if (!ok)
+                            return err_set(err, LLMOPT_ERR_BIND,
+                                           "hparam '%s': '%s' is a list (one value per layer?); a scalar hparam "
+                                           "needs \"reduce\": \"max\"", name, key);
+                        have = true;
+                    } else {
+                        json_decref(arr);
+                    }
                 }
                 if (!have && !dflt)
                     return err_set(err, LLMOPT_ERR_BIND, "hparam '%s': key '%s' not in the %s", name, key,
@@ -158,6 +375,8 @@ static enum llmopt_status resolve_hparams(struct binder *b, struct llmopt_err *e
                                name, json_string_value(json_object_get(spec, "default")));
         }
     }
+    enum llmopt_status st = resolve_layer_hparams(b, err);
+    if (st) return st;
     /* Every hparam the graph uses must now have a value. */
     size_t i;
     json_t *h;
@@ -232,11 +451,32 @@ enum llmopt_status model_bind_tensor(struct llmopt_model *m, const char *pname,
                                      struct llmopt_err *err) {
     const char *tname = t->name;
     int64_t dims[IR_MAX_RANK];
-    bool shape_ok = tensor_shape(t, shape->rank, dims);
-    for (int d = 0; shape_ok && d < shape->rank; d++) shape_ok = dims[d] == shape->dims[d].coef;
+    /* A "reshape" transform names the tensor's shape in the file: the graph views the
+     * same elements with the same rows (a squeezed [C, 1, L] kernel stored as [C, L]). */
+    const char *top = transform ? json_string_value(json_object_get(transform, "op")) : NULL;
+    struct ir_shape stored = *shape;
+    if (top && !strcmp(top, "reshape")) {
+        const json_t *sj = json_object_get(transform, "shape");
+        int64_t n_want = 1, n_stored = 1;
+        bool ok = json_is_array(sj) && json_array_size(sj) >= 1 && json_array_size(sj) <= IR_MAX_RANK;
+        stored.rank = ok ? (int)json_array_size(sj) : 0;
+        for (int d = 0; ok && d < stored.rank; d++) {
+            struct llmopt_err tmp;
+            ok = !ir_dim_from_json(json_array_get(sj, (size_t)d), &m->hp, &stored.dims[d], &tmp) &&
+                 !stored.dims[d].sym && stored.dims[d].coef >= 0;
+            if (ok) n_stored *= stored.dims[d].coef;
+        }
+        for (int d = 0; d < shape->rank; d++) n_want *= shape->dims[d].coef;
+        if (!ok || n_stored != n_want || !shape->rank ||
+            stored.dims[stored.rank - 1].coef != shape->dims[shape->rank - 1].coef)
+            return err_set(err, LLMOPT_ERR_FORMAT, "param '%s': the reshape transform's shape does not view the "
+                           "graph's elements with the same rows", pname);
+    }
+    bool shape_ok = tensor_shape(t, stored.rank, dims);
+    for (int d = 0; shape_ok && d < stored.rank; d++) shape_ok = dims[d] == stored.dims[d].coef;
     if (!shape_ok) {
         char want[128], got[160] = "[";
-        ir_shape_str(shape, want, sizeof want);
+        ir_shape_str(&stored, want, sizeof want);
         for (int d = 0; d < t->n_dims; d++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%lld%s", (long long)t->shape[d],
                      d + 1 < t->n_dims ? ", " : "");
@@ -283,6 +523,8 @@ enum llmopt_status model_bind_tensor(struct llmopt_model *m, const char *pname,
                                                ir_dtype_row_bytes(out->dtype, row_len), out, err);
         else if (op && !strcmp(op, "add_scalar") && shape->rank == 1)
             st = transform_add_scalar(m, transform, pname, row_len, out, err);
+        else if (op && !strcmp(op, "reshape"))
+            st = LLMOPT_OK; /* a view: checked above, no data moves */
         else
             st = err_set(err, LLMOPT_ERR_UNSUPPORTED, "param '%s': unknown transform '%s'", pname,
                          op ? op : "?");
@@ -325,17 +567,57 @@ static enum llmopt_status bind_param(void *ctx, const char *tmpl, int layer,
 
 /* Lists up to 8 tensors the map names that the file lacks (layers 0..n_layers-1),
  * so a refusal says everything that did not bind, not only the first. */
+/* Whether body `body` (a JSON node list) reads value `name`. */
+static bool body_reads(const json_t *body, const char *name) {
+    size_t i, k;
+    json_t *node, *ref;
+    json_array_foreach(body, i, node) {
+        json_array_foreach(json_object_get(node, "in"), k, ref) {
+            if (json_is_string(ref) && !strcmp(json_string_value(ref), name)) return true;
+        }
+    }
+    return false;
+}
+
+/* The body each layer runs (a repeat with "kind" and "bodies"), or NULL for all when
+ * every layer runs the same body (or the kinds cannot be evaluated: then every layer
+ * counts, which only makes a refusal list more tensors). *bodies is malloc'd. */
+static const json_t **layer_bodies(struct binder *b, int n_layers) {
+    const json_t *rep = graph_repeat(b->m->graph);
+    const json_t *bodies = json_object_get(rep, "bodies");
+    if (!bodies || n_layers < 1) return NULL;
+    const json_t **out = calloc((size_t)n_layers, sizeof *out);
+    for (int l = 0; out && l < n_layers; l++) {
+        struct ir_hparams env;
+        struct llmopt_err tmp;
+        double kind;
+        const char *index = json_string_value(json_object_get(rep, "index"));
+        layer_env(&b->m->hp, index ? index : "i", l, &env);
+        char key[32];
+        if (ir_number_from_json(json_object_get(rep, "kind"), &env, &kind, &tmp)) {
+            free(out);
+            return NULL;
+        }
+        snprintf(key, sizeof key, "%lld", (long long)kind);
+        out[l] = json_object_get(json_object_get(bodies, key), "body");
+    }
+    return out;
+}
+
 static enum llmopt_status check_tensors_present(struct binder *b, int n_layers,
                                                 struct llmopt_err *err) {
     char missing[700] = "";
     int n_missing = 0;
     const char *pname;
     json_t *spec;
+    const json_t **bodies = layer_bodies(b, n_layers);
     json_object_foreach((json_t *)b->params_map, pname, spec) {
         const char *names[2] = {json_string_value(json_object_get(spec, "tensor")),
                                 json_string_value(json_object_get(spec, "fallback"))};
         bool per_layer = names[0] && strstr(names[0], "{i}");
         for (int layer = 0; layer < (per_layer ? n_layers : 1); layer++) {
+            /* a param of one layer kind binds only on the layers of that kind */
+            if (per_layer && bodies && !body_reads(bodies[layer], pname)) continue;
             char tname[BIND_NAME_MAX], first[BIND_NAME_MAX] = "";
             bool found = false;
             for (int k = 0; k < 2 && !found; k++) {
@@ -351,6 +633,7 @@ static enum llmopt_status check_tensors_present(struct binder *b, int n_layers,
                          n_missing > 1 ? ", " : "", first);
         }
     }
+    free(bodies);
     if (!n_missing) return LLMOPT_OK;
     return err_set(err, LLMOPT_ERR_BIND, "%d tensors missing: %s%s", n_missing, missing,
                    n_missing > 3 ? ", ..." : "");
@@ -421,6 +704,7 @@ void model_unbind(struct llmopt_model *m) {
     json_decref(m->map);
     m->graph = m->map = NULL;
     m->hp.n = 0;
+    m->hp.n_layer = 0;
     m->program_name[0] = 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include "backend/kv_cache.h"
 #include "format/graph_file.h"
+#include "target/profile.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -191,16 +192,28 @@ enum llmopt_status program_write(const struct llmopt_model *m, const char *weigh
     json_object_set_new(state, "layers", layers);
     json_object_set_new(root, "state_layout", state);
 
+    /* target: the profile (validated) decides the thread count and gives the decode
+     * roofline: bytes read per token over the measured read bandwidth */
     json_t *target = json_object();
-    json_object_set_new(target, "backend", json_string("cpu-ref"));
-    json_object_set_new(target, "threads", json_integer(1));
+    json_object_set_new(target, "backend", json_string("cpu"));
     json_t *profile = json_null();
+    int threads = 0;
     if (opts->profile_path) {
-        if ((st = json_load_file_capped(opts->profile_path, 1u << 20, &profile, err))) {
+        struct target_profile tp;
+        if ((st = target_profile_read_json(opts->profile_path, &tp, err)) ||
+            (st = json_load_file_capped(opts->profile_path, 1u << 20, &profile, err))) {
             json_decref(target);
             goto done;
         }
+        threads = tp.threads;
+        double gbps = target_profile_read_bandwidth_gbps(&tp);
+        uint64_t weight_bytes = ir_weight_bytes_per_token(g);
+        json_object_set_new(target, "read_bandwidth_gbps", json_real(gbps));
+        json_object_set_new(target, "weight_bytes_per_token", json_integer((json_int_t)weight_bytes));
+        json_object_set_new(target, "decode_roofline_tok_s",
+                            json_real(weight_bytes ? gbps * 1e9 / (double)weight_bytes : 0));
     }
+    json_object_set_new(target, "threads", json_integer(threads)); /* 0: every usable core */
     json_object_set_new(target, "profile", profile);
     json_object_set_new(root, "target", target);
 

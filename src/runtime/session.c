@@ -5,6 +5,9 @@
 #include "runtime/session.h"
 
 #include "backend/backend.h"
+#ifdef LLMOPT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +42,30 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     if (!o.n_slots) o.n_slots = 1;
     if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
 
+    const struct backend_ops *backend = NULL;
+    if (!o.backend || !*o.backend || !strcmp(o.backend, "cpu")) {
+        backend = &cpu_backend_ops;
+    } else if (!strcmp(o.backend, "cpu-ref")) {
+        backend = &cpu_ref_backend_ops;
+    } else if (!strcmp(o.backend, "cuda")) {
+#ifdef LLMOPT_HAVE_CUDA
+        char why[256];
+        if (!cuda_device_available(why, sizeof why))
+            return err_set(err, LLMOPT_ERR_UNSUPPORTED, "session: backend 'cuda': no usable device (%s)", why);
+        backend = &cuda_backend_ops;
+#else
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                       "session: backend 'cuda' is not compiled in (this build found no nvcc)");
+#endif
+    } else {
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: unknown backend '%s' (cpu, cpu-ref, cuda)",
+                       o.backend);
+    }
+
     struct llmopt_session *s = calloc(1, sizeof *s);
     if (!s) return err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
     s->model = m;
-    s->backend = &cpu_backend_ops;
+    s->backend = backend;
     s->n_ctx = o.n_ctx;
     s->n_batch = o.n_batch;
     s->n_slots = o.n_slots;
@@ -67,6 +90,26 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     st = kv_cache_create(n_layers, row_elems, o.n_slots, o.n_ctx, blocks_per_seq * o.n_slots,
                          SESSION_BLOCK_SIZE, &s->kv, err);
     if (st) goto fail;
+    /* Conv state of each short_conv layer: L - 1 rows of C floats per slot, from its
+     * kernel w [C, L] (or [C, 1, L]). */
+    int32_t n_conv = ir_count_conv_layers(&m->ir);
+    if (n_conv) {
+        int32_t *conv_dims = calloc((size_t)n_conv * 2, sizeof *conv_dims);
+        if (!conv_dims) {
+            st = err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
+            goto fail;
+        }
+        for (int32_t i = 0; i < m->ir.n_nodes; i++) {
+            const struct ir_node *n = &m->ir.nodes[i];
+            if (n->op != IR_OP_SHORT_CONV || n->attrs.kv_layer < 0 || n->attrs.kv_layer >= n_conv) continue;
+            const struct ir_shape *w = &m->ir.nodes[n->in[1]].shape;
+            conv_dims[n->attrs.kv_layer] = (int32_t)(w->dims[w->rank - 1].coef - 1);
+            conv_dims[n_conv + n->attrs.kv_layer] = (int32_t)w->dims[0].coef;
+        }
+        st = kv_cache_add_conv_state(s->kv, n_conv, conv_dims, conv_dims + n_conv, err);
+        free(conv_dims);
+        if (st) goto fail;
+    }
     /* A Model Program carries the plan for its batch size; other sizes plan again. */
     const struct mem_plan *plan = m->plan && m->plan->n_max == o.n_batch ? m->plan : NULL;
     st = s->backend->prepare(&m->ir, o.n_batch, o.n_ctx, plan, o.n_threads, &s->plan, err);

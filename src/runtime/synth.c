@@ -21,12 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SYNTH_MAX_HP 16
-#define SYNTH_NAME_MAX 256
-#define SYNTH_CHUNK_BYTES (8u << 20) /* output bytes converted per parallel step */
-#define SYNTH_MAX_THREADS 64
-#define SYNTH_WEIGHT_STD 0.02f       /* like a trained model's init: activations stay finite */
-#define SYNTH_QUANT_VERSION 2u       /* general.quantization_version of ggml's current layouts */
+#define SYNTH_MAX_HP        16
+#define SYNTH_NAME_MAX      256
+#define SYNTH_CHUNK_BYTES   (8u << 20) /* output bytes converted per parallel step */
+#define SYNTH_MAX_THREADS   64
+#define SYNTH_WEIGHT_STD    0.02f /* like a trained model's init: activations stay finite */
+#define SYNTH_QUANT_VERSION 2u    /* general.quantization_version of ggml's current layouts */
 
 /* ---- the shape table ---- */
 
@@ -45,13 +45,14 @@ struct synth_model {
     struct synth_hp hp[SYNTH_MAX_HP];
 };
 
+/* clang-format off */
 #define U(n, v) {n, v, false}
 #define F(n, v) {n, v, true}
 #define LLAMA3_VOCAB "ggml-vocab-llama-bpe.gguf"
-#define QWEN_VOCAB "ggml-vocab-qwen2.gguf"
+#define QWEN_VOCAB   "ggml-vocab-qwen2.gguf"
 
 static const struct synth_model synth_models[] = {
-    /* small dims (multiples of 256, so K-quants apply), real vocabulary: for tests */
+    /* small dims (multiples of 256, so K-quants apply), real vocabularies: for tests */
     {"tiny-llama", "llama", "llama", LLAMA3_VOCAB, true,
      {U("vocab", 128256), U("d_model", 256), U("d_ff", 768), U("n_layers", 2), U("n_heads", 4),
       U("n_kv_heads", 2), U("head_dim", 64), F("rms_eps", 1e-5), F("rope_theta", 500000),
@@ -91,6 +92,7 @@ static const struct synth_model synth_models[] = {
 };
 #undef U
 #undef F
+/* clang-format on */
 
 /* Keys llama.cpp reads that a map need not name: written when the hparam is known
  * and the map's rules did not write the key already, so the files load there too. */
@@ -98,10 +100,8 @@ static const struct {
     const char *key;
     const char *hparam;
 } companion_keys[] = {
-    {"{arch}.context_length", "max_positions"},
-    {"{arch}.vocab_size", "vocab"},
-    {"{arch}.attention.key_length", "head_dim"},
-    {"{arch}.attention.value_length", "head_dim"},
+    {"{arch}.context_length", "max_positions"},  {"{arch}.vocab_size", "vocab"},
+    {"{arch}.attention.key_length", "head_dim"}, {"{arch}.attention.value_length", "head_dim"},
     {"{arch}.rope.dimension_count", "head_dim"},
 };
 
@@ -117,8 +117,8 @@ static const struct {
     {"bf16", GGML_TYPE_BF16, GGML_TYPE_BF16, 32},
     {"q8_0", GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 7},
     {"q4_0", GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 2},
-    {"q4_k", QUANT_TYPE_Q4_K, QUANT_TYPE_Q4_K, 14},   /* all q4_K: filed as Q4_K_S */
-    {"q5_k", QUANT_TYPE_Q5_K, QUANT_TYPE_Q5_K, 16},   /* filed as Q5_K_S */
+    {"q4_k", QUANT_TYPE_Q4_K, QUANT_TYPE_Q4_K, 14}, /* all q4_K: filed as Q4_K_S */
+    {"q5_k", QUANT_TYPE_Q5_K, QUANT_TYPE_Q5_K, 16}, /* filed as Q5_K_S */
     {"q6_k", QUANT_TYPE_Q6_K, QUANT_TYPE_Q6_K, 18},
     {"q4_k_m", QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, 15},
     {"q5_k_m", QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K, 17},
@@ -155,18 +155,21 @@ static bool layer_gets_more_bits(int layer, int n_layers) {
 }
 
 enum ggml_type synth_tensor_type(const struct synth_qplan *plan, const char *name, uint32_t n_dims,
-                                 const uint64_t *ne, enum ggml_type keep, int n_layers, bool has_output) {
+                                 const uint64_t *ne, enum ggml_type keep, int n_layers,
+                                 bool has_output) {
     if (n_dims < 2) return keep;
     enum ggml_type type = plan->base;
     if (plan->more_bits != plan->base) {
-        bool more = !strcmp(name, "output.weight") || (!has_output && !strcmp(name, "token_embd.weight"));
+        bool more =
+            !strcmp(name, "output.weight") || (!has_output && !strcmp(name, "token_embd.weight"));
         int layer = layer_of(name);
         if (!more && layer >= 0 && (strstr(name, ".attn_v.") || strstr(name, ".ffn_down")))
             more = layer_gets_more_bits(layer, n_layers);
         if (more) type = plan->more_bits;
     }
     uint32_t block_elems, block_bytes;
-    if (!gguf_w_type_block(type, &block_elems, &block_bytes) || ne[0] % block_elems) type = GGML_TYPE_F16;
+    if (!gguf_w_type_block(type, &block_elems, &block_bytes) || ne[0] % block_elems)
+        type = GGML_TYPE_F16;
     return type;
 }
 
@@ -184,7 +187,7 @@ struct row_task {
     int64_t row0, n_rows; /* this chunk */
     uint8_t *dst;         /* (n_rows * row_bytes) */
     int n_threads;
-    float *scratch;       /* (n_threads * row_len) */
+    float *scratch; /* (n_threads * row_len) */
 };
 
 struct row_worker {
@@ -212,9 +215,9 @@ static int default_threads(int requested) {
 }
 
 /* Fills, encodes and writes n_rows rows of one tensor, a chunk at a time. */
-static enum llmopt_status emit_rows(struct gguf_w *w, row_fill_fn fill, const void *ctx, int64_t n_rows,
-                                    int64_t row_len, enum ggml_type type, int threads,
-                                    struct llmopt_err *err) {
+static enum llmopt_status emit_rows(struct gguf_w *w, row_fill_fn fill, const void *ctx,
+                                    int64_t n_rows, int64_t row_len, enum ggml_type type,
+                                    int threads, struct llmopt_err *err) {
     size_t row_bytes = gguf_w_row_bytes(type, row_len);
     LLMOPT_ASSERT(row_bytes > 0);
     int64_t chunk_rows = (int64_t)(SYNTH_CHUNK_BYTES / row_bytes);
@@ -222,14 +225,19 @@ static enum llmopt_status emit_rows(struct gguf_w *w, row_fill_fn fill, const vo
     if (chunk_rows > n_rows) chunk_rows = n_rows;
     /* small tensors are not worth a thread */
     int n_threads = (double)n_rows * (double)row_len < 65536.0 ? 1 : threads;
-    struct row_task task = {.fill = fill, .ctx = ctx, .row_len = row_len, .type = type,
-                            .row_bytes = row_bytes, .n_threads = n_threads};
+    struct row_task task = {.fill = fill,
+                            .ctx = ctx,
+                            .row_len = row_len,
+                            .type = type,
+                            .row_bytes = row_bytes,
+                            .n_threads = n_threads};
     task.dst = malloc((size_t)chunk_rows * row_bytes);
     task.scratch = malloc((size_t)n_threads * (size_t)row_len * sizeof(float));
     if (!task.dst || !task.scratch) {
         free(task.dst);
         free(task.scratch);
-        return err_set(err, LLMOPT_ERR_NOMEM, "synth: out of memory for a chunk of %lld rows", (long long)chunk_rows);
+        return err_set(err, LLMOPT_ERR_NOMEM, "synth: out of memory for a chunk of %lld rows",
+                       (long long)chunk_rows);
     }
     enum llmopt_status st = LLMOPT_OK;
     struct row_worker workers[SYNTH_MAX_THREADS];
@@ -238,7 +246,8 @@ static enum llmopt_status emit_rows(struct gguf_w *w, row_fill_fn fill, const vo
     for (int64_t row0 = 0; row0 < n_rows && !st; row0 += chunk_rows) {
         task.row0 = row0;
         task.n_rows = n_rows - row0 < chunk_rows ? n_rows - row0 : chunk_rows;
-        for (int i = 0; i < n_threads; i++) workers[i] = (struct row_worker){.task = &task, .index = i};
+        for (int i = 0; i < n_threads; i++)
+            workers[i] = (struct row_worker){.task = &task, .index = i};
         for (int i = 1; i < n_threads; i++)
             started[i] = pthread_create(&tids[i], NULL, row_worker_main, &workers[i]) == 0;
         row_worker_main(&workers[0]);
@@ -315,8 +324,8 @@ static void fill_synth_row(const void *ctx, int64_t row, float *out) {
     const float scale = SYNTH_WEIGHT_STD * 1.7320508f / 65536.0f; /* sqrt(3) / 2^16 */
     for (int64_t i = 0; i < n; i++) {
         uint64_t r = splitmix64(&state);
-        float sum = (float)(r & 0xffff) + (float)((r >> 16) & 0xffff) + (float)((r >> 32) & 0xffff) +
-                    (float)(r >> 48);
+        float sum = (float)(r & 0xffff) + (float)((r >> 16) & 0xffff) +
+                    (float)((r >> 32) & 0xffff) + (float)(r >> 48);
         out[i] = (sum - 2.0f * 65535.0f) * scale;
     }
 }
@@ -330,22 +339,25 @@ static const struct synth_model *find_model(const char *like) {
 }
 
 void synth_list(FILE *out) {
-    fprintf(out, "%-14s %-8s %-27s %7s %6s %6s %6s %5s %4s %8s %s\n", "name", "program", "vocabulary",
-            "vocab", "d_model", "d_ff", "layers", "heads", "kv", "head_dim", "embedding");
+    fprintf(out, "%-14s %-8s %-27s %7s %6s %6s %6s %5s %4s %8s %s\n", "name", "program",
+            "vocabulary", "vocab", "d_model", "d_ff", "layers", "heads", "kv", "head_dim",
+            "embedding");
     for (size_t i = 0; i < LLMOPT_ARRAY_LEN(synth_models); i++) {
         const struct synth_model *m = &synth_models[i];
         double v[7] = {0};
-        static const char *const names[7] = {"vocab", "d_model", "d_ff", "n_layers", "n_heads", "n_kv_heads",
-                                             "head_dim"};
+        static const char *const names[7] = {"vocab",   "d_model",    "d_ff",    "n_layers",
+                                             "n_heads", "n_kv_heads", "head_dim"};
         for (int k = 0; k < 7; k++)
             for (int j = 0; j < SYNTH_MAX_HP && m->hp[j].name; j++)
                 if (!strcmp(m->hp[j].name, names[k])) v[k] = m->hp[j].value;
-        fprintf(out, "%-14s %-8s %-27s %7.0f %7.0f %6.0f %6.0f %5.0f %4.0f %8.0f %s\n", m->like, m->program,
-                m->vocab_file, v[0], v[1], v[2], v[3], v[4], v[5], v[6], m->tied ? "tied" : "untied");
+        fprintf(out, "%-14s %-8s %-27s %7.0f %7.0f %6.0f %6.0f %5.0f %4.0f %8.0f %s\n", m->like,
+                m->program, m->vocab_file, v[0], v[1], v[2], v[3], v[4], v[5], v[6],
+                m->tied ? "tied" : "untied");
     }
 }
 
-static enum llmopt_status load_json(const char *path, bool graph, json_t **out, struct llmopt_err *err) {
+static enum llmopt_status load_json(const char *path, bool graph, json_t **out,
+                                    struct llmopt_err *err) {
     enum llmopt_status st = json_load_file_capped(path, GRAPH_FILE_MAX_BYTES, out, err);
     if (st) return st;
     st = graph ? graph_file_check(*out, err) : param_map_check(*out, err);
@@ -393,10 +405,11 @@ static bool hp_set(struct ir_hparams *hp, const char *name, double value) {
 /* Values for every graph hparam: the table's, then the map's defaults (which may
  * refer to each other, so in rounds). */
 static enum llmopt_status resolve_hparams(const struct synth_model *sm, int n_layers_override,
-                                          const json_t *graph, const json_t *hmap, struct ir_hparams *hp,
-                                          struct llmopt_err *err) {
+                                          const json_t *graph, const json_t *hmap,
+                                          struct ir_hparams *hp, struct llmopt_err *err) {
     hp->n = 0;
-    for (int i = 0; i < SYNTH_MAX_HP && sm->hp[i].name; i++) hp_set(hp, sm->hp[i].name, sm->hp[i].value);
+    for (int i = 0; i < SYNTH_MAX_HP && sm->hp[i].name; i++)
+        hp_set(hp, sm->hp[i].name, sm->hp[i].value);
     if (n_layers_override > 0) hp_set(hp, "n_layers", n_layers_override);
     for (size_t round = 0; round <= json_object_size(hmap); round++) {
         const char *name;
@@ -407,7 +420,8 @@ static enum llmopt_status resolve_hparams(const struct synth_model *sm, int n_la
             struct llmopt_err ignored;
             if (ir_hparams_get(hp, name, &v) || !dflt) continue;
             if (ir_number_from_json(dflt, hp, &v, &ignored) == LLMOPT_OK && !hp_set(hp, name, v))
-                return err_set(err, LLMOPT_ERR_LIMIT, "synth: more than %d hparams", IR_MAX_HPARAMS);
+                return err_set(err, LLMOPT_ERR_LIMIT, "synth: more than %d hparams",
+                               IR_MAX_HPARAMS);
         }
     }
     size_t i;
@@ -416,10 +430,11 @@ static enum llmopt_status resolve_hparams(const struct synth_model *sm, int n_la
         double v;
         const char *name = json_string_value(h);
         if (!name || !ir_hparams_get(hp, name, &v))
-            return err_set(err, LLMOPT_ERR_INVALID_ARG,
-                           "synth: --like %s gives no value for hparam '%s' of program '%s' (add it to the "
-                           "shape table in src/runtime/synth.c)",
-                           sm->like, name ? name : "?", sm->program);
+            return err_set(
+                err, LLMOPT_ERR_INVALID_ARG,
+                "synth: --like %s gives no value for hparam '%s' of program '%s' (add it to the "
+                "shape table in src/runtime/synth.c)",
+                sm->like, name ? name : "?", sm->program);
     }
     return LLMOPT_OK;
 }
@@ -464,13 +479,13 @@ static enum llmopt_status push_tensor(struct synth_ctx *c, const char *pname, co
     struct synth_tensor *t = &c->tensors[c->n_tensors];
     memset(t, 0, sizeof *t);
     if (strlen(tname) > GGUF_W_NAME_MAX)
-        return err_set(err, LLMOPT_ERR_FORMAT, "synth: tensor name '%s' is longer than %d bytes", tname,
-                       GGUF_W_NAME_MAX);
+        return err_set(err, LLMOPT_ERR_FORMAT, "synth: tensor name '%s' is longer than %d bytes",
+                       tname, GGUF_W_NAME_MAX);
     snprintf(t->name, sizeof t->name, "%s", tname);
     size_t rank = json_array_size(shape);
     if (rank < 1 || rank > GGUF_MAX_DIMS)
-        return err_set(err, LLMOPT_ERR_FORMAT, "synth: param '%s' has rank %zu (expected 1..%d)", pname, rank,
-                       GGUF_MAX_DIMS);
+        return err_set(err, LLMOPT_ERR_FORMAT, "synth: param '%s' has rank %zu (expected 1..%d)",
+                       pname, rank, GGUF_MAX_DIMS);
     t->n_dims = (uint32_t)rank;
     for (size_t d = 0; d < rank; d++) {
         double v;
@@ -480,7 +495,8 @@ static enum llmopt_status push_tensor(struct synth_ctx *c, const char *pname, co
             return st;
         }
         if (!(v >= 1 && v <= 1e12) || v != floor(v))
-            return err_set(err, LLMOPT_ERR_FORMAT, "synth: param '%s' dim %zu evaluates to %g", pname, d, v);
+            return err_set(err, LLMOPT_ERR_FORMAT, "synth: param '%s' dim %zu evaluates to %g",
+                           pname, d, v);
         t->ne[rank - 1 - d] = (uint64_t)v; /* GGUF lists the innermost dimension first */
     }
     for (uint32_t d = t->n_dims; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
@@ -493,8 +509,8 @@ static enum llmopt_status push_tensor(struct synth_ctx *c, const char *pname, co
 }
 
 /* Adds the tensors of graph params (per_layer: the "{i}" ones, for `layer`). */
-static enum llmopt_status collect_params(struct synth_ctx *c, bool per_layer, int layer, size_t first,
-                                         size_t last, struct llmopt_err *err) {
+static enum llmopt_status collect_params(struct synth_ctx *c, bool per_layer, int layer,
+                                         size_t first, size_t last, struct llmopt_err *err) {
     const json_t *pmap = json_object_get(json_object_get(c->map, "gguf"), "params");
     const json_t *params = json_object_get(c->graph, "params");
     for (size_t i = first; i < last; i++) {
@@ -505,15 +521,18 @@ static enum llmopt_status collect_params(struct synth_ctx *c, bool per_layer, in
         const json_t *spec = json_object_get(pmap, pname);
         const char *tensor = json_string_value(json_object_get(spec, "tensor"));
         if (!tensor)
-            return err_set(err, LLMOPT_ERR_FORMAT, "synth: the map of program '%s' has no gguf tensor for param '%s'",
+            return err_set(err, LLMOPT_ERR_FORMAT,
+                           "synth: the map of program '%s' has no gguf tensor for param '%s'",
                            c->sm->program, pname);
         /* tied embeddings: leave the first name out so that the fallback binds */
         if (c->sm->tied && json_string_value(json_object_get(spec, "fallback"))) continue;
         char tname[SYNTH_NAME_MAX];
         if (!ir_substitute_layer(tensor, per_layer ? layer : -1, tname, sizeof tname))
-            return err_set(err, LLMOPT_ERR_FORMAT, "synth: bad tensor name '%s' for param '%s'", tensor, pname);
+            return err_set(err, LLMOPT_ERR_FORMAT, "synth: bad tensor name '%s' for param '%s'",
+                           tensor, pname);
         bool dup = false;
-        for (uint32_t k = 0; k < c->n_tensors && !dup; k++) dup = !strcmp(c->tensors[k].name, tname);
+        for (uint32_t k = 0; k < c->n_tensors && !dup; k++)
+            dup = !strcmp(c->tensors[k].name, tname);
         if (dup) continue; /* two params bound to one tensor */
         enum llmopt_status st = push_tensor(c, pname, tname, json_object_get(p, "shape"), err);
         if (st) return st;
@@ -531,7 +550,8 @@ static enum llmopt_status collect_tensors(struct synth_ctx *c, struct llmopt_err
         if (pname && strstr(pname, "{i}")) first_layer = i;
     }
     enum llmopt_status st = collect_params(c, false, -1, 0, first_layer, err);
-    for (int layer = 0; layer < c->n_layers && !st; layer++) st = collect_params(c, true, layer, 0, n, err);
+    for (int layer = 0; layer < c->n_layers && !st; layer++)
+        st = collect_params(c, true, layer, 0, n, err);
     if (!st) st = collect_params(c, false, -1, first_layer, n, err);
     if (st) return st;
     /* a tied model's skipped first names must have their fallback in the file */
@@ -542,10 +562,13 @@ static enum llmopt_status collect_tensors(struct synth_ctx *c, struct llmopt_err
         const char *fb = json_string_value(json_object_get(spec, "fallback"));
         if (!c->sm->tied || !fb || strstr(fb, "{i}")) continue;
         bool found = false;
-        for (uint32_t k = 0; k < c->n_tensors && !found; k++) found = !strcmp(c->tensors[k].name, fb);
+        for (uint32_t k = 0; k < c->n_tensors && !found; k++)
+            found = !strcmp(c->tensors[k].name, fb);
         if (!found)
-            return err_set(err, LLMOPT_ERR_FORMAT, "synth: '%s' is tied but the fallback '%s' of param '%s' is not "
-                           "written", c->sm->like, fb, pname);
+            return err_set(err, LLMOPT_ERR_FORMAT,
+                           "synth: '%s' is tied but the fallback '%s' of param '%s' is not "
+                           "written",
+                           c->sm->like, fb, pname);
     }
     return LLMOPT_OK;
 }
@@ -564,14 +587,63 @@ static const struct synth_hp *table_hp(const struct synth_model *sm, const char 
 
 /* An hparam as metadata: f32 where the table says so or the value is fractional,
  * else u32 (counts and sizes). */
-static enum llmopt_status set_hparam_key(struct synth_ctx *c, const char *key, const char *hname, double v,
-                                         struct llmopt_err *err) {
+static enum llmopt_status set_hparam_key(struct synth_ctx *c, const char *key, const char *hname,
+                                         double v, struct llmopt_err *err) {
     const struct synth_hp *thp = table_hp(c->sm, hname);
     bool is_float = (thp && thp->is_float) || v != floor(v) || v < 0 || v > 4294967295.0;
-    return is_float ? gguf_w_set_f32(c->w, key, (float)v, err) : gguf_w_set_u32(c->w, key, (uint32_t)v, err);
+    return is_float ? gguf_w_set_f32(c->w, key, (float)v, err)
+                    : gguf_w_set_u32(c->w, key, (uint32_t)v, err);
 }
 
-static enum llmopt_status write_metadata(struct synth_ctx *c, const char *vocab_path, struct llmopt_err *err) {
+/* The map's "match" clause (keys that must hold one of the listed values; null: may
+ * be absent): the table's architecture must be allowed, and a key that may not be
+ * absent and that nothing else wrote gets the first allowed value. */
+static enum llmopt_status apply_match(struct synth_ctx *c, struct llmopt_err *err) {
+    const json_t *match = json_object_get(json_object_get(c->map, "gguf"), "match");
+    const char *tmpl;
+    json_t *allowed;
+    json_object_foreach((json_t *)match, tmpl, allowed) {
+        char key[SYNTH_NAME_MAX];
+        if (!json_is_array(allowed) || !spell_key(tmpl, c->sm->arch, key, sizeof key))
+            return err_set(err, LLMOPT_ERR_FORMAT, "synth: map match '%s' needs a list of values",
+                           tmpl);
+        bool null_ok = false, arch_ok = false;
+        const json_t *first = NULL;
+        size_t i;
+        json_t *v;
+        json_array_foreach(allowed, i, v) {
+            if (json_is_null(v))
+                null_ok = true;
+            else if (!first)
+                first = v;
+            if (json_is_string(v) && !strcmp(json_string_value(v), c->sm->arch)) arch_ok = true;
+        }
+        enum llmopt_status st = LLMOPT_OK;
+        if (!strcmp(key, "general.architecture")) {
+            if (!arch_ok)
+                return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                               "synth: program '%s' only binds files whose general.architecture "
+                               "its map lists, "
+                               "not '%s'",
+                               c->sm->program, c->sm->arch);
+        } else if (!null_ok && first && !gguf_w_has_kv(c->w, key)) {
+            if (json_is_string(first))
+                st = gguf_w_set_str(c->w, key, json_string_value(first), err);
+            else if (json_is_boolean(first))
+                st = gguf_w_set_bool(c->w, key, json_is_true(first), err);
+            else if (json_is_integer(first) && json_integer_value(first) >= 0 &&
+                     json_integer_value(first) <= 0xffffffff)
+                st = gguf_w_set_u32(c->w, key, (uint32_t)json_integer_value(first), err);
+            else if (json_is_number(first))
+                st = gguf_w_set_f32(c->w, key, (float)json_number_value(first), err);
+        }
+        if (st) return st;
+    }
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status write_metadata(struct synth_ctx *c, const char *vocab_path,
+                                         struct llmopt_err *err) {
     struct gguf_w *w = c->w;
     char name[256];
     snprintf(name, sizeof name, "%s (llmopt synth: random weights, seed %llu)", c->sm->like,
@@ -579,7 +651,8 @@ static enum llmopt_status write_metadata(struct synth_ctx *c, const char *vocab_
     enum llmopt_status st = gguf_w_set_str(w, "general.architecture", c->sm->arch, err);
     if (!st) st = gguf_w_set_str(w, "general.name", name, err);
     if (!st) st = gguf_w_set_u32(w, "general.file_type", c->plan.file_type, err);
-    if (!st && c->plan.base != GGML_TYPE_F32 && c->plan.base != GGML_TYPE_F16 && c->plan.base != GGML_TYPE_BF16)
+    if (!st && c->plan.base != GGML_TYPE_F32 && c->plan.base != GGML_TYPE_F16 &&
+        c->plan.base != GGML_TYPE_BF16)
         st = gguf_w_set_u32(w, "general.quantization_version", SYNTH_QUANT_VERSION, err);
     /* every map rule with a metadata key */
     const json_t *hmap = json_object_get(json_object_get(c->map, "gguf"), "hparams");
@@ -598,10 +671,12 @@ static enum llmopt_status write_metadata(struct synth_ctx *c, const char *vocab_
         char key[SYNTH_NAME_MAX];
         double v;
         if (!ir_hparams_get(&c->hp, companion_keys[i].hparam, &v) ||
-            !spell_key(companion_keys[i].key, c->sm->arch, key, sizeof key) || gguf_w_has_kv(w, key))
+            !spell_key(companion_keys[i].key, c->sm->arch, key, sizeof key) ||
+            gguf_w_has_kv(w, key))
             continue;
         st = set_hparam_key(c, key, companion_keys[i].hparam, v, err);
     }
+    if (!st) st = apply_match(c, err);
     if (st) return st;
     /* the tokenizer, as the vocabulary file has it */
     uint64_t n_copied = 0;
@@ -613,24 +688,29 @@ static enum llmopt_status write_metadata(struct synth_ctx *c, const char *vocab_
         n_copied++;
     }
     if (!n_copied)
-        return err_set(err, LLMOPT_ERR_FORMAT, "synth: vocabulary file '%s' has no tokenizer.* metadata", vocab_path);
+        return err_set(err, LLMOPT_ERR_FORMAT,
+                       "synth: vocabulary file '%s' has no tokenizer.* metadata", vocab_path);
     return LLMOPT_OK;
 }
 
-static enum llmopt_status check_vocab(const struct synth_ctx *c, const char *vocab_path, struct llmopt_err *err) {
+static enum llmopt_status check_vocab(const struct synth_ctx *c, const char *vocab_path,
+                                      struct llmopt_err *err) {
     const struct gguf_kv *tokens = gguf_find_kv(c->vocab, "tokenizer.ggml.tokens");
     double vocab = 0;
     if (!tokens || tokens->type != GGUF_TYPE_ARRAY)
-        return err_set(err, LLMOPT_ERR_FORMAT, "synth: vocabulary file '%s' has no tokenizer.ggml.tokens array",
+        return err_set(err, LLMOPT_ERR_FORMAT,
+                       "synth: vocabulary file '%s' has no tokenizer.ggml.tokens array",
                        vocab_path);
     if (ir_hparams_get(&c->hp, "vocab", &vocab) && (double)tokens->array_len > vocab)
         return err_set(err, LLMOPT_ERR_INVALID_ARG,
-                       "synth: vocabulary file '%s' has %llu tokens, more than the %.0f embedding rows of '%s'",
+                       "synth: vocabulary file '%s' has %llu tokens, more than the %.0f embedding "
+                       "rows of '%s'",
                        vocab_path, (unsigned long long)tokens->array_len, vocab, c->sm->like);
     return LLMOPT_OK;
 }
 
-static void add_to_report(struct synth_report *rep, enum ggml_type type, const uint64_t *ne, uint32_t n_dims) {
+static void add_to_report(struct synth_report *rep, enum ggml_type type, const uint64_t *ne,
+                          uint32_t n_dims) {
     uint64_t n = 1;
     for (uint32_t d = 0; d < n_dims; d++) n *= ne[d];
     rep->n_params += n;
@@ -649,11 +729,12 @@ enum llmopt_status synth_write(const struct synth_opts *opts, struct synth_repor
         for (size_t i = 0; i < LLMOPT_ARRAY_LEN(synth_models); i++)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
                      synth_models[i].like);
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "synth: unknown --like '%s' (known: %s)", opts->like, names);
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "synth: unknown --like '%s' (known: %s)",
+                       opts->like, names);
     }
     if (!synth_qplan_parse(opts->type, &c.plan))
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "synth: unknown --type '%s' (known: %s)", opts->type,
-                       synth_qplan_names());
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "synth: unknown --type '%s' (known: %s)",
+                       opts->type, synth_qplan_names());
 
     /* the stock program */
     struct llmopt_load_opts lo = {.programs_dir = opts->programs_dir};
@@ -661,10 +742,11 @@ enum llmopt_status synth_write(const struct synth_opts *opts, struct synth_repor
     const char *programs = model_programs_dir(&lo, dir_buf, sizeof dir_buf);
     snprintf(path, sizeof path, "%s/%s/graph.json", programs, c.sm->program);
     if (access(path, R_OK) != 0)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG,
-                       "synth: --like %s needs the stock program '%s', but %s does not exist (the program "
-                       "has not been captured yet, or --programs points elsewhere)",
-                       c.sm->like, c.sm->program, path);
+        return err_set(
+            err, LLMOPT_ERR_INVALID_ARG,
+            "synth: --like %s needs the stock program '%s', but %s does not exist (the program "
+            "has not been captured yet, or --programs points elsewhere)",
+            c.sm->like, c.sm->program, path);
     enum llmopt_status st = load_json(path, true, &c.graph, err);
     if (!st) {
         snprintf(path, sizeof path, "%s/%s/map.json", programs, c.sm->program);
@@ -677,7 +759,8 @@ enum llmopt_status synth_write(const struct synth_opts *opts, struct synth_repor
     if (!st) {
         c.n_layers = graph_layers(c.graph, &c.hp);
         if (!c.n_layers)
-            st = err_set(err, LLMOPT_ERR_FORMAT, "synth: program '%s' has no repeat with a valid layer count",
+            st = err_set(err, LLMOPT_ERR_FORMAT,
+                         "synth: program '%s' has no repeat with a valid layer count",
                          c.sm->program);
     }
 
@@ -686,8 +769,8 @@ enum llmopt_status synth_write(const struct synth_opts *opts, struct synth_repor
     const char *vocab_path = opts->vocab_path;
     if (!vocab_path) {
         const char *dir = getenv("LLMOPT_TOKENIZERS");
-        snprintf(vocab_buf, sizeof vocab_buf, "%s/%s", dir && *dir ? dir : LLMOPT_SOURCE_DIR "/../shared/tokenizers",
-                 c.sm->vocab_file);
+        snprintf(vocab_buf, sizeof vocab_buf, "%s/%s",
+                 dir && *dir ? dir : LLMOPT_SOURCE_DIR "/../shared/tokenizers", c.sm->vocab_file);
         vocab_path = vocab_buf;
     }
     if (!st) {
@@ -702,7 +785,8 @@ enum llmopt_status synth_write(const struct synth_opts *opts, struct synth_repor
     bool has_output = has_tensor(&c, "output.weight");
     for (uint32_t i = 0; i < c.n_tensors && !st; i++) {
         struct synth_tensor *t = &c.tensors[i];
-        t->type = synth_tensor_type(&c.plan, t->name, t->n_dims, t->ne, GGML_TYPE_F32, c.n_layers, has_output);
+        t->type = synth_tensor_type(&c.plan, t->name, t->n_dims, t->ne, GGML_TYPE_F32, c.n_layers,
+                                    has_output);
         st = gguf_w_add_tensor(c.w, t->name, t->type, t->n_dims, t->ne, NULL, err);
         if (!st) add_to_report(&rep, t->type, t->ne, t->n_dims);
     }
@@ -743,14 +827,14 @@ static void fill_decoded_row(const void *ctx, int64_t row, float *out) {
     gguf_w_decode_row(d->type, d->data + (size_t)row * d->row_bytes, out, d->row_len);
 }
 
-enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts, struct synth_report *report,
-                                  struct llmopt_err *err) {
+enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts,
+                                  struct synth_report *report, struct llmopt_err *err) {
     double t0 = now_seconds();
     struct synth_report rep = {0};
     struct synth_qplan plan;
     if (!synth_qplan_parse(opts->type, &plan))
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "quantize: unknown type '%s' (known: %s)", opts->type,
-                       synth_qplan_names());
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "quantize: unknown type '%s' (known: %s)",
+                       opts->type, synth_qplan_names());
     struct gguf_file *in = NULL;
     struct gguf_w *w = NULL;
     enum ggml_type *types = NULL;
@@ -760,10 +844,11 @@ enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts, struct
         st = err_set(err, LLMOPT_ERR_NOMEM, "quantize: out of memory");
     /* metadata: all of it, in order; the file type updated in place */
     for (uint64_t i = 0; !st && i < in->n_kv; i++) st = gguf_w_copy_kv(w, &in->kv[i], err);
-    if (!st && in->alignment != GGUF_W_DEFAULT_ALIGNMENT) st = gguf_w_set_alignment(w, in->alignment, err);
+    if (!st && in->alignment != GGUF_W_DEFAULT_ALIGNMENT)
+        st = gguf_w_set_alignment(w, in->alignment, err);
     if (!st) st = gguf_w_set_u32(w, "general.file_type", plan.file_type, err);
-    if (!st && plan.base != GGML_TYPE_F32 && plan.base != GGML_TYPE_F16 && plan.base != GGML_TYPE_BF16 &&
-        !gguf_w_has_kv(w, "general.quantization_version"))
+    if (!st && plan.base != GGML_TYPE_F32 && plan.base != GGML_TYPE_F16 &&
+        plan.base != GGML_TYPE_BF16 && !gguf_w_has_kv(w, "general.quantization_version"))
         st = gguf_w_set_u32(w, "general.quantization_version", SYNTH_QUANT_VERSION, err);
 
     int n_layers = 0;
@@ -792,8 +877,8 @@ enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts, struct
         } else {
             struct decode_ctx d = {.data = t->data, .type = t->type, .row_len = (int64_t)t->ne[0]};
             d.row_bytes = gguf_w_row_bytes(t->type, d.row_len);
-            st = emit_rows(w, fill_decoded_row, &d, (int64_t)(t->ne[1] * t->ne[2] * t->ne[3]), d.row_len,
-                           types[i], threads, err);
+            st = emit_rows(w, fill_decoded_row, &d, (int64_t)(t->ne[1] * t->ne[2] * t->ne[3]),
+                           d.row_len, types[i], threads, err);
         }
         if (st) err_prefix(err, "quantize: tensor '%.*s'", (int)t->name.len, t->name.ptr);
     }

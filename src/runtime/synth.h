@@ -19,7 +19,7 @@
 /* A target type: one ggml type for every matrix, or a llama.cpp-style "_M" mix that
  * gives `more_bits` to the output/tied embedding and to some attn_v / ffn_down layers. */
 struct synth_qplan {
-    char name[16];            /* as given on the command line, lower-cased */
+    char name[16]; /* as given on the command line, lower-cased */
     enum ggml_type base;
     enum ggml_type more_bits; /* == base for a plain type */
     uint32_t file_type;       /* general.file_type (llama_ftype numbering) */
@@ -36,24 +36,25 @@ const char *synth_qplan_names(void);
  * multiple of that type's block. `n_layers` is the model's layer count (for the
  * mixes' layer choice), `has_output` whether the file holds output.weight. */
 enum ggml_type synth_tensor_type(const struct synth_qplan *plan, const char *name, uint32_t n_dims,
-                                 const uint64_t *ne, enum ggml_type keep, int n_layers, bool has_output);
+                                 const uint64_t *ne, enum ggml_type keep, int n_layers,
+                                 bool has_output);
 
 struct synth_opts {
-    const char *like;          /* a name of the shape table */
-    const char *type;          /* a synth_qplan name */
+    const char *like; /* a name of the shape table */
+    const char *type; /* a synth_qplan name */
     const char *out_path;
     uint64_t seed;
-    int n_layers;              /* 0: the table's */
-    const char *programs_dir;  /* NULL: as llmopt run finds them */
-    const char *vocab_path;    /* NULL: the table's vocabulary in the tokenizers dir */
-    int threads;               /* 0: every online CPU */
+    int n_layers;             /* 0: the table's */
+    const char *programs_dir; /* NULL: as llmopt run finds them */
+    const char *vocab_path;   /* NULL: the table's vocabulary in the tokenizers dir */
+    int threads;              /* 0: every online CPU */
 };
 
 struct synth_report {
     uint32_t n_tensors;
     uint64_t file_bytes;
-    uint64_t n_params;                       /* elements over all tensors */
-    uint32_t type_counts[GGML_TYPE_COUNT];   /* tensors per written type */
+    uint64_t n_params;                     /* elements over all tensors */
+    uint32_t type_counts[GGML_TYPE_COUNT]; /* tensors per written type */
     double seconds;
 };
 
@@ -68,13 +69,13 @@ void synth_list(FILE *out);
 struct synth_quantize_opts {
     const char *in_path;
     const char *out_path;
-    const char *type;          /* a synth_qplan name */
-    int threads;               /* 0: every online CPU */
+    const char *type; /* a synth_qplan name */
+    int threads;      /* 0: every online CPU */
 };
 
 /* Every matrix to the plan's type (1-D tensors and tensors already of their target
  * type are copied as they are); all metadata kept, general.file_type updated. */
-enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts, struct synth_report *report,
-                                  struct llmopt_err *err);
+enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts,
+                                  struct synth_report *report, struct llmopt_err *err);
 
 #endif

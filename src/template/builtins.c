@@ -116,12 +116,13 @@ enum tpl_builtin {
     B_COUNT_
 };
 
+/* Read-only: renders may run on several threads at once. */
 static const struct {
     const char *name;
-    int id;
+    struct tpl_func func;
 } global_table[] = {
-    {"range", B_RANGE}, {"namespace", B_NAMESPACE}, {"dict", B_DICT},
-    {"raise_exception", B_RAISE_EXCEPTION}, {"strftime_now", B_STRFTIME_NOW},
+    {"range", {.id = B_RANGE}}, {"namespace", {.id = B_NAMESPACE}}, {"dict", {.id = B_DICT}},
+    {"raise_exception", {.id = B_RAISE_EXCEPTION}}, {"strftime_now", {.id = B_STRFTIME_NOW}},
 };
 
 static const struct {
@@ -153,15 +154,12 @@ static const char *const mutating_methods[] = {
     "update", "setdefault", "popitem", NULL,
 };
 
-static struct tpl_func global_funcs[LLMOPT_ARRAY_LEN(global_table)];
-
 bool tpl_global_lookup(struct tpl_str name, struct tpl_value *out) {
     for (size_t i = 0; i < LLMOPT_ARRAY_LEN(global_table); i++)
         if (tpl_str_eqc(name, global_table[i].name)) {
-            global_funcs[i].id = global_table[i].id; /* constant data; idempotent */
             out->type = TPL_FUNC;
             out->flags = 0;
-            out->u.func = &global_funcs[i];
+            out->u.func = &global_table[i].func;
             return true;
         }
     return false;
@@ -268,6 +266,7 @@ static bool need_str(struct tpl_render *r, const struct tpl_node *at, const char
 
 static bool need_int(struct tpl_render *r, const struct tpl_node *at, const char *what, struct tpl_value v,
                      int64_t *out) {
+    *out = 0;
     if (v.type == TPL_INT) { *out = v.u.i; return true; }
     if (v.type == TPL_BOOL) { *out = v.u.b; return true; }
     if (v.type == TPL_UNDEFINED) return tpl_fail_undefined(r, at, v);
@@ -715,7 +714,7 @@ static bool do_indent(struct tpl_render *r, const struct tpl_node *at, struct tp
         if (p[0].type == TPL_STR) {
             ind = p[0].u.s;
         } else {
-            int64_t w;
+            int64_t w = 0;
             if (!need_int(r, at, "indent", p[0], &w)) return false;
             if (w < 0) w = 0;
             if (w > (int64_t)sizeof spaces) return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "indent: width %lld is too large", (long long)w);
@@ -906,7 +905,7 @@ bool tpl_percent_format(struct tpl_render *r, const struct tpl_node *at, struct 
             break;
         }
         case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': case 'c': {
-            int64_t v;
+            int64_t v = 0;
             if (arg.type == TPL_FLOAT && conv != 'c') v = (int64_t)arg.u.f;
             else if (!need_int(r, at, "%-format", arg, &v)) { tpl_buf_free(&b); return false; }
             if (conv == 'c') {
@@ -1250,9 +1249,9 @@ bool tpl_apply_filter(struct tpl_render *r, const struct tpl_node *at, int id, s
     struct tpl_value p[4];
     bool given[4];
     struct tpl_str s;
-    const struct tpl_value *items;
-    size_t n;
-    int64_t iv;
+    const struct tpl_value *items = NULL;
+    size_t n = 0;
+    int64_t iv = 0;
     const char *fname = tpl_filter_name(id);
     switch ((enum filter_id)id) {
     case F_ABS:
@@ -1564,8 +1563,8 @@ bool tpl_apply_test(struct tpl_render *r, const struct tpl_node *at, int id, str
     struct tpl_value p[1];
     bool given[1];
     static const char *const one[] = {"other"};
-    int c;
-    int64_t iv, d;
+    int c = 0;
+    int64_t iv = 0, d = 0;
     switch ((enum test_id)id) {
     case T_BOOLEAN: *out = v.type == TPL_BOOL; return true;
     case T_CALLABLE: *out = v.type == TPL_MACRO || v.type == TPL_FUNC; return true;
@@ -1717,7 +1716,7 @@ static bool call_str_method(struct tpl_render *r, const struct tpl_node *at, int
                             const struct tpl_args *a, struct tpl_value *out) {
     struct tpl_value p[3];
     bool given[3];
-    int64_t iv;
+    int64_t iv = 0;
     static const char *const no_names[] = {NULL};
     switch (id) {
     case B_STR_STARTSWITH:

@@ -102,14 +102,13 @@ static char *gguf_token_string(const struct gguf_file *f, const char *id_key) {
     return dup_n(s.ptr, s.len);
 }
 
-static enum llmopt_status load_gguf(const char *path, bool want_template, struct llmopt_chat_template *t,
-                                    struct llmopt_err *err) {
+static enum llmopt_status load_gguf(const char *path, struct llmopt_chat_template *t, struct llmopt_err *err) {
     struct gguf_file *f = NULL;
     enum llmopt_status st = gguf_open(path, &f, err);
     if (st) return st;
     t->bos = gguf_token_string(f, "tokenizer.ggml.bos_token_id");
     t->eos = gguf_token_string(f, "tokenizer.ggml.eos_token_id");
-    if (want_template) {
+    {
         struct gguf_str s;
         char name[1200];
         if (!gguf_get_str(f, "tokenizer.chat_template", &s)) {
@@ -137,8 +136,8 @@ static char *config_token(const json_t *cfg, const char *key) {
     return json_is_string(v) ? dup_n(json_string_value(v), json_string_length(v)) : NULL;
 }
 
-static enum llmopt_status load_dir(const char *path, bool is_config_file, bool want_template,
-                                   struct llmopt_chat_template *t, struct llmopt_err *err) {
+static enum llmopt_status load_dir(const char *path, bool is_config_file, struct llmopt_chat_template *t,
+                                   struct llmopt_err *err) {
     char cfg_path[4096], jinja_path[4096], name[4200];
     if (is_config_file) {
         snprintf(cfg_path, sizeof cfg_path, "%s", path);
@@ -165,7 +164,7 @@ static enum llmopt_status load_dir(const char *path, bool is_config_file, bool w
     }
     t->bos = config_token(cfg, "bos_token");
     t->eos = config_token(cfg, "eos_token");
-    if (want_template) {
+    {
         struct stat sb;
         if (stat(jinja_path, &sb) == 0 && S_ISREG(sb.st_mode)) {
             if (!(st = read_file(jinja_path, &text, &len, err))) {
@@ -204,15 +203,14 @@ static enum llmopt_status load_dir(const char *path, bool is_config_file, bool w
     return st;
 }
 
-static enum llmopt_status load_any(const char *path, bool want_template, struct llmopt_chat_template *t,
-                                   struct llmopt_err *err) {
+static enum llmopt_status load_any(const char *path, struct llmopt_chat_template *t, struct llmopt_err *err) {
     struct stat sb;
     if (!path) return err_set(err, LLMOPT_ERR_INVALID_ARG, "chat template: no path given");
     if (stat(path, &sb) != 0) return err_set(err, LLMOPT_ERR_IO, "cannot open %s", path);
-    if (S_ISDIR(sb.st_mode)) return load_dir(path, false, want_template, t, err);
+    if (S_ISDIR(sb.st_mode)) return load_dir(path, false, t, err);
     size_t n = strlen(path);
-    if (n >= 5 && !strcmp(path + n - 5, ".json")) return load_dir(path, true, want_template, t, err);
-    return load_gguf(path, want_template, t, err);
+    if (n >= 5 && !strcmp(path + n - 5, ".json")) return load_dir(path, true, t, err);
+    return load_gguf(path, t, err);
 }
 
 enum llmopt_status llmopt_chat_template_load(const char *path, struct llmopt_chat_template **out,
@@ -220,7 +218,7 @@ enum llmopt_status llmopt_chat_template_load(const char *path, struct llmopt_cha
     *out = NULL;
     struct llmopt_chat_template *t = calloc(1, sizeof *t);
     if (!t) return err_set(err, LLMOPT_ERR_NOMEM, "out of memory");
-    enum llmopt_status st = load_any(path, true, t, err);
+    enum llmopt_status st = load_any(path, t, err);
     if (st) {
         llmopt_chat_template_free(t);
         return st;

@@ -344,6 +344,7 @@ static bool str_contains(struct tpl_str hay, struct tpl_str needle) {
 
 static bool contains(struct tpl_render *r, const struct tpl_node *at, struct tpl_value needle,
                      struct tpl_value hay, bool *out) {
+    *out = false;
     switch ((enum tpl_type)hay.type) {
     case TPL_STR:
         if (needle.type != TPL_STR) {
@@ -574,7 +575,10 @@ static enum exec_status {
 /* Renders body into a string value (macro calls, block set, filter blocks). */
 static bool capture(struct tpl_render *r, struct tpl_frame *f, const struct tpl_node *at,
                     const struct tpl_body *body, struct tpl_value *out) {
-    struct tpl_buf buf = {.limit = r->lim.max_output};
+    /* Nested captures (recursive macros) each hold a buffer: together they stay within
+       what is left of the memory budget, not max_output each. */
+    size_t left = r->arena.used_total < r->lim.max_memory ? r->lim.max_memory - r->arena.used_total : 0;
+    struct tpl_buf buf = {.limit = left < r->lim.max_output ? left : r->lim.max_output};
     struct tpl_buf *saved = r->out;
     r->out = &buf;
     enum exec_status st = exec_body(r, f, body);
@@ -683,8 +687,8 @@ static bool eval_compare(struct tpl_render *r, struct tpl_frame *f, const struct
     if (!eval(r, f, n->args[0], &left)) return false;
     for (size_t i = 1; i < n->n_args; i++) {
         if (!eval(r, f, n->args[i], &right)) return false;
-        bool res;
-        int c;
+        bool res = false;
+        int c = 0;
         switch (n->ops[i - 1]) {
         case OP_EQ: res = tpl_equal(left, right); break;
         case OP_NE: res = !tpl_equal(left, right); break;
@@ -901,12 +905,9 @@ static enum exec_status exec_for(struct tpl_render *r, struct tpl_frame *f, cons
         items = kept;
         count = k;
     }
-    if (count == 0) {
-        if (!n->else_body.len) return EX_OK;
-        it->n = 0;
-        enum exec_status st = exec_body(r, it, &n->else_body);
-        return st == EX_ERR ? EX_ERR : EX_OK;
-    }
+    /* Jinja renders the else block unless some iteration ran to the end of the body:
+       it clears its flag there, so iterations left by break or continue do not count. */
+    bool completed_any = false;
     struct tpl_loop *loop = tpl_alloc(r, n, sizeof *loop);
     if (!loop) return EX_ERR;
     loop->items = items;
@@ -922,9 +923,13 @@ static enum exec_status exec_for(struct tpl_render *r, struct tpl_frame *f, cons
             return EX_ERR;
         enum exec_status st = exec_body(r, it, &n->body);
         if (st == EX_ERR) return EX_ERR;
+        if (st == EX_OK) completed_any = true;
         if (st == EX_BREAK) break;
     }
-    return EX_OK;
+    if (completed_any || !n->else_body.len) return EX_OK;
+    if (it->captured && !(it = frame_new(r, n, f))) return EX_ERR;
+    it->n = 0;
+    return exec_body(r, it, &n->else_body) == EX_ERR ? EX_ERR : EX_OK;
 }
 
 static enum exec_status exec_stmt(struct tpl_render *r, struct tpl_frame *f, const struct tpl_node *n) {

@@ -530,6 +530,14 @@ static struct tpl_node *parse_postfix(struct parser *P, struct tpl_node *node) {
                 node = s;
                 continue;
             }
+            for (size_t k = 0; v.len > 1 && k < v.len; k++)
+                if (v.items[k]->kind == N_SLICE) {
+                    const struct tpl_node *sl = v.items[k];
+                    vec_free(&v);
+                    struct tpl_token at_tok = {.line = sl->line, .col = sl->col};
+                    fail_at(P, &at_tok, LLMOPT_ERR_UNSUPPORTED, "a slice inside a tuple subscript (x[a:b, c]) is not supported");
+                    return NULL;
+                }
             struct tpl_node *idx;
             if (v.len == 1) {
                 idx = v.items[0];

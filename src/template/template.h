@@ -9,6 +9,9 @@
  * memory, steps and call depth are capped (struct tpl_limits), and every failure is
  * a status with a message naming the construct and its line:column.
  *
+ * A parsed template is read-only while rendering: one template may be rendered by
+ * several threads at once (each render has its own arena).
+ *
  * docs/templates.md lists what is supported and the known gaps. */
 #ifndef LLMOPT_TEMPLATE_TEMPLATE_H
 #define LLMOPT_TEMPLATE_TEMPLATE_H

@@ -70,7 +70,7 @@ struct tpl_value {
         struct tpl_list *list;  /* TPL_LIST */
         struct tpl_dict *dict;  /* TPL_DICT, TPL_NAMESPACE */
         struct tpl_macro *macro;
-        struct tpl_func *func;
+        const struct tpl_func *func;
         struct tpl_loop *loop;
     } u;
 };

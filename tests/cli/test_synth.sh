@@ -29,9 +29,10 @@ ins=$("$LLMOPT" inspect "$T/tiny-q8.gguf" 2>&1)
 echo "$ins" | grep -q "llama.rope.freq_base *f32 *500000" &&
     echo "$ins" | grep -q "llama.attention.layer_norm_rms_epsilon *f32" && ok "eps/theta are f32" || bad "f32 keys"
 
-ids=$("$LLMOPT" run "$T/tiny-q8.gguf" -n 8 --temp 0 -p hello --ids 2>"$T/err"); rc=$?
+ids=$("$LLMOPT" run "$T/tiny-q8.gguf" -n 8 --temp 0 -p hello --ids -v 2>"$T/err"); rc=$?
 [ $rc -eq 0 ] && [ "$(echo $ids | wc -w)" -ge 8 ] && ok "run binds and generates 8 tokens" ||
     bad "run q8_0 (rc $rc): $(tail -3 "$T/err")"
+grep -q "program 'llama' binds" "$T/err" && ok "the stock llama program binds" || bad "bound: $(grep binds "$T/err")"
 
 # --- determinism ---
 "$LLMOPT" synth --like tiny-llama --type q8_0 -o "$T/again.gguf" --seed 7 -t 1 >/dev/null 2>&1

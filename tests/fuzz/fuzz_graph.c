@@ -21,7 +21,7 @@ static enum llmopt_status fuzz_bind(void *ctx, const char *tmpl, int layer,
         if (n > (int64_t)(sizeof fuzz_weight / sizeof fuzz_weight[0]))
             return err_set(err, LLMOPT_ERR_LIMIT, "fuzz: weight too large");
     }
-    *out = (struct ir_weight){fuzz_weight, IR_DTYPE_F32, (uint64_t)n * 4, "fuzz"};
+    *out = (struct ir_weight){fuzz_weight, IR_DTYPE_F32, (uint64_t)n * 4, "fuzz", NULL};
     return LLMOPT_OK;
 }
 

@@ -210,7 +210,8 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
     fill(res, rows * n_out, 1.0f);
     void *w = make_weights(lc->wt, n_out, k);
     bool quant = lc->wt == IR_DTYPE_Q8_0 || lc->wt == IR_DTYPE_Q4_0;
-    void *scratch = quant ? malloc(cpu_qact_bytes(rows, k)) : NULL;
+    size_t scratch_bytes = cpu_linear_scratch_bytes(kern, lc->wt, rows, k, pool_threads(pool));
+    void *scratch = scratch_bytes ? malloc(scratch_bytes) : NULL;
     struct cpu_linear op = {
         .x = x, .rows = rows, .k = k, .n_out = n_out, .w = w, .wtype = lc->wt,
         .bias = lc->flags & IR_LINEAR_BIAS ? bias : NULL,
@@ -316,7 +317,7 @@ static void run_linear_cases(int n_threads, int n_random) {
             /* Random larger shapes, big enough to spread over the threads. */
             for (int i = 0; i < n_random && failures < 3; i++) {
                 struct linear_case lc = {
-                    .wt = wt, .rows = 1 + rng_u32() % 20,
+                    .wt = wt, .rows = 1 + rng_u32() % (i % 2 ? 20 : 90),
                     .k = quant ? 32 * (1 + rng_u32() % 40) : 1 + rng_u32() % 1100,
                     .n_out = 1 + rng_u32() % 300,
                     .flags = rng_u32() % 8,

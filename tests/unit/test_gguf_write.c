@@ -29,7 +29,9 @@ static uint64_t rng_next(void) {
 }
 
 /* uniform in [-1, 1) */
-static float rng_float(void) { return (float)((double)(rng_next() >> 11) * 0x1p-52 - 1.0); }
+static float rng_float(void) {
+    return (float)((double)(rng_next() >> 11) * 0x1p-52 - 1.0);
+}
 
 /* roughly normal(0, 1): sum of 4 uniforms, scaled */
 static float rng_normal(void) {
@@ -46,7 +48,8 @@ static void rng_seed_fresh(const char *what) {
 
 static void temp_path(char *buf, size_t cap, const char *tag) {
     const char *dir = getenv("TMPDIR");
-    snprintf(buf, cap, "%s/llmopt_test_gguf_write_%ld_%s.gguf", dir && *dir ? dir : "/tmp", (long)getpid(), tag);
+    snprintf(buf, cap, "%s/llmopt_test_gguf_write_%ld_%s.gguf", dir && *dir ? dir : "/tmp",
+             (long)getpid(), tag);
 }
 
 static bool file_exists(const char *path) {
@@ -62,12 +65,12 @@ static struct gguf_file *open_or_fail(const char *path) {
     return st == LLMOPT_OK ? f : NULL;
 }
 
-#define OK(call)                                                                   \
-    do {                                                                           \
-        struct llmopt_err ok_err_ = {0};                                           \
-        enum llmopt_status ok_st_ = (call);                                        \
-        (void)ok_err_;                                                             \
-        CHECK_MSG(ok_st_ == LLMOPT_OK, "%s", #call);                               \
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        struct llmopt_err ok_err_ = {0};                                                           \
+        enum llmopt_status ok_st_ = (call);                                                        \
+        (void)ok_err_;                                                                             \
+        CHECK_MSG(ok_st_ == LLMOPT_OK, "%s", #call);                                               \
     } while (0)
 
 /* ---- metadata round trip: every scalar type, strings, arrays ---- */
@@ -122,7 +125,10 @@ static void test_kv_round_trip(void) {
     CHECK(gguf_w_set_array(w, "a.i8", GGUF_TYPE_INT8, ai8, 2, &err) == LLMOPT_OK);
     CHECK(gguf_w_set_array(w, "a.f64", GGUF_TYPE_FLOAT64, af64, 2, &err) == LLMOPT_OK);
     CHECK(gguf_w_set_array(w, "a.empty", GGUF_TYPE_UINT32, NULL, 0, &err) == LLMOPT_OK);
-    const char *strs[] = {"alpha", "", "\xce\xb3" "amma", "d"};
+    const char *strs[] = {"alpha", "",
+                          "\xce\xb3"
+                          "amma",
+                          "d"};
     CHECK(gguf_w_set_str_array(w, "a.str", strs, NULL, 4, &err) == LLMOPT_OK);
     const uint64_t lens[] = {2, 0, 1};
     CHECK(gguf_w_set_str_array(w, "a.strn", strs, lens, 3, &err) == LLMOPT_OK);
@@ -149,17 +155,26 @@ static void test_kv_round_trip(void) {
     double d;
     bool b;
     struct gguf_str s;
-    CHECK(gguf_get_u64(f, "t.u8", &u) && u == 200 && gguf_find_kv(f, "t.u8")->type == GGUF_TYPE_UINT8);
-    CHECK(gguf_get_i64(f, "t.i8", &i) && i == -100 && gguf_find_kv(f, "t.i8")->type == GGUF_TYPE_INT8);
-    CHECK(gguf_get_u64(f, "t.u16", &u) && u == 60000 && gguf_find_kv(f, "t.u16")->type == GGUF_TYPE_UINT16);
-    CHECK(gguf_get_i64(f, "t.i16", &i) && i == -30000 && gguf_find_kv(f, "t.i16")->type == GGUF_TYPE_INT16);
-    CHECK(gguf_get_u64(f, "t.u32", &u) && u == 4000000000u && gguf_find_kv(f, "t.u32")->type == GGUF_TYPE_UINT32);
-    CHECK(gguf_get_i64(f, "t.i32", &i) && i == i32 && gguf_find_kv(f, "t.i32")->type == GGUF_TYPE_INT32);
-    CHECK(gguf_get_f64(f, "t.f32", &d) && (float)d == 1e-6f && gguf_find_kv(f, "t.f32")->type == GGUF_TYPE_FLOAT32);
+    CHECK(gguf_get_u64(f, "t.u8", &u) && u == 200 &&
+          gguf_find_kv(f, "t.u8")->type == GGUF_TYPE_UINT8);
+    CHECK(gguf_get_i64(f, "t.i8", &i) && i == -100 &&
+          gguf_find_kv(f, "t.i8")->type == GGUF_TYPE_INT8);
+    CHECK(gguf_get_u64(f, "t.u16", &u) && u == 60000 &&
+          gguf_find_kv(f, "t.u16")->type == GGUF_TYPE_UINT16);
+    CHECK(gguf_get_i64(f, "t.i16", &i) && i == -30000 &&
+          gguf_find_kv(f, "t.i16")->type == GGUF_TYPE_INT16);
+    CHECK(gguf_get_u64(f, "t.u32", &u) && u == 4000000000u &&
+          gguf_find_kv(f, "t.u32")->type == GGUF_TYPE_UINT32);
+    CHECK(gguf_get_i64(f, "t.i32", &i) && i == i32 &&
+          gguf_find_kv(f, "t.i32")->type == GGUF_TYPE_INT32);
+    CHECK(gguf_get_f64(f, "t.f32", &d) && (float)d == 1e-6f &&
+          gguf_find_kv(f, "t.f32")->type == GGUF_TYPE_FLOAT32);
     CHECK(gguf_get_bool(f, "t.bool", &b) && b);
     CHECK(gguf_get_u64(f, "t.u64", &u) && u == UINT64_MAX - 5);
-    CHECK(gguf_get_i64(f, "t.i64", &i) && i == i64 && gguf_find_kv(f, "t.i64")->type == GGUF_TYPE_INT64);
-    CHECK(gguf_get_f64(f, "t.f64", &d) && d == f64 && gguf_find_kv(f, "t.f64")->type == GGUF_TYPE_FLOAT64);
+    CHECK(gguf_get_i64(f, "t.i64", &i) && i == i64 &&
+          gguf_find_kv(f, "t.i64")->type == GGUF_TYPE_INT64);
+    CHECK(gguf_get_f64(f, "t.f64", &d) && d == f64 &&
+          gguf_find_kv(f, "t.f64")->type == GGUF_TYPE_FLOAT64);
     CHECK(gguf_get_str(f, "t.str", &s) && gguf_str_eq(s, "h\xc3\xa9llo \xe4\xb8\x96"));
     CHECK(gguf_get_str(f, "t.empty", &s) && s.len == 0);
     CHECK(gguf_get_str(f, "t.nul", &s) && s.len == 3 && !memcmp(s.ptr, "a\0b", 3));
@@ -170,10 +185,12 @@ static void test_kv_round_trip(void) {
     CHECK(gguf_str_eq(f->kv[14].key, "t.replaced"));
 
     const struct gguf_kv *kv = gguf_find_kv(f, "a.i32");
-    CHECK(kv && kv->type == GGUF_TYPE_ARRAY && kv->array_type == GGUF_TYPE_INT32 && kv->array_len == 5);
+    CHECK(kv && kv->type == GGUF_TYPE_ARRAY && kv->array_type == GGUF_TYPE_INT32 &&
+          kv->array_len == 5);
     for (uint64_t k = 0; kv && k < 5; k++) CHECK(gguf_array_get_i64(kv, k, &i) && i == ai32[k]);
     kv = gguf_find_kv(f, "a.f32");
-    for (uint64_t k = 0; kv && k < 3; k++) CHECK(gguf_array_get_f64(kv, k, &d) && (float)d == af32[k]);
+    for (uint64_t k = 0; kv && k < 3; k++)
+        CHECK(gguf_array_get_f64(kv, k, &d) && (float)d == af32[k]);
     kv = gguf_find_kv(f, "a.bool");
     CHECK(kv && kv->array_type == GGUF_TYPE_BOOL && kv->array_len == 3);
     if (kv) CHECK(kv->data[0] == 1 && kv->data[1] == 0 && kv->data[2] == 1);
@@ -189,7 +206,8 @@ static void test_kv_round_trip(void) {
     kv = gguf_find_kv(f, "a.f64");
     for (uint64_t k = 0; kv && k < 2; k++) CHECK(gguf_array_get_f64(kv, k, &d) && d == af64[k]);
     kv = gguf_find_kv(f, "a.empty");
-    CHECK(kv && kv->type == GGUF_TYPE_ARRAY && kv->array_len == 0 && kv->array_type == GGUF_TYPE_UINT32);
+    CHECK(kv && kv->type == GGUF_TYPE_ARRAY && kv->array_len == 0 &&
+          kv->array_type == GGUF_TYPE_UINT32);
     kv = gguf_find_kv(f, "a.str");
     CHECK(kv && kv->array_type == GGUF_TYPE_STRING && kv->array_len == 4);
     if (kv) {
@@ -203,7 +221,8 @@ static void test_kv_round_trip(void) {
     if (kv) {
         CHECK(gguf_str_array_get(kv, 0, &s) && gguf_str_eq(s, "al"));
         CHECK(gguf_str_array_get(kv, 1, &s) && s.len == 0);
-        CHECK(gguf_str_array_get(kv, 2, &s) && gguf_str_eq(s, "d") == false && s.len == 1 && s.ptr[0] == '\xce');
+        CHECK(gguf_str_array_get(kv, 2, &s) && gguf_str_eq(s, "d") == false && s.len == 1 &&
+              s.ptr[0] == '\xce');
     }
     gguf_close(f);
     unlink(path);
@@ -213,8 +232,9 @@ static void test_kv_round_trip(void) {
 
 static void test_tensor_round_trip(void) {
     rng_seed_fresh("tensor_round_trip");
-    static const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,   GGML_TYPE_BF16,  GGML_TYPE_Q8_0,
-                                           GGML_TYPE_Q4_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K};
+    static const enum ggml_type types[] = {GGML_TYPE_F32,   GGML_TYPE_F16,  GGML_TYPE_BF16,
+                                           GGML_TYPE_Q8_0,  GGML_TYPE_Q4_0, QUANT_TYPE_Q4_K,
+                                           QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K};
     enum { N_TYPES = sizeof types / sizeof types[0] };
     for (int alignment_case = 0; alignment_case < 2; alignment_case++) {
         uint32_t alignment = alignment_case ? 64 : GGUF_W_DEFAULT_ALIGNMENT;
@@ -237,13 +257,15 @@ static void test_tensor_round_trip(void) {
             char name[64];
             snprintf(name, sizeof name, "t.%s", gguf_w_type_name(types[k]));
             uint32_t index = 99;
-            CHECK_MSG(gguf_w_add_tensor(w, name, types[k], 2 + (uint32_t)(k % 2), ne, &index, &err) == LLMOPT_OK,
+            CHECK_MSG(gguf_w_add_tensor(w, name, types[k], 2 + (uint32_t)(k % 2), ne, &index,
+                                        &err) == LLMOPT_OK,
                       "%s", err.msg);
             CHECK_EQ_INT(index, n_tensors);
             bytes[n_tensors] = gguf_w_tensor_bytes(w, index);
             CHECK_EQ_INT(bytes[n_tensors], 2 * 3 * (1 + k % 2) * (uint64_t)bb);
             data[n_tensors] = malloc(bytes[n_tensors]);
-            for (uint64_t b = 0; b < bytes[n_tensors]; b++) data[n_tensors][b] = (uint8_t)rng_next();
+            for (uint64_t b = 0; b < bytes[n_tensors]; b++)
+                data[n_tensors][b] = (uint8_t)rng_next();
             n_tensors++;
         }
         /* a 1-D f32 tensor whose size is not a multiple of the alignment */
@@ -273,7 +295,8 @@ static void test_tensor_round_trip(void) {
             pos += k;
         }
         CHECK_EQ_INT(gguf_w_current_tensor(w), n_tensors);
-        CHECK(gguf_w_write(w, stream, 1, &err) == LLMOPT_ERR_INVALID_ARG); /* past the last tensor */
+        CHECK(gguf_w_write(w, stream, 1, &err) ==
+              LLMOPT_ERR_INVALID_ARG); /* past the last tensor */
         CHECK_MSG(gguf_w_finish(w, &err) == LLMOPT_OK, "%s", err.msg);
         uint64_t expect_bytes = gguf_w_file_bytes(w);
         gguf_w_free(w);
@@ -341,7 +364,8 @@ static void test_copy_kv(void) {
         for (uint64_t i = 0; i < f->n_kv && i < src->n_kv; i++) {
             const struct gguf_kv *a = &src->kv[i], *b = &f->kv[i];
             CHECK(a->key.len == b->key.len && !memcmp(a->key.ptr, b->key.ptr, a->key.len));
-            CHECK(a->type == b->type && a->array_type == b->array_type && a->array_len == b->array_len);
+            CHECK(a->type == b->type && a->array_type == b->array_type &&
+                  a->array_len == b->array_len);
             if (a->type == GGUF_TYPE_STRING) {
                 struct gguf_str sa, sb;
                 CHECK(gguf_kv_get_str(a, &sa) && gguf_kv_get_str(b, &sb) && sa.len == sb.len &&
@@ -355,11 +379,14 @@ static void test_copy_kv(void) {
                 gguf_str_iter_init(&ib, b);
                 int mismatches = 0;
                 while (gguf_str_iter_next(&ia, &sa)) {
-                    if (!gguf_str_iter_next(&ib, &sb) || sa.len != sb.len || memcmp(sa.ptr, sb.ptr, sa.len)) mismatches++;
+                    if (!gguf_str_iter_next(&ib, &sb) || sa.len != sb.len ||
+                        memcmp(sa.ptr, sb.ptr, sa.len))
+                        mismatches++;
                 }
                 CHECK_EQ_INT(mismatches, 0);
             } else {
-                CHECK(!memcmp(a->data, b->data, (size_t)(a->array_len * gguf_type_size(a->array_type))));
+                CHECK(!memcmp(a->data, b->data,
+                              (size_t)(a->array_len * gguf_type_size(a->array_type))));
             }
         }
         struct gguf_str s1, s2;
@@ -367,8 +394,9 @@ static void test_copy_kv(void) {
         const struct gguf_kv *t2 = gguf_find_kv(f, "tokenizer.ggml.tokens");
         CHECK(t1 && t2 && t1->array_len == t2->array_len);
         if (t1 && t2) {
-            CHECK(gguf_str_array_get(t1, t1->array_len - 1, &s1) && gguf_str_array_get(t2, t2->array_len - 1, &s2) &&
-                  s1.len == s2.len && !memcmp(s1.ptr, s2.ptr, s1.len));
+            CHECK(gguf_str_array_get(t1, t1->array_len - 1, &s1) &&
+                  gguf_str_array_get(t2, t2->array_len - 1, &s2) && s1.len == s2.len &&
+                  !memcmp(s1.ptr, s2.ptr, s1.len));
         }
         gguf_close(f);
     }
@@ -390,18 +418,20 @@ static void test_writer_errors(void) {
     CHECK(gguf_w_add_tensor(w, "q", GGML_TYPE_Q8_0, 2, ne, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
     CHECK(strstr(err.msg, "block") != NULL);
     CHECK(gguf_w_add_tensor(w, "k", QUANT_TYPE_Q4_K, 2, ne, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
-    CHECK(gguf_w_add_tensor(w, "t", (enum ggml_type)3, 2, ne, NULL, &err) == LLMOPT_ERR_UNSUPPORTED);
+    CHECK(gguf_w_add_tensor(w, "t", (enum ggml_type)3, 2, ne, NULL, &err) ==
+          LLMOPT_ERR_UNSUPPORTED);
     CHECK(gguf_w_add_tensor(w, "t", GGML_TYPE_F32, 5, ne, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
     char long_name[80];
     memset(long_name, 'a', sizeof long_name - 1);
     long_name[sizeof long_name - 1] = 0;
-    CHECK(gguf_w_add_tensor(w, long_name, GGML_TYPE_F32, 2, ne, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+    CHECK(gguf_w_add_tensor(w, long_name, GGML_TYPE_F32, 2, ne, NULL, &err) ==
+          LLMOPT_ERR_INVALID_ARG);
     uint64_t zero[2] = {0, 1};
     CHECK(gguf_w_add_tensor(w, "z", GGML_TYPE_F32, 2, zero, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
     CHECK(gguf_w_add_tensor(w, "a", GGML_TYPE_F32, 2, ne, NULL, &err) == LLMOPT_OK);
     CHECK(gguf_w_add_tensor(w, "a", GGML_TYPE_F32, 2, ne, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
     CHECK(gguf_w_set_alignment(w, 64, &err) == LLMOPT_ERR_INVALID_ARG); /* after a tensor */
-    CHECK(gguf_w_write(w, ne, 8, &err) == LLMOPT_ERR_INVALID_ARG);       /* before begin */
+    CHECK(gguf_w_write(w, ne, 8, &err) == LLMOPT_ERR_INVALID_ARG);      /* before begin */
     CHECK(gguf_w_begin(w, path, &err) == LLMOPT_OK);
     CHECK(file_exists(partial));
     float row[48] = {0};
@@ -420,8 +450,8 @@ static void test_writer_errors(void) {
 /* ---- quantizers: round-trip error bounds on fresh random rows ---- */
 
 struct err_stats {
-    double rel_rms;  /* rms(error) / rms(x) */
-    double max_rel;  /* max |error| / max |x| of its super-block (256) */
+    double rel_rms; /* rms(error) / rms(x) */
+    double max_rel; /* max |error| / max |x| of its super-block (256) */
 };
 
 static struct err_stats round_trip_error(enum ggml_type type, const float *x, int64_t n) {
@@ -462,7 +492,7 @@ static void test_quant_error_bounds(void) {
         enum ggml_type type;
         double rel_rms, max_rel;
     } bounds[] = {
-        {GGML_TYPE_F16, 1e-3, 1e-3},  {GGML_TYPE_BF16, 5e-3, 5e-3},   {GGML_TYPE_Q8_0, 0.012, 0.01},
+        {GGML_TYPE_F16, 1e-3, 1e-3},   {GGML_TYPE_BF16, 5e-3, 5e-3},  {GGML_TYPE_Q8_0, 0.012, 0.01},
         {GGML_TYPE_Q4_0, 0.16, 0.15},  {QUANT_TYPE_Q6_K, 0.03, 0.04}, {QUANT_TYPE_Q5_K, 0.06, 0.08},
         {QUANT_TYPE_Q4_K, 0.12, 0.15},
     };
@@ -474,9 +504,12 @@ static void test_quant_error_bounds(void) {
                   gguf_w_type_name(bounds[k].type), e.rel_rms, e.max_rel);
     }
     /* more bits, less error */
-    CHECK(round_trip_error(QUANT_TYPE_Q6_K, x, N).rel_rms < round_trip_error(QUANT_TYPE_Q5_K, x, N).rel_rms);
-    CHECK(round_trip_error(QUANT_TYPE_Q5_K, x, N).rel_rms < round_trip_error(QUANT_TYPE_Q4_K, x, N).rel_rms);
-    CHECK(round_trip_error(QUANT_TYPE_Q4_K, x, N).rel_rms < round_trip_error(GGML_TYPE_Q4_0, x, N).rel_rms);
+    CHECK(round_trip_error(QUANT_TYPE_Q6_K, x, N).rel_rms <
+          round_trip_error(QUANT_TYPE_Q5_K, x, N).rel_rms);
+    CHECK(round_trip_error(QUANT_TYPE_Q5_K, x, N).rel_rms <
+          round_trip_error(QUANT_TYPE_Q4_K, x, N).rel_rms);
+    CHECK(round_trip_error(QUANT_TYPE_Q4_K, x, N).rel_rms <
+          round_trip_error(GGML_TYPE_Q4_0, x, N).rel_rms);
 
     /* all-positive, all-negative, constant, zero and non-finite blocks stay finite */
     for (int i = 0; i < 256; i++) x[i] = 1.0f + 0.01f * (float)i;
@@ -561,7 +594,8 @@ static void test_k_layouts(void) {
     }
     quant_k_dequantize_row(QUANT_TYPE_Q5_K, &b5, y, 256);
     bad = 0;
-    for (int e = 0; e < 256; e++) bad += y[e] != 1.0f * sc[e / 32] * (float)((e * 11) % 32) - 0.5f * mn[e / 32];
+    for (int e = 0; e < 256; e++)
+        bad += y[e] != 1.0f * sc[e / 32] * (float)((e * 11) % 32) - 0.5f * mn[e / 32];
     CHECK_EQ_INT(bad, 0);
 
     /* Q6_K: d = 0.25, scales[s] = s * 9 - 70 (signed); quant (e * 13) % 64 - 32 */
@@ -576,7 +610,8 @@ static void test_k_layouts(void) {
     }
     quant_k_dequantize_row(QUANT_TYPE_Q6_K, &b6, y, 256);
     bad = 0;
-    for (int e = 0; e < 256; e++) bad += y[e] != 0.25f * (float)(e / 16 * 9 - 70) * (float)((e * 13) % 64 - 32);
+    for (int e = 0; e < 256; e++)
+        bad += y[e] != 0.25f * (float)(e / 16 * 9 - 70) * (float)((e * 13) % 64 - 32);
     CHECK_EQ_INT(bad, 0);
 
     /* the quantizers write what the dequantizers read: a row on a block's grid comes
@@ -613,26 +648,38 @@ static void test_type_plans(void) {
 
     struct synth_qplan p;
     CHECK(!synth_qplan_parse("q3_k", &p));
-    CHECK(synth_qplan_parse("Q4_K_M", &p) && p.base == QUANT_TYPE_Q4_K && p.more_bits == QUANT_TYPE_Q6_K &&
-          p.file_type == 15);
+    CHECK(synth_qplan_parse("Q4_K_M", &p) && p.base == QUANT_TYPE_Q4_K &&
+          p.more_bits == QUANT_TYPE_Q6_K && p.file_type == 15);
     uint64_t ne[2] = {1024, 3072}, odd[2] = {576, 1536}, vec[1] = {1024};
     /* 28 layers: the first and last eighth (0..2, 25..27) and every third in between */
-    CHECK(synth_tensor_type(&p, "blk.0.attn_v.weight", 2, ne, GGML_TYPE_F32, 28, false) == QUANT_TYPE_Q6_K);
-    CHECK(synth_tensor_type(&p, "blk.4.attn_v.weight", 2, ne, GGML_TYPE_F32, 28, false) == QUANT_TYPE_Q4_K);
-    CHECK(synth_tensor_type(&p, "blk.5.ffn_down.weight", 2, ne, GGML_TYPE_F32, 28, false) == QUANT_TYPE_Q6_K);
-    CHECK(synth_tensor_type(&p, "blk.27.ffn_down.weight", 2, ne, GGML_TYPE_F32, 28, false) == QUANT_TYPE_Q6_K);
-    CHECK(synth_tensor_type(&p, "blk.5.ffn_up.weight", 2, ne, GGML_TYPE_F32, 28, false) == QUANT_TYPE_Q4_K);
-    CHECK(synth_tensor_type(&p, "token_embd.weight", 2, ne, GGML_TYPE_F32, 28, false) == QUANT_TYPE_Q6_K);
-    CHECK(synth_tensor_type(&p, "token_embd.weight", 2, ne, GGML_TYPE_F32, 28, true) == QUANT_TYPE_Q4_K);
-    CHECK(synth_tensor_type(&p, "output.weight", 2, ne, GGML_TYPE_F32, 28, true) == QUANT_TYPE_Q6_K);
-    CHECK(synth_tensor_type(&p, "blk.1.attn_norm.weight", 1, vec, GGML_TYPE_F32, 28, true) == GGML_TYPE_F32);
-    CHECK(synth_tensor_type(&p, "blk.1.attn_norm.weight", 1, vec, GGML_TYPE_F16, 28, true) == GGML_TYPE_F16);
+    CHECK(synth_tensor_type(&p, "blk.0.attn_v.weight", 2, ne, GGML_TYPE_F32, 28, false) ==
+          QUANT_TYPE_Q6_K);
+    CHECK(synth_tensor_type(&p, "blk.4.attn_v.weight", 2, ne, GGML_TYPE_F32, 28, false) ==
+          QUANT_TYPE_Q4_K);
+    CHECK(synth_tensor_type(&p, "blk.5.ffn_down.weight", 2, ne, GGML_TYPE_F32, 28, false) ==
+          QUANT_TYPE_Q6_K);
+    CHECK(synth_tensor_type(&p, "blk.27.ffn_down.weight", 2, ne, GGML_TYPE_F32, 28, false) ==
+          QUANT_TYPE_Q6_K);
+    CHECK(synth_tensor_type(&p, "blk.5.ffn_up.weight", 2, ne, GGML_TYPE_F32, 28, false) ==
+          QUANT_TYPE_Q4_K);
+    CHECK(synth_tensor_type(&p, "token_embd.weight", 2, ne, GGML_TYPE_F32, 28, false) ==
+          QUANT_TYPE_Q6_K);
+    CHECK(synth_tensor_type(&p, "token_embd.weight", 2, ne, GGML_TYPE_F32, 28, true) ==
+          QUANT_TYPE_Q4_K);
+    CHECK(synth_tensor_type(&p, "output.weight", 2, ne, GGML_TYPE_F32, 28, true) ==
+          QUANT_TYPE_Q6_K);
+    CHECK(synth_tensor_type(&p, "blk.1.attn_norm.weight", 1, vec, GGML_TYPE_F32, 28, true) ==
+          GGML_TYPE_F32);
+    CHECK(synth_tensor_type(&p, "blk.1.attn_norm.weight", 1, vec, GGML_TYPE_F16, 28, true) ==
+          GGML_TYPE_F16);
     /* rows not a multiple of 256 fall back to f16 */
-    CHECK(synth_tensor_type(&p, "blk.1.ffn_up.weight", 2, odd, GGML_TYPE_F32, 28, true) == GGML_TYPE_F16);
+    CHECK(synth_tensor_type(&p, "blk.1.ffn_up.weight", 2, odd, GGML_TYPE_F32, 28, true) ==
+          GGML_TYPE_F16);
     CHECK(synth_qplan_parse("q8_0", &p) && p.file_type == 7);
-    CHECK(synth_tensor_type(&p, "blk.1.ffn_up.weight", 2, odd, GGML_TYPE_F32, 28, true) == GGML_TYPE_Q8_0);
+    CHECK(synth_tensor_type(&p, "blk.1.ffn_up.weight", 2, odd, GGML_TYPE_F32, 28, true) ==
+          GGML_TYPE_Q8_0);
     CHECK(synth_tensor_type(&p, "output.weight", 2, ne, GGML_TYPE_F32, 28, true) == GGML_TYPE_Q8_0);
 }
 
-TEST_MAIN(test_kv_round_trip, test_tensor_round_trip, test_copy_kv, test_writer_errors, test_quant_error_bounds,
-          test_k_layouts, test_type_plans)
+TEST_MAIN(test_kv_round_trip, test_tensor_round_trip, test_copy_kv, test_writer_errors,
+          test_quant_error_bounds, test_k_layouts, test_type_plans)

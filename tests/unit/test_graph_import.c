@@ -1,5 +1,6 @@
 /* Graph file import: a small graph with a `repeat`, and malformed variants that must
- * each fail with a message naming what is wrong. */
+ * each fail with a message naming what is wrong; a hybrid graph whose layers run one of
+ * two bodies chosen by a per-layer hparam (with the short_conv state op). */
 #include "format/graph_file.h"
 #include "ir/import.h"
 #include "test.h"
@@ -31,9 +32,11 @@ static int n_bound;
 static enum llmopt_status toy_bind(void *ctx, const char *tmpl, int layer, const struct ir_shape *shape,
                                    struct ir_weight *out, struct llmopt_err *err) {
     (void)ctx;
-    if (shape->rank != 2 || shape->dims[0].coef * shape->dims[1].coef > 64)
+    int64_t numel = 1;
+    for (int d = 0; d < shape->rank; d++) numel *= shape->dims[d].coef;
+    if (shape->rank < 2 || numel > 64)
         return err_set(err, LLMOPT_ERR_BIND, "toy: unexpected shape for %s", tmpl);
-    *out = (struct ir_weight){weights[layer < 0 ? 2 : layer], IR_DTYPE_F32, 256, tmpl};
+    *out = (struct ir_weight){weights[layer < 0 ? 2 : layer], IR_DTYPE_F32, 256, tmpl, NULL};
     n_bound++;
     return LLMOPT_OK;
 }
@@ -105,4 +108,108 @@ static void test_malformed_graphs(void) {
     expect_failure("{\"format\"", "[{\"format\"", "");
 }
 
-TEST_MAIN(test_import_unrolls_layers, test_malformed_graphs)
+static const char *hybrid_text =
+    "{\"format\": \"llmopt-graph\", \"version\": 1, \"name\": \"hybrid\","
+    " \"hparams\": [\"vocab\", \"d_model\", \"n_layers\", \"conv_L\"], \"layer_hparams\": [\"kind\"],"
+    " \"inputs\": [{\"name\": \"tokens\", \"dtype\": \"i32\", \"shape\": [\"N\"]},"
+    "            {\"name\": \"positions\", \"dtype\": \"i32\", \"shape\": [\"N\"]},"
+    "            {\"name\": \"seq_slots\", \"dtype\": \"i32\", \"shape\": [\"N\"]},"
+    "            {\"name\": \"out_rows\", \"dtype\": \"i32\", \"shape\": [\"M\"]}],"
+    " \"params\": [{\"name\": \"emb\", \"dtype\": \"f32\", \"shape\": [\"vocab\", \"d_model\"]},"
+    "            {\"name\": \"layers.{i}.w\", \"dtype\": \"f32\", \"shape\": [\"d_model\", \"d_model\"]},"
+    "            {\"name\": \"layers.{i}.k\", \"dtype\": \"f32\", \"shape\": [\"d_model\", \"1\", \"conv_L\"]},"
+    "            {\"name\": \"head\", \"dtype\": \"f32\", \"shape\": [\"vocab\", \"d_model\"]}],"
+    " \"nodes\": ["
+    "  {\"id\": \"x\", \"op\": \"embedding\", \"in\": [\"emb\", \"tokens\"], \"shape\": [\"N\", \"d_model\"]},"
+    "  {\"op\": \"repeat\", \"count\": \"n_layers\", \"index\": \"i\", \"kind\": \"kind\", \"carry\": {\"h\": \"x\"},"
+    "   \"bodies\": {"
+    "    \"0\": {\"name\": \"conv\", \"body\": ["
+    "     {\"id\": \"c\", \"op\": \"short_conv\", \"in\": [\"h\", \"layers.{i}.k\", \"positions\", \"seq_slots\"],"
+    "      \"shape\": [\"N\", \"d_model\"]},"
+    "     {\"id\": \"z0\", \"op\": \"add\", \"in\": [\"h\", \"c\"], \"shape\": [\"N\", \"d_model\"]}],"
+    "     \"yield\": {\"h\": \"z0\"}},"
+    "    \"1\": {\"name\": \"mix\", \"body\": ["
+    "     {\"id\": \"y\", \"op\": \"linear\", \"in\": [\"h\", \"layers.{i}.w\"], \"shape\": [\"N\", \"d_model\"]},"
+    "     {\"id\": \"z1\", \"op\": \"add\", \"in\": [\"h\", \"y\"], \"shape\": [\"N\", \"d_model\"]}],"
+    "     \"yield\": {\"h\": \"z1\"}}},"
+    "   \"out\": {\"h\": \"hN\"}},"
+    "  {\"id\": \"sel\", \"op\": \"select_rows\", \"in\": [\"hN\", \"out_rows\"], \"shape\": [\"M\", \"d_model\"]},"
+    "  {\"id\": \"logits\", \"op\": \"linear\", \"in\": [\"sel\", \"head\"], \"shape\": [\"M\", \"vocab\"]}],"
+    " \"outputs\": [{\"name\": \"logits\", \"value\": \"logits\"}]}";
+
+static const double hybrid_kinds[3] = {0, 1, 0};
+
+static enum llmopt_status import_hybrid(const char *text, int32_t n_kinds, struct ir_graph *g,
+                                        struct llmopt_err *err) {
+    json_t *root = NULL;
+    enum llmopt_status st = graph_file_parse(text, strlen(text), &root, err);
+    if (st) return st;
+    st = graph_file_check(root, err);
+    if (!st) {
+        struct ir_hparams hp = {.n = 4, .names = {"vocab", "d_model", "n_layers", "conv_L"},
+                                .values = {8, 4, 3, 3}, .n_layer = 1, .layer_names = {"kind"},
+                                .layer_values = {hybrid_kinds}, .layer_count = {n_kinds}};
+        st = ir_import(root, &hp, toy_bind, NULL, g, err);
+    }
+    json_decref(root);
+    return st;
+}
+
+static void test_import_layer_kinds(void) {
+    struct ir_graph g;
+    struct llmopt_err err = {0};
+    n_bound = 0;
+    CHECK_MSG(import_hybrid(hybrid_text, 3, &g, &err) == LLMOPT_OK, "%s", err.msg);
+    if (err.status) return;
+    /* emb, k@0, k@2 (conv layers), w@1 (the other kind), head: nothing else binds */
+    CHECK_EQ_INT(n_bound, 5);
+    CHECK_EQ_INT(g.n_conv_layers, 2);
+    CHECK_EQ_INT(ir_count_conv_layers(&g), 2);
+    CHECK_EQ_INT(g.n_kv_layers, 0);
+    int convs = 0, linears = 0;
+    for (int32_t i = 0; i < g.n_nodes; i++) {
+        const struct ir_node *n = &g.nodes[i];
+        if (n->op == IR_OP_SHORT_CONV) {
+            CHECK_EQ_INT(n->attrs.kv_layer, convs);
+            CHECK(!strcmp(n->name, convs ? "c@2" : "c@0"));
+            char buf[64];
+            CHECK(!strcmp(ir_shape_str(&n->shape, buf, sizeof buf), "[N, 4]"));
+            convs++;
+        }
+        if (n->op == IR_OP_LINEAR) linears++;
+        if (n->op == IR_OP_PARAM) CHECK(strcmp(n->name, "layers.0.w") && strcmp(n->name, "layers.1.k"));
+    }
+    CHECK_EQ_INT(convs, 2);
+    CHECK_EQ_INT(linears, 2); /* layer 1 and the head */
+    ir_graph_free(&g);
+}
+
+static void expect_hybrid_failure(const char *from, const char *to, int32_t n_kinds, const char *needle) {
+    const char *at = strstr(hybrid_text, from);
+    CHECK_MSG(at != NULL, "pattern %s", from);
+    if (!at) return;
+    char *text = malloc(strlen(hybrid_text) + strlen(to) + 1);
+    size_t pre = (size_t)(at - hybrid_text);
+    memcpy(text, hybrid_text, pre);
+    strcpy(text + pre, to);
+    strcat(text, at + strlen(from));
+    struct ir_graph g;
+    struct llmopt_err err = {0};
+    enum llmopt_status st = import_hybrid(text, n_kinds, &g, &err);
+    CHECK_MSG(st != LLMOPT_OK, "'%s' -> '%s' was accepted", from, to);
+    if (st == LLMOPT_OK) ir_graph_free(&g);
+    else CHECK_MSG(strstr(err.msg, needle) != NULL, "message '%s' lacks '%s'", err.msg, needle);
+    free(text);
+}
+
+static void test_malformed_hybrid_graphs(void) {
+    expect_hybrid_failure("\"1\": {\"name\": \"mix\"", "\"7\": {\"name\": \"mix\"", 3, "no body");
+    expect_hybrid_failure("\"kind\": \"kind\"", "\"kind\": \"kindx\"", 3, "kindx");
+    expect_hybrid_failure("\"yield\": {\"h\": \"z1\"}", "\"yield\": {}", 3, "yields no 'h'");
+    expect_hybrid_failure("\"kind\": \"kind\", ", "", 3, "either 'body'");
+    expect_hybrid_failure("\"d_model\", \"1\", \"conv_L\"", "\"vocab\", \"1\", \"conv_L\"", 3, "w [C, L]");
+    expect_hybrid_failure("\"positions\", \"seq_slots\"]", "\"positions\", \"h\"]", 3, "");
+    expect_hybrid_failure("\"name\": \"hybrid\"", "\"name\": \"hybrid\"", 2, "2 values for 3 layers");
+}
+
+TEST_MAIN(test_import_unrolls_layers, test_malformed_graphs, test_import_layer_kinds, test_malformed_hybrid_graphs)

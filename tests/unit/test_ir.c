@@ -63,10 +63,10 @@ static enum llmopt_status build_small(struct ir_graph *g, struct llmopt_err *err
     }
     int32_t tab = ir_add_node(g, IR_OP_PARAM, NULL, 0, err);
     g->nodes[tab].shape = (struct ir_shape){2, {{5, 0}, {4, 0}}};
-    g->nodes[tab].weight = (struct ir_weight){table, IR_DTYPE_F32, sizeof table, "table"};
+    g->nodes[tab].weight = (struct ir_weight){table, IR_DTYPE_F32, sizeof table, "table", NULL};
     int32_t hd = ir_add_node(g, IR_OP_PARAM, NULL, 0, err);
     g->nodes[hd].shape = (struct ir_shape){2, {{3, 0}, {4, 0}}};
-    g->nodes[hd].weight = (struct ir_weight){head, IR_DTYPE_F32, sizeof head, "head"};
+    g->nodes[hd].weight = (struct ir_weight){head, IR_DTYPE_F32, sizeof head, "head", NULL};
     int32_t in[3];
     in[0] = tab;
     in[1] = g->inputs[IR_INPUT_TOKENS];

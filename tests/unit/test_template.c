@@ -5,6 +5,7 @@
 #include "template/template.h"
 #include "test.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,22 +167,31 @@ static void test_golden_renders(void) {
     json_t *manifest = json_load_file(GOLDEN "/manifest.json", 0, &jerr);
     CHECK_MSG(manifest != NULL, "manifest: %s", jerr.text);
     if (!manifest) return;
-    /* conversations, sorted by name */
-    const char *convs[] = {"basic", "empty", "multi_tool_calls", "multiturn", "no_thinking", "reasoning",
-                           "system_multiturn", "tools", "tools_system", "unicode"};
+    /* every .json file in conversations/ */
+    char *convs[64];
+    size_t n_convs = 0;
+    DIR *d = opendir(GOLDEN "/conversations");
+    CHECK(d != NULL);
+    for (struct dirent *e; d && (e = readdir(d)) && n_convs < 64;) {
+        size_t len = strlen(e->d_name);
+        if (len > 5 && !strcmp(e->d_name + len - 5, ".json")) convs[n_convs++] = strndup(e->d_name, len - 5);
+    }
+    if (d) closedir(d);
+    CHECK(n_convs >= 10);
     size_t i;
     json_t *entry;
     json_array_foreach(json_object_get(manifest, "templates"), i, entry) {
         struct llmopt_chat_template *t = load_entry(entry);
         if (!t) continue;
         const char *name = json_string_value(json_object_get(entry, "name"));
-        for (size_t c = 0; c < sizeof convs / sizeof convs[0]; c++) {
+        for (size_t c = 0; c < n_convs; c++) {
             render_pair(name, t, convs[c], false);
             render_pair(name, t, convs[c], true);
         }
         llmopt_chat_template_free(t);
     }
     json_decref(manifest);
+    for (size_t c = 0; c < n_convs; c++) free(convs[c]);
     fprintf(stderr, "  golden: %d of %d template x conversation renders byte-exact against jinja2%s\n", golden_pass,
             golden_pass + golden_fail, golden_skipped_templates ? " (some templates skipped)" : "");
 }
@@ -275,6 +285,11 @@ static void test_scoping(void) {
     CHECK_RENDER("{% for i in x if i > 1 %}{{ loop.index }}/{{ loop.length }}{% else %}none{% endfor %}", "{\"x\": [1, 2, 3]}",
                  "1/22/2");
     CHECK_RENDER("{% for i in [] %}x{% else %}{{ i }}none{% endfor %}", NULL, "none");
+    /* Jinja quirk: else also renders when no iteration reached the end of the body */
+    CHECK_RENDER("{% for i in [1, 2] %}{{ i }}{% break %}{% else %}E{% endfor %}|"
+                 "{% for i in [1, 2] %}{{ i }}{% continue %}{% else %}E{% endfor %}|"
+                 "{% for i in [1, 2] %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% else %}E{% endfor %}",
+                 NULL, "1E|12E|1");
     CHECK_RENDER("{% for i in x %}{% for j in x %}{{ loop.index }}{% endfor %};{% endfor %}", "{\"x\": [1, 2]}", "12;12;");
     CHECK_RENDER("{% set a, b = 1, 2 %}{{ a }}{{ b }} {% set t %}[{{ a }}]{% endset %}{{ t }}", NULL, "12 [1]");
     CHECK_RENDER("{% macro f(a, b='B', c=none) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ f(1) }} {{ f(1, c=3) }} {{ f(1, 2, 3) }}", NULL,
@@ -317,6 +332,7 @@ static void test_errors(void) {
     CHECK_ERROR("{% set x = 1 %}{% set x.a = 2 %}", NULL, "not a namespace");
     CHECK_ERROR("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", NULL, "takes not more than 1 argument");
     CHECK_ERROR("{% for a, b in [1] %}{% endfor %}", NULL, "not iterable");
+    CHECK_ERROR("{{ x[::, 1] }}", NULL, "t:1:6:", "slice inside a tuple subscript");
 }
 
 static void test_limits(void) {

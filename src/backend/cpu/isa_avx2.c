@@ -65,6 +65,9 @@ static inline vf v_sub(vf a, vf b) {
 static inline vf v_mul(vf a, vf b) {
     return _mm256_mul_ps(a, b);
 }
+static inline vf v_div(vf a, vf b) {
+    return _mm256_div_ps(a, b);
+}
 static inline vf v_max(vf a, vf b) {
     return _mm256_max_ps(a, b);
 }
@@ -101,6 +104,14 @@ static inline vf v_exp(vf x) {
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* lane j = sum of a[j]'s lanes: pairwise hadds, then the two 128-bit halves. */
+static inline vf v_reduce_lanes(const vf *a) {
+    vf t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    vf t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    vf u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 #include "backend/cpu/kern_generic.h"
@@ -145,8 +156,10 @@ static void quantize_row(const float *x, const struct cpu_qact *qa, int64_t r) {
         __m256i q = quantize_block(x + b * CPU_QBLOCK, d + b);
         _mm256_storeu_si256((__m256i *)(void *)(qs + b * CPU_QBLOCK), q);
         __m256i quad = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
-        _mm256_storeu_si256((__m256i *)(void *)(corr + b * 8), _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), quad), 7));
+        _mm256_storeu_si256((__m256i *)(void *)(corr + b * 8),
+                            _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), quad), 7));
     }
+    cpu_qact_sum_blocks(qa, r);
 }
 
 /* Q8_0: |w| * sign(x, w) keeps maddubs's unsigned x signed operands in range
@@ -167,6 +180,7 @@ static inline __attribute__((always_inline)) void tile_q8_0_rc(const struct cpu_
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             const uint8_t *blk = w + c * ldw + b * (int64_t)sizeof(block_q8_0);
+            _mm_prefetch((const char *)(blk + nc * ldw), _MM_HINT_T0);
             wq[c] = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
             wabs[c] = _mm256_sign_epi8(wq[c], wq[c]);
             dw[c] = f16_scale(blk);
@@ -208,6 +222,7 @@ static inline __attribute__((always_inline)) void tile_q4_0_rc(const struct cpu_
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             const uint8_t *blk = w + c * ldw + b * (int64_t)sizeof(block_q4_0);
+            _mm_prefetch((const char *)(blk + nc * ldw), _MM_HINT_T0);
             /* bytes 0..15 -> low nibbles (elements 0..15), 16..31 -> high (16..31) */
             __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
             wn[c] = _mm256_and_si256(_mm256_srlv_epi32(q, shift), low4);
@@ -281,6 +296,7 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx2 = {
     .rope_row = kg_rope_row,
     .attention_item = kg_attention_item,
     .exp_row = kg_exp_row,
+    .epilogue_row = kg_epilogue_row,
 };
 
 #endif

@@ -60,6 +60,9 @@ static inline vf v_sub(vf a, vf b) {
 static inline vf v_mul(vf a, vf b) {
     return _mm512_mul_ps(a, b);
 }
+static inline vf v_div(vf a, vf b) {
+    return _mm512_div_ps(a, b);
+}
 static inline vf v_max(vf a, vf b) {
     return _mm512_max_ps(a, b);
 }
@@ -98,6 +101,24 @@ static inline vf v_exp(vf x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* lane j = sum of a[j]'s lanes: fold 512 -> 256 -> 128 bits pairing vectors as the
+ * width halves, then within 128-bit lanes; lane L of 128-bit lane e then holds row
+ * 4e + L, which one permute puts in place. */
+static inline vf v_reduce_lanes(const vf *a) {
+    vf x[8], y[4], v[2];
+    for (int i = 0; i < 8; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xdd));
+    for (int i = 0; i < 2; i++)
+        v[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0xee));
+    vf r = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
 #include "backend/cpu/kern_generic.h"
 
 /* ---- int8 -------------------------------------------------------------------------- */
@@ -131,6 +152,7 @@ static void quantize_row(const float *x, const struct cpu_qact *qa, int64_t r) {
         _mm256_storeu_si256((__m256i *)(void *)(corr + b * 8),
                             _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), quad), 7));
     }
+    cpu_qact_sum_blocks(qa, r);
 }
 
 /* Weights biased to unsigned bytes (w + 128, or 16 * nibble for Q4_0) as vpdpbusd's
@@ -140,41 +162,61 @@ static inline __attribute__((always_inline)) void tile_q_rc(const struct cpu_qac
                                                             const uint8_t *w, size_t ldw, float *out,
                                                             const int q4, const int nr, const int nc) {
     const int64_t k = qa->k, nb = k / CPU_QBLOCK;
-    const size_t blk_bytes = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const int blk_bytes = q4 ? (int)sizeof(block_q4_0) : (int)sizeof(block_q8_0);
     const __m256i flip = _mm256_set1_epi8((char)0x80), high4 = _mm256_set1_epi8((char)0xf0);
     const __m256i shift = _mm256_setr_epi32(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i blk_off = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(blk_bytes));
     /* 16 * nibble: the product comes out 16x, the scale takes 1/16 back (exact) */
-    const float wscale = q4 ? 1.0f / 16.0f : 1.0f;
+    const __m512 wscale = _mm512_set1_ps(q4 ? 1.0f / 16.0f : 1.0f);
     __m256 acc[CPU_TILE_R][CPU_TILE_C];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i wu[CPU_TILE_C];
-        float dw[CPU_TILE_C];
+    /* Blocks in chunks of 16: one gather brings a column's 16 f16 scales, so the
+     * per-block work is load, bias, vpdpbusd, convert and one FMA whose scale
+     * dw * dx comes from this table as a broadcast memory operand. */
+    _Alignas(64) float scale[CPU_TILE_R][CPU_TILE_C][16];
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        int nbc = nb - b0 < 16 ? (int)(nb - b0) : 16;
+        __mmask16 m = (__mmask16)((1u << nbc) - 1u);
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
-            const uint8_t *blk = w + c * ldw + b * (int64_t)blk_bytes;
-            if (q4) {
-                __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
-                wu[c] = _mm256_and_si256(_mm256_sllv_epi32(q, shift), high4);
-            } else {
-                wu[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)), flip);
-            }
-            dw[c] = f16_scale(blk) * wscale;
-        }
+            __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, blk_off,
+                                                    w + c * ldw + b0 * blk_bytes, 1);
+            __m512 dw = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), wscale);
 #pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) {
-            const int64_t row = r0 + r;
-            __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qs + row * k + b * CPU_QBLOCK));
-            const int32_t *cr = qa->corr + row * (k / 4) + b * 8;
-            __m256 dx = _mm256_broadcast_ss(qa->d + row * nb + b);
+            for (int r = 0; r < nr; r++)
+                _mm512_store_ps(scale[r][c], _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(m, qa->d + (r0 + r) * nb + b0)));
+        }
+        for (int bb = 0; bb < nbc; bb++) {
+            const int64_t b = b0 + bb;
+            __m256i wu[CPU_TILE_C];
 #pragma GCC unroll 4
             for (int c = 0; c < nc; c++) {
-                __m256i s = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(const void *)cr), wu[c], xq);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_set1_ps(dw[c]), dx),
-                                            acc[r][c]);
+                const uint8_t *blk = w + c * ldw + b * blk_bytes;
+                /* the next tile's rows, one tile ahead: the hardware prefetcher alone
+                 * ramps up too slowly on these short interleaved streams */
+                _mm_prefetch((const char *)(blk + nc * ldw), _MM_HINT_T0);
+                if (q4) {
+                    __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+                    wu[c] = _mm256_and_si256(_mm256_sllv_epi32(q, shift), high4);
+                } else {
+                    wu[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)), flip);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) {
+                const int64_t row = r0 + r;
+                __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qs + row * k + b * CPU_QBLOCK));
+                const int32_t *cr = qa->corr + row * (k / 4) + b * 8;
+#pragma GCC unroll 4
+                for (int c = 0; c < nc; c++) {
+                    __m256i s = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(const void *)cr), wu[c], xq);
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&scale[r][c][bb]),
+                                                acc[r][c]);
+                }
             }
         }
     }
@@ -197,6 +239,210 @@ static void tile_q4_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, s
     KG_TILE_SWITCH(nr, nc, Q4_CALL)
 }
 
+/* ---- prefill GEMM ----------------------------------------------------------------- */
+
+/* Panels hold CPU_GEMM_NC = 64 columns as 4 groups of 16 lanes.
+ *   block types: per block of 32: 8 quads x 64 columns x 4 bytes of w + 128 (Q4_0:
+ *                16 * nibble), then 64 f32 scales (Q4_0: scale / 16);
+ *   float types: per k, 64 f32 values.
+ * A micro-kernel keeps R rows x 64 columns of accumulators in registers; for each
+ * quad (or k) it loads the 4 weight vectors once and broadcasts each row's 4 bytes
+ * (or one float) against them, so vpdpbusd / FMA lanes are output columns and no
+ * horizontal sums are needed. */
+#define GQ_BLOCK_BYTES (8 * CPU_GEMM_NC * 4 + CPU_GEMM_NC * 4)
+#define GQ_ROWS 3
+#define GF_ROWS 6
+
+static bool gemm_supports(enum ir_dtype t) {
+    return t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0 || t == IR_DTYPE_F32 || t == IR_DTYPE_F16 ||
+           t == IR_DTYPE_BF16;
+}
+
+static int gemm_rows(enum ir_dtype t) {
+    return t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0 ? GQ_ROWS : GF_ROWS;
+}
+
+static size_t gemm_panel_bytes(enum ir_dtype t, int64_t k) {
+    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) return (size_t)(k / CPU_QBLOCK) * GQ_BLOCK_BYTES;
+    return (size_t)k * CPU_GEMM_NC * sizeof(float);
+}
+
+/* out[j][i] = in[i][j] for a 16 x 16 float block: 32-bit, then 64-bit interleaves
+ * within 128-bit lanes, then a 4 x 4 transpose of the lanes. */
+static inline void transpose16(const __m512 *in, __m512 *out) {
+    __m512 a[16], b[16];
+    for (int m = 0; m < 8; m++) {
+        a[2 * m] = _mm512_unpacklo_ps(in[2 * m], in[2 * m + 1]);
+        a[2 * m + 1] = _mm512_unpackhi_ps(in[2 * m], in[2 * m + 1]);
+    }
+    /* b[4n + e], 128-bit lane L: columns 4n..4n+3 of element 4L + e */
+    for (int n = 0; n < 4; n++) {
+        b[4 * n + 0] = _mm512_shuffle_ps(a[4 * n], a[4 * n + 2], 0x44);
+        b[4 * n + 1] = _mm512_shuffle_ps(a[4 * n], a[4 * n + 2], 0xee);
+        b[4 * n + 2] = _mm512_shuffle_ps(a[4 * n + 1], a[4 * n + 3], 0x44);
+        b[4 * n + 3] = _mm512_shuffle_ps(a[4 * n + 1], a[4 * n + 3], 0xee);
+    }
+    for (int e = 0; e < 4; e++) {
+        __m512 c0 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0x88), c1 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0xdd);
+        __m512 c2 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0x88);
+        __m512 c3 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0xdd);
+        out[0 + e] = _mm512_shuffle_f32x4(c0, c2, 0x88);
+        out[8 + e] = _mm512_shuffle_f32x4(c0, c2, 0xdd);
+        out[4 + e] = _mm512_shuffle_f32x4(c1, c3, 0x88);
+        out[12 + e] = _mm512_shuffle_f32x4(c1, c3, 0xdd);
+    }
+}
+
+static void gemm_pack(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel) {
+    /* byte offsets of the 16 columns of each group; absent columns read column 0 */
+    __m512i off[4];
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int g = 0; g < 4; g++) {
+        __m512i col = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * g));
+        __mmask16 present = _mm512_cmplt_epi32_mask(col, _mm512_set1_epi32(nc));
+        off[g] = _mm512_maskz_mullo_epi32(present, col, _mm512_set1_epi32((int)ldw));
+    }
+    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) {
+        const bool q4 = t == IR_DTYPE_Q4_0;
+        const size_t bs = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+        const __m512i flip = _mm512_set1_epi8((char)0x80), high4 = _mm512_set1_epi8((char)0xf0);
+        const __m512 sc_mul = _mm512_set1_ps(q4 ? 1.0f / 16.0f : 1.0f);
+        uint8_t *p = panel;
+        for (int64_t b = 0; b < k / CPU_QBLOCK; b++, p += GQ_BLOCK_BYTES) {
+            const uint8_t *blk = w + (size_t)b * bs;
+            for (int g = 0; g < 4; g++) {
+                __m512i h = _mm512_i32gather_epi32(off[g], blk, 1); /* d in the low 16 bits */
+                __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), sc_mul);
+                _mm512_store_ps((float *)(void *)(p + 8 * CPU_GEMM_NC * 4) + 16 * g, sc);
+                for (int q = 0; q < 8; q++) {
+                    __m512i v;
+                    if (q4) {
+                        v = _mm512_i32gather_epi32(off[g], blk + 2 + 4 * (q & 3), 1);
+                        v = _mm512_and_si512(q < 4 ? _mm512_slli_epi32(v, 4) : v, high4);
+                    } else {
+                        v = _mm512_xor_si512(_mm512_i32gather_epi32(off[g], blk + 2 + 4 * q, 1), flip);
+                    }
+                    _mm512_store_si512((void *)(p + (q * CPU_GEMM_NC + 16 * g) * 4), v);
+                }
+            }
+        }
+        return;
+    }
+    /* float types: 16 columns x 16 k at a time, loaded (and widened) along k, then
+     * transposed in registers so the panel holds 16 columns per k */
+    float *p = panel;
+    for (int64_t k0 = 0; k0 < k; k0 += 16) {
+        int n = k - k0 < 16 ? (int)(k - k0) : 16;
+        for (int g = 0; g < 4; g++) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                int c = 16 * g + i;
+                const uint8_t *src = w + (size_t)c * ldw;
+                if (c >= nc) r[i] = _mm512_setzero_ps();
+                else if (t == IR_DTYPE_F32) r[i] = v_load_n((const float *)(const void *)src + k0, n);
+                else if (t == IR_DTYPE_F16) r[i] = v_load_f16_n(src + 2 * k0, n);
+                else r[i] = v_load_bf16_n(src + 2 * k0, n);
+            }
+            __m512 tr[16];
+            transpose16(r, tr);
+            for (int j = 0; j < n; j++) _mm512_store_ps(p + (k0 + j) * CPU_GEMM_NC + 16 * g, tr[j]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm_q_rc(const uint8_t *panel, const struct cpu_qact *qa,
+                                                            int64_t r0, float *out, const int R) {
+    const int64_t k = qa->k, nb = k / CPU_QBLOCK;
+    __m512 acc[GQ_ROWS][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) acc[r][g] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = panel + b * GQ_BLOCK_BYTES;
+        __m512i is[GQ_ROWS][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512i c = _mm512_set1_epi32(qa->bsum[(r0 + r) * nb + b]);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) is[r][g] = c;
+        }
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; q++) {
+            __m512i wv[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) wv[g] = _mm512_load_si512((const void *)(pb + (q * CPU_GEMM_NC + 16 * g) * 4));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                int32_t quad;
+                memcpy(&quad, qa->qs + (r0 + r) * k + b * CPU_QBLOCK + 4 * q, 4);
+                __m512i xb = _mm512_set1_epi32(quad);
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) is[r][g] = _mm512_dpbusd_epi32(is[r][g], wv[g], xb);
+            }
+        }
+        const float *sc = (const float *)(const void *)(pb + 8 * CPU_GEMM_NC * 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 dx = _mm512_set1_ps(qa->d[(r0 + r) * nb + b]);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++)
+                acc[r][g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(is[r][g]), dx),
+                                            _mm512_load_ps(sc + 16 * g), acc[r][g]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) _mm512_store_ps(out + r * CPU_GEMM_NC + 16 * g, acc[r][g]);
+}
+
+static inline __attribute__((always_inline)) void gemm_f_rc(const float *panel, const float *x, int64_t k,
+                                                            float *out, const int R) {
+    __m512 acc[GF_ROWS][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) acc[r][g] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const float *pk = panel + kk * CPU_GEMM_NC;
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) wv[g] = _mm512_load_ps(pk + 16 * g);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 xb = _mm512_set1_ps(x[r * k + kk]);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) acc[r][g] = _mm512_fmadd_ps(xb, wv[g], acc[r][g]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) _mm512_store_ps(out + r * CPU_GEMM_NC + 16 * g, acc[r][g]);
+}
+
+static void gemm_tile(enum ir_dtype t, const void *panel, const float *x, const struct cpu_qact *qa,
+                      int64_t r0, int64_t k, int nr, float *out) {
+    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) {
+        switch (nr) {
+        case 1: gemm_q_rc(panel, qa, r0, out, 1); break;
+        case 2: gemm_q_rc(panel, qa, r0, out, 2); break;
+        default: gemm_q_rc(panel, qa, r0, out, 3); break;
+        }
+        return;
+    }
+    const float *xr = x + r0 * k;
+    switch (nr) {
+    case 1: gemm_f_rc(panel, xr, k, out, 1); break;
+    case 2: gemm_f_rc(panel, xr, k, out, 2); break;
+    case 3: gemm_f_rc(panel, xr, k, out, 3); break;
+    case 4: gemm_f_rc(panel, xr, k, out, 4); break;
+    case 5: gemm_f_rc(panel, xr, k, out, 5); break;
+    default: gemm_f_rc(panel, xr, k, out, 6); break;
+    }
+}
+
 const struct cpu_isa_kernels cpu_isa_kernels_avx512 = {
     .isa = CPU_ISA_AVX512,
     .tile_f32 = kg_tile_f32,
@@ -209,6 +455,12 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx512 = {
     .rope_row = kg_rope_row,
     .attention_item = kg_attention_item,
     .exp_row = kg_exp_row,
+    .epilogue_row = kg_epilogue_row,
+    .gemm_panel_bytes = gemm_panel_bytes,
+    .gemm_pack = gemm_pack,
+    .gemm_tile = gemm_tile,
+    .gemm_rows = gemm_rows,
+    .gemm_supports = gemm_supports,
 };
 
 #endif

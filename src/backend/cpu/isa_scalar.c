@@ -54,6 +54,9 @@ static inline vf v_sub(vf a, vf b) {
 static inline vf v_mul(vf a, vf b) {
     return a * b;
 }
+static inline vf v_div(vf a, vf b) {
+    return a / b;
+}
 static inline vf v_max(vf a, vf b) {
     return a > b ? a : b;
 }
@@ -68,6 +71,9 @@ static inline float v_hmax(vf v) {
 }
 static inline vf v_exp(vf v) {
     return expf(v);
+}
+static inline vf v_reduce_lanes(const vf *a) {
+    return a[0];
 }
 
 #include "backend/cpu/kern_generic.h"
@@ -94,6 +100,7 @@ static void quantize_row(const float *x, const struct cpu_qact *qa, int64_t r) {
     }
     for (int64_t q = 0; q < k / 4; q++)
         corr[q] = -128 * (qs[4 * q] + qs[4 * q + 1] + qs[4 * q + 2] + qs[4 * q + 3]);
+    cpu_qact_sum_blocks(qa, r);
 }
 
 static void tile_q8_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, int nr,
@@ -150,4 +157,5 @@ const struct cpu_isa_kernels cpu_isa_kernels_scalar = {
     .rope_row = kg_rope_row,
     .attention_item = kg_attention_item,
     .exp_row = kg_exp_row,
+    .epilogue_row = kg_epilogue_row,
 };

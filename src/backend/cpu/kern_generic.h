@@ -7,10 +7,11 @@
  *   v_load_f16(p) v_load_f16_n    f16 / bf16 values at byte pointer p, widened
  *   v_load_bf16(p) v_load_bf16_n
  *   v_store(p, v) v_store_n       stores (_n: first n lanes)
- *   v_add v_sub v_mul v_max       lane-wise
+ *   v_add v_sub v_mul v_div v_max lane-wise
  *   v_fma(a, b, c)                a * b + c
  *   v_hsum(v) v_hmax(v)           horizontal sum / max
  *   v_exp(v)                      e^v (|rel err| ~ 2 ulp over the f32 range)
+ *   v_reduce_lanes(vf a[VLEN])    lane j = sum of the lanes of a[j]
  *   TILE_PASS_R                   tile rows one pass keeps in registers
  *
  * Everything here is static; the including file puts the functions in its table. */
@@ -51,7 +52,11 @@ KG_INLINE void kg_tile_float(const float *x, int64_t ldx, const uint8_t *w, size
     for (; i + VLEN <= k; i += VLEN) {
         vf wv[CPU_TILE_C];
 #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) wv[c] = kg_load_w(w + c * ldw, i, wt);
+        for (int c = 0; c < nc; c++) {
+            /* the next tile's rows, one tile ahead (see the int8 tiles) */
+            __builtin_prefetch(w + (c + nc) * ldw + i * (wt == KG_W_F32 ? 4 : 2));
+            wv[c] = kg_load_w(w + c * ldw, i, wt);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
             vf xv = v_load(x + r * ldx + i);
@@ -178,6 +183,57 @@ static void kg_exp_row(const float *src, float *dst, int64_t n) {
     if (i < n) v_store_n(dst + i, v_exp(v_load_n(src + i, (int)(n - i))), (int)(n - i));
 }
 
+/* y = act(x + bias) * gate + residual over n values (the linear epilogue, one output
+ * row of a tile). bias, gate, residual may be NULL; act is IR_OP_INPUT for none. The
+ * common activations use the vector exp; others fall back to cpu_act_apply. */
+KG_INLINE vf kg_act(vf x, const int act) {
+    const vf one = v_set1(1.0f);
+    if (act == IR_OP_SILU) return v_div(x, v_add(one, v_exp(v_sub(v_zero(), x))));
+    if (act == IR_OP_SIGMOID) return v_div(one, v_add(one, v_exp(v_sub(v_zero(), x))));
+    if (act == IR_OP_RELU) return v_max(x, v_zero());
+    if (act == IR_OP_GELU_TANH) {
+        /* 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3) */
+        vf u = v_mul(v_mul(x, v_set1(-2.0f * 0.79788456080286536f)),
+                     v_fma(v_mul(x, x), v_set1(0.044715f), one));
+        return v_div(x, v_add(one, v_exp(u)));
+    }
+    return x;
+}
+
+KG_INLINE void kg_epilogue_act(const float *x, int64_t n, const float *bias, const float *gate,
+                               const float *residual, float *y, const int act) {
+    int64_t i = 0;
+    for (; i < n; i += VLEN) {
+        int m = n - i < VLEN ? (int)(n - i) : VLEN;
+        vf v = m == VLEN ? v_load(x + i) : v_load_n(x + i, m);
+        if (bias) v = v_add(v, m == VLEN ? v_load(bias + i) : v_load_n(bias + i, m));
+        v = kg_act(v, act);
+        if (gate) v = v_mul(v, m == VLEN ? v_load(gate + i) : v_load_n(gate + i, m));
+        if (residual) v = v_add(v, m == VLEN ? v_load(residual + i) : v_load_n(residual + i, m));
+        if (m == VLEN) v_store(y + i, v);
+        else v_store_n(y + i, v, m);
+    }
+}
+
+static void kg_epilogue_row(const float *x, int64_t n, const float *bias, enum ir_op act, const float *gate,
+                            const float *residual, float *y) {
+    switch (act) {
+    case IR_OP_INPUT: kg_epilogue_act(x, n, bias, gate, residual, y, IR_OP_INPUT); return;
+    case IR_OP_SILU: kg_epilogue_act(x, n, bias, gate, residual, y, IR_OP_SILU); return;
+    case IR_OP_SIGMOID: kg_epilogue_act(x, n, bias, gate, residual, y, IR_OP_SIGMOID); return;
+    case IR_OP_RELU: kg_epilogue_act(x, n, bias, gate, residual, y, IR_OP_RELU); return;
+    case IR_OP_GELU_TANH: kg_epilogue_act(x, n, bias, gate, residual, y, IR_OP_GELU_TANH); return;
+    default: break;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i] + (bias ? bias[i] : 0.0f);
+        v = cpu_act_apply(act, v);
+        if (gate) v *= gate[i];
+        if (residual) v += residual[i];
+        y[i] = v;
+    }
+}
+
 static void kg_rms_norm_row(const float *x, const float *w, float eps, int64_t d, float *o) {
     vf acc = v_zero();
     int64_t i = 0;
@@ -214,9 +270,99 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
     }
 }
 
-/* Positions per online-softmax step: scores of one chunk for all heads of a group stay
- * in L1 together with the chunk's K and V rows. */
+/* Positions per online-softmax step (a multiple of VLEN): scores of one chunk for all
+ * heads of a group stay in L1 together with the chunk's K and V rows. */
 #define KG_ATT_CHUNK 64
+
+/* out[j] = dot(q, rows[j]) for the VLEN rows at rows[0..VLEN): one vector of partial
+ * sums per row, reduced all at once (v_reduce_lanes) rather than one horizontal sum
+ * per row. */
+KG_INLINE vf kg_dots(const float *q, const float *const *rows, int64_t dh) {
+    vf acc[VLEN];
+#pragma GCC unroll 16
+    for (int j = 0; j < VLEN; j++) acc[j] = v_zero();
+    int64_t d = 0;
+    for (; d + VLEN <= dh; d += VLEN) {
+        vf qv = v_load(q + d);
+#pragma GCC unroll 16
+        for (int j = 0; j < VLEN; j++) acc[j] = v_fma(qv, v_load(rows[j] + d), acc[j]);
+    }
+    if (d < dh) {
+        int n = (int)(dh - d);
+        vf qv = v_load_n(q + d, n);
+#pragma GCC unroll 16
+        for (int j = 0; j < VLEN; j++) acc[j] = v_fma(qv, v_load_n(rows[j] + d, n), acc[j]);
+    }
+    return v_reduce_lanes(acc);
+}
+
+/* acc[d0 .. d0 + NV * VLEN) += sum_j p[j] * rows[j][same], the acc vectors held in
+ * registers across the rows; the last vector has m lanes (1..VLEN). */
+KG_INLINE void kg_weighted_sum_nv(float *acc, const float *p, const float *const *rows, int n, int64_t d0,
+                                  int m, const int NV) {
+    /* U interleaved sums over the rows, so short heads are not bound by FMA latency */
+    const int U = NV == 1 ? 4 : NV == 2 ? 2 : 1;
+    vf a[4][4];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++)
+            a[u][i] = u > 0 ? v_zero()
+                            : i < NV - 1 || m == VLEN ? v_load(acc + d0 + i * VLEN) : v_load_n(acc + d0 + i * VLEN, m);
+    int j = 0;
+    for (; j + U <= n; j += U)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            vf pj = v_set1(p[j + u]);
+            const float *r = rows[j + u] + d0;
+#pragma GCC unroll 4
+            for (int i = 0; i < NV; i++)
+                a[u][i] = v_fma(pj, i < NV - 1 || m == VLEN ? v_load(r + i * VLEN) : v_load_n(r + i * VLEN, m), a[u][i]);
+        }
+    for (; j < n; j++) {
+        vf pj = v_set1(p[j]);
+        const float *r = rows[j] + d0;
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++)
+            a[0][i] = v_fma(pj, i < NV - 1 || m == VLEN ? v_load(r + i * VLEN) : v_load_n(r + i * VLEN, m), a[0][i]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; i++) {
+        vf sum = a[0][i];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; u++) sum = v_add(sum, a[u][i]);
+        if (i < NV - 1 || m == VLEN) v_store(acc + d0 + i * VLEN, sum);
+        else v_store_n(acc + d0 + i * VLEN, sum, m);
+    }
+}
+
+/* acc[0..dh) += sum_j p[j] * rows[j][0..dh) over n rows. */
+static void kg_weighted_sum(float *acc, const float *p, const float *const *rows, int n, int64_t dh) {
+    for (int64_t d0 = 0; d0 < dh; d0 += 4 * VLEN) {
+        int64_t left = dh - d0 < 4 * VLEN ? dh - d0 : 4 * VLEN;
+        int nv = (int)((left + VLEN - 1) / VLEN), m = (int)(left - (nv - 1) * VLEN);
+        switch (nv) {
+        case 1: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 1); break;
+        case 2: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 2); break;
+        case 3: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 3); break;
+        default: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 4); break;
+        }
+    }
+}
+
+/* rows[i] = row of position first + i (i < n) in store, offset by `col` floats; one
+ * block-table lookup per block rather than a division per position. */
+static inline void kg_kv_rows(const struct kv_cache *kv, float *const *store, int32_t layer, int32_t slot,
+                              int32_t first, int n, int64_t col, const float **rows) {
+    const int32_t bs = kv->block_size, row_elems = kv->row_elems[layer];
+    const int32_t *table = kv->block_table + (int64_t)slot * kv->max_blocks_per_slot;
+    int i = 0;
+    while (i < n) {
+        int32_t pos = first + i, off = pos % bs;
+        const float *base = store[layer] + ((int64_t)table[pos / bs] * bs + off) * row_elems + col;
+        for (; off < bs && i < n; off++, i++, base += row_elems) rows[i] = base;
+    }
+}
 
 /* Online softmax over the positions of token t's sequence for the query heads of KV
  * head kvh; scratch holds cpu_attention_scratch_floats(...) floats. */
@@ -226,6 +372,7 @@ static void kg_attention_item(const struct cpu_attention *a, int64_t t, int64_t 
     float *sc = acc + group * dh;             /* (group, KG_ATT_CHUNK) */
     float *mx = sc + group * KG_ATT_CHUNK;    /* (group) running max */
     float *l = mx + group;                    /* (group) running sum */
+    const float *krows[KG_ATT_CHUNK], *vrows[KG_ATT_CHUNK];
     const struct kv_cache *kv = a->kv;
     int32_t p = a->pos[t], slot = a->slot[t];
     int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
@@ -236,16 +383,21 @@ static void kg_attention_item(const struct cpu_attention *a, int64_t t, int64_t 
     }
     for (int32_t j0 = first; j0 <= p; j0 += KG_ATT_CHUNK) {
         int n = p + 1 - j0 < KG_ATT_CHUNK ? p + 1 - j0 : KG_ATT_CHUNK;
-        for (int jj = 0; jj < n; jj++) {
-            const float *kr = kv_cache_row(kv, kv->k, a->layer, slot, j0 + jj) + kvh * dh;
-            for (int64_t g = 0; g < group; g++) {
-                const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
-                sc[g * KG_ATT_CHUNK + jj] = kg_dot(qv, kr, dh) * a->scale;
-            }
-        }
+        /* rows past the last position repeat it: read, never used */
+        int n_padded = (n + VLEN - 1) / VLEN * VLEN;
+        kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, kvh * dh, krows);
+        kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, kvh * dh, vrows);
+        for (int jj = n; jj < n_padded; jj++) krows[jj] = krows[n - 1];
         for (int64_t g = 0; g < group; g++) {
-            float *s = sc + g * KG_ATT_CHUNK, cmax = s[0];
-            for (int jj = 1; jj < n; jj++) cmax = s[jj] > cmax ? s[jj] : cmax;
+            const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
+            float *s = sc + g * KG_ATT_CHUNK;
+            vf vscale = v_set1(a->scale);
+            for (int jj = 0; jj < n_padded; jj += VLEN)
+                v_store(s + jj, v_mul(kg_dots(qv, krows + jj, dh), vscale));
+            /* padded scores repeat the last position's: the max over them is the same */
+            vf vmax = v_load(s);
+            for (int jj = VLEN; jj < n_padded; jj += VLEN) vmax = v_max(vmax, v_load(s + jj));
+            float cmax = v_hmax(vmax);
             float m_new = cmax > mx[g] ? cmax : mx[g];
             float sum = kg_exp_sub_sum(s, m_new, n);
             if (mx[g] != m_new) {
@@ -255,10 +407,7 @@ static void kg_attention_item(const struct cpu_attention *a, int64_t t, int64_t 
                 mx[g] = m_new;
             }
             l[g] += sum;
-        }
-        for (int jj = 0; jj < n; jj++) {
-            const float *vr = kv_cache_row(kv, kv->v, a->layer, slot, j0 + jj) + kvh * dh;
-            for (int64_t g = 0; g < group; g++) kg_axpy(acc + g * dh, sc[g * KG_ATT_CHUNK + jj], vr, dh);
+            kg_weighted_sum(acc + g * dh, s, vrows, n, dh);
         }
     }
     for (int64_t g = 0; g < group; g++) {

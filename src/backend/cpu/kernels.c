@@ -6,6 +6,7 @@
 #include "format/quant.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,7 +72,7 @@ static size_t align64(size_t n) {
 }
 
 size_t cpu_qact_bytes(int64_t rows, int64_t k) {
-    return align64((size_t)(rows * k)) + align64((size_t)(rows * (k / CPU_QBLOCK)) * sizeof(float)) +
+    return align64((size_t)(rows * k)) + 2 * align64((size_t)(rows * (k / CPU_QBLOCK)) * 4) +
            align64((size_t)(rows * (k / 4)) * sizeof(int32_t)) + 64;
 }
 
@@ -83,6 +84,8 @@ void cpu_qact_bind(struct cpu_qact *qa, void *buf, int64_t rows, int64_t k) {
     qa->d = (float *)(void *)p;
     p += align64((size_t)(rows * (k / CPU_QBLOCK)) * sizeof(float));
     qa->corr = (int32_t *)(void *)p;
+    p += align64((size_t)(rows * (k / 4)) * sizeof(int32_t));
+    qa->bsum = (int32_t *)(void *)p;
 }
 
 /* ---- linear ----------------------------------------------------------------------- */
@@ -110,6 +113,30 @@ float cpu_act_apply(enum ir_op op, float x) {
     return 0;
 }
 
+/* Activation rows from which a linear packs weights for the GEMM micro-kernels (when
+ * the ISA has them); below it the dot-product tiles read the weights as stored. 0: by
+ * weight type, where the kernel lab measured the crossover (AVX-512, k 1024, n 3072:
+ * Q8_0/Q4_0 between 4 and 8 rows, F32/F16 between 16 and 32). */
+int cpu_gemm_min_rows = 0;
+
+static bool weight_quantized(enum ir_dtype t) {
+    return t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0;
+}
+
+static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows) {
+    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 6 : 24;
+    return kern->gemm_tile && rows >= min_rows && kern->gemm_supports(t);
+}
+
+size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows,
+                                int64_t k, int n_threads) {
+    size_t bytes = 0;
+    if (weight_quantized(t)) bytes += cpu_qact_bytes(rows, k);
+    if (use_gemm(kern, t, rows))
+        bytes += 64 + (size_t)(n_threads > 0 ? n_threads : 1) * align64(kern->gemm_panel_bytes(t, k));
+    return bytes;
+}
+
 struct linear_ctx {
     const struct cpu_linear *op;
     const struct cpu_isa_kernels *kern;
@@ -118,54 +145,94 @@ struct linear_ctx {
     size_t ldw; /* bytes per weight row */
     cpu_tile_f_fn tile_f;
     cpu_tile_q_fn tile_q; /* set for block-quantized weights */
+    bool quantized;       /* qa already holds the activations */
+    bool gemm;
+    uint8_t *panels;      /* (threads, panel_bytes) when gemm */
+    /* Columns are handed out in chunks from this counter, so a thread the OS delays
+     * (this machine is shared) does less of the op instead of holding up the rest. */
+    _Atomic int64_t next_col;
+    size_t panel_bytes;
 };
 
-static void linear_tile_epilogue(const struct cpu_linear *op, int64_t r0, int nr, int64_t c0,
-                                 int nc, const float *tile) {
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) {
-            int64_t at = (r0 + r) * op->n_out + c0 + c;
-            float acc = tile[r * CPU_TILE_C + c];
-            acc += op->bias ? op->bias[c0 + c] : 0.0f;
-            if (op->act != IR_OP_INPUT) acc = cpu_act_apply(op->act, acc);
-            if (op->gate) acc *= op->gate[at];
-            if (op->residual) acc += op->residual[at];
-            op->y[at] = acc;
-        }
+static void linear_epilogue(const struct linear_ctx *ctx, int64_t r0, int nr, int64_t c0, int nc,
+                            const float *tile, int ld_tile) {
+    const struct cpu_linear *op = ctx->op;
+    for (int r = 0; r < nr; r++) {
+        int64_t at = (r0 + r) * op->n_out + c0;
+        ctx->kern->epilogue_row(tile + r * ld_tile, nc, op->bias ? op->bias + c0 : NULL, op->act,
+                                op->gate ? op->gate + at : NULL, op->residual ? op->residual + at : NULL,
+                                op->y + at);
+    }
 }
 
-/* Thread ith takes a contiguous range of whole column tiles. Within it, one tile of
- * CPU_TILE_C weight rows (a few KiB) stays in L1 while every activation row passes
- * over it, so each weight byte comes from memory once per op. */
+/* Prefill: a thread packs each CPU_GEMM_NC-column group it takes once into its panel
+ * and runs every activation row over it. */
+static void linear_gemm_columns(struct linear_ctx *ctx, int ith) {
+    const struct cpu_linear *op = ctx->op;
+    const struct cpu_isa_kernels *kern = ctx->kern;
+    uint8_t *panel = ctx->panels + (size_t)ith * ctx->panel_bytes;
+    int rstep = kern->gemm_rows(op->wtype);
+    _Alignas(64) float tile[8 * CPU_GEMM_NC];
+    LLMOPT_ASSERT(rstep <= 8);
+    for (;;) {
+        int64_t c0 = atomic_fetch_add(&ctx->next_col, CPU_GEMM_NC);
+        if (c0 >= op->n_out) break;
+        int nc = op->n_out - c0 < CPU_GEMM_NC ? (int)(op->n_out - c0) : CPU_GEMM_NC;
+        kern->gemm_pack(op->wtype, (const uint8_t *)op->w + (size_t)c0 * ctx->ldw, ctx->ldw, op->k, nc,
+                        panel);
+        for (int64_t r0 = 0; r0 < op->rows; r0 += rstep) {
+            int nr = op->rows - r0 < rstep ? (int)(op->rows - r0) : rstep;
+            kern->gemm_tile(op->wtype, panel, op->x, &ctx->qa, r0, op->k, nr, tile);
+            linear_epilogue(ctx, r0, nr, c0, nc, tile, CPU_GEMM_NC);
+        }
+    }
+}
+
+/* Columns per chunk of the dot-product path: 16 tiles. */
+#define LINEAR_CHUNK_COLS 64
+
+/* Decode and short batches: threads take chunks of whole column tiles.
+ * One tile of CPU_TILE_C weight rows (a few KiB) stays in L1 while every activation
+ * row passes over it, so each weight byte comes from memory once per op. */
+static void linear_tile_columns(struct linear_ctx *ctx, int nth) {
+    const struct cpu_linear *op = ctx->op;
+    float tile[CPU_TILE_R * CPU_TILE_C];
+    int64_t chunk = nth > 1 ? LINEAR_CHUNK_COLS : op->n_out, cb;
+    while ((cb = atomic_fetch_add(&ctx->next_col, chunk)) < op->n_out) {
+        int64_t ce = op->n_out - cb < chunk ? op->n_out : cb + chunk;
+        for (int64_t c0 = cb; c0 < ce; c0 += CPU_TILE_C) {
+            int nc = ce - c0 < CPU_TILE_C ? (int)(ce - c0) : CPU_TILE_C;
+            const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * ctx->ldw;
+            for (int64_t r0 = 0; r0 < op->rows; r0 += CPU_TILE_R) {
+                int nr = op->rows - r0 < CPU_TILE_R ? (int)(op->rows - r0) : CPU_TILE_R;
+                if (ctx->tile_q)
+                    ctx->tile_q(&ctx->qa, r0, w, ctx->ldw, nr, nc, tile);
+                else
+                    ctx->tile_f(op->x + r0 * op->k, op->k, w, ctx->ldw, op->k, nr, nc, tile);
+                linear_epilogue(ctx, r0, nr, c0, nc, tile, CPU_TILE_C);
+            }
+        }
+    }
+}
+
 static void linear_thread(void *arg, int ith, int nth) {
     struct linear_ctx *ctx = arg;
     const struct cpu_linear *op = ctx->op;
-    if (ctx->tile_q) {
+    if (ctx->tile_q && !ctx->quantized) { /* quantize the activations once, split by rows */
         int64_t rb, re;
         pool_split(op->rows, 1, ith, nth, &rb, &re);
         for (int64_t r = rb; r < re; r++) ctx->kern->quantize_row(op->x + r * op->k, &ctx->qa, r);
         if (nth > 1) pool_barrier(ctx->pool);
     }
-    int64_t cb, ce;
-    pool_split(op->n_out, CPU_TILE_C, ith, nth, &cb, &ce);
-    float tile[CPU_TILE_R * CPU_TILE_C];
-    for (int64_t c0 = cb; c0 < ce; c0 += CPU_TILE_C) {
-        int nc = ce - c0 < CPU_TILE_C ? (int)(ce - c0) : CPU_TILE_C;
-        const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * ctx->ldw;
-        for (int64_t r0 = 0; r0 < op->rows; r0 += CPU_TILE_R) {
-            int nr = op->rows - r0 < CPU_TILE_R ? (int)(op->rows - r0) : CPU_TILE_R;
-            if (ctx->tile_q)
-                ctx->tile_q(&ctx->qa, r0, w, ctx->ldw, nr, nc, tile);
-            else
-                ctx->tile_f(op->x + r0 * op->k, op->k, w, ctx->ldw, op->k, nr, nc, tile);
-            linear_tile_epilogue(op, r0, nr, c0, nc, tile);
-        }
-    }
+    if (ctx->gemm)
+        linear_gemm_columns(ctx, ith);
+    else
+        linear_tile_columns(ctx, nth);
 }
 
 /* Below this many multiply-adds a linear runs on the calling thread: waking the pool
  * costs more than it saves. */
-#define LINEAR_MIN_PARALLEL_MACS (1 << 15)
+#define LINEAR_MIN_PARALLEL_MACS (1 << 18)
 
 void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *kern,
                     struct cpu_pool *pool) {
@@ -180,11 +247,25 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
     case IR_DTYPE_Q4_0: ctx.tile_q = kern->tile_q4_0; break;
     default: LLMOPT_ASSERT(!"cpu_linear_run: unsupported weight type");
     }
+    uint8_t *scratch = op->scratch;
     if (ctx.tile_q) {
-        LLMOPT_ASSERT(op->k % CPU_QBLOCK == 0 && op->scratch);
-        cpu_qact_bind(&ctx.qa, op->scratch, op->rows, op->k);
+        LLMOPT_ASSERT(op->k % CPU_QBLOCK == 0 && scratch);
+        cpu_qact_bind(&ctx.qa, scratch, op->rows, op->k);
+        scratch += cpu_qact_bytes(op->rows, op->k);
     }
-    if (op->rows * op->n_out * op->k < LINEAR_MIN_PARALLEL_MACS)
+    bool single = op->rows * op->n_out * op->k < LINEAR_MIN_PARALLEL_MACS;
+    if (use_gemm(kern, op->wtype, op->rows)) {
+        LLMOPT_ASSERT(scratch);
+        ctx.gemm = true;
+        ctx.panel_bytes = align64(kern->gemm_panel_bytes(op->wtype, op->k));
+        ctx.panels = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    }
+    if (ctx.tile_q && (single || op->rows <= CPU_TILE_R)) {
+        /* a few rows: quantized here, so the threads need no barrier */
+        for (int64_t r = 0; r < op->rows; r++) kern->quantize_row(op->x + r * op->k, &ctx.qa, r);
+        ctx.quantized = true;
+    }
+    if (single)
         linear_thread(&ctx, 0, 1);
     else
         pool_run(pool, linear_thread, &ctx);
@@ -200,16 +281,18 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
 struct attention_ctx {
     const struct cpu_attention *op;
     const struct cpu_isa_kernels *kern;
+    _Atomic int64_t next_item;
 };
 
-/* Items (token, KV head) dealt round-robin: prefill items grow with the position, so
- * contiguous ranges would give the last thread the longest rows. */
+/* Items (token, KV head) are taken one at a time from a counter: prefill items grow
+ * with the position, and a thread the OS delays should not hold up the others. */
 static void attention_thread(void *arg, int ith, int nth) {
     struct attention_ctx *ctx = arg;
     const struct cpu_attention *op = ctx->op;
     float *scratch = op->scratch + ith * op->scratch_per_thread;
-    int64_t n_items = op->n_tok * op->n_kv_heads;
-    for (int64_t it = ith; it < n_items; it += nth)
+    int64_t n_items = op->n_tok * op->n_kv_heads, it;
+    (void)nth;
+    while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_items)
         ctx->kern->attention_item(op, it / op->n_kv_heads, it % op->n_kv_heads, scratch);
 }
 
@@ -218,7 +301,10 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
     struct attention_ctx ctx = {.op = op, .kern = kern};
     LLMOPT_ASSERT(op->scratch_per_thread >=
                   cpu_attention_scratch_floats(op->n_heads, op->n_kv_heads, op->head_dim));
-    if (op->n_tok * op->n_kv_heads == 1)
+    /* multiply-adds of q.k and p.v over every token's positions */
+    int64_t work = 0;
+    for (int64_t t = 0; t < op->n_tok; t++) work += 2 * ((int64_t)op->pos[t] + 1) * op->n_heads * op->head_dim;
+    if (op->n_tok * op->n_kv_heads == 1 || work < LINEAR_MIN_PARALLEL_MACS)
         attention_thread(&ctx, 0, 1);
     else
         pool_run(pool, attention_thread, &ctx);

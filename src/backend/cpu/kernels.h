@@ -41,14 +41,26 @@ enum cpu_isa cpu_isa_best(void);
 #define CPU_QBLOCK 32
 
 /* Activations quantized to int8 blocks of CPU_QBLOCK: x[i] ~= qs[i] * d[i / 32], with
- * |qs| <= 127. corr holds -128 * the sum of each 4 consecutive quants: integer dot
- * kernels that bias the weights to unsigned bytes start their accumulators there. */
+ * |qs| <= 127. Integer dot kernels bias the weights to unsigned bytes (w + 128) for
+ * vpdpbusd and start their accumulators at -128 * sum(x) to remove the bias exactly:
+ * corr holds that for each 4 consecutive quants, bsum for each block. */
 struct cpu_qact {
     int64_t k;     /* values per row, a multiple of CPU_QBLOCK */
     int8_t *qs;    /* (rows, k) */
     float *d;      /* (rows, k / 32) */
     int32_t *corr; /* (rows, k / 4) */
+    int32_t *bsum; /* (rows, k / 32) */
 };
+/* Fills row r's block sums from its quad sums (the last step of every quantizer). */
+static inline void cpu_qact_sum_blocks(const struct cpu_qact *qa, int64_t r) {
+    const int32_t *corr = qa->corr + r * (qa->k / 4);
+    int32_t *bsum = qa->bsum + r * (qa->k / CPU_QBLOCK);
+    for (int64_t b = 0; b < qa->k / CPU_QBLOCK; b++) {
+        int32_t s = 0;
+        for (int j = 0; j < CPU_QBLOCK / 4; j++) s += corr[b * (CPU_QBLOCK / 4) + j];
+        bsum[b] = s;
+    }
+}
 /* Bytes of scratch cpu_qact_bind needs for rows x k. */
 size_t cpu_qact_bytes(int64_t rows, int64_t k);
 /* Lays out a cpu_qact for rows x k in buf (64-byte aligned, cpu_qact_bytes long). */
@@ -65,7 +77,7 @@ struct cpu_linear {
     const float *residual; /* (rows, n_out) or NULL; may alias y */
     enum ir_op act;        /* unary op, or IR_OP_INPUT for none */
     float *y;              /* (rows, n_out) */
-    void *scratch;         /* cpu_qact_bytes(rows, k) bytes for Q8_0/Q4_0 weights */
+    void *scratch;         /* cpu_linear_scratch_bytes(...) bytes, or NULL when that is 0 */
 };
 
 /* Attention for a batch: K/V already appended; every token attends to positions
@@ -111,6 +123,10 @@ struct cpu_rms_norm {
 
 /* ---- Per-ISA building blocks (one table per ISA) ---------------------------------- */
 
+/* Prefill GEMM: CPU_GEMM_NC weight rows are packed once per op into a panel laid out
+ * for outer-product micro-kernels, then every activation row passes over the panel. */
+#define CPU_GEMM_NC 64
+
 /* out[r * CPU_TILE_C + c] = dot(x row r, w row c) for r < nr, c < nc (1..4 each).
  * x rows are ldx floats apart, w rows ldw bytes apart; k values each. */
 typedef void (*cpu_tile_f_fn)(const float *x, int64_t ldx, const uint8_t *w, size_t ldw,
@@ -133,12 +149,34 @@ struct cpu_isa_kernels {
     void (*attention_item)(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch);
     /* dst[i] = exp(src[i]) (the vector exp attention uses). */
     void (*exp_row)(const float *src, float *dst, int64_t n);
+    /* y = act(x + bias) * gate + residual over n values (one row of a linear's output
+     * tile); bias / gate / residual may be NULL, act IR_OP_INPUT for none. */
+    void (*epilogue_row)(const float *x, int64_t n, const float *bias, enum ir_op act,
+                         const float *gate, const float *residual, float *y);
+    /* Prefill GEMM, NULL where the ISA has none (the tiles above serve all rows then).
+     * gemm_pack: nc <= CPU_GEMM_NC weight rows (ldw bytes apart) of type t into panel
+     * (gemm_panel_bytes, 64-byte aligned). gemm_tile: out[r * CPU_GEMM_NC + c] = dot of
+     * activation row r0 + r with packed column c, r < nr <= gemm_rows(t); the rows come
+     * from x (F32/F16/BF16 weights) or qa (Q8_0/Q4_0). */
+    size_t (*gemm_panel_bytes)(enum ir_dtype t, int64_t k);
+    void (*gemm_pack)(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel);
+    void (*gemm_tile)(enum ir_dtype t, const void *panel, const float *x, const struct cpu_qact *qa,
+                      int64_t r0, int64_t k, int nr, float *out);
+    int (*gemm_rows)(enum ir_dtype t);
+    bool (*gemm_supports)(enum ir_dtype t);
 };
 
 /* The table for isa, or NULL when this build or CPU lacks it. */
 const struct cpu_isa_kernels *cpu_isa_kernels_get(enum cpu_isa isa);
 
 /* ---- Drivers: split over the pool (NULL pool: the calling thread alone) ---------- */
+
+/* Activation rows from which linears use the ISA's packed GEMM; 0 (the default): by
+ * weight type. The kernel lab varies it. */
+extern int cpu_gemm_min_rows;
+/* Scratch a linear of weight type t over rows x k needs on n_threads threads. */
+size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows,
+                                int64_t k, int n_threads);
 
 void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *kern,
                     struct cpu_pool *pool);

@@ -31,8 +31,8 @@ struct cpu_state {
     /* Fast path (NULL kern: reference kernels only). */
     const struct cpu_isa_kernels *kern;
     struct cpu_pool *pool;
-    void *qact_buf;      /* (qact_bytes) quantized activations of one linear */
-    size_t qact_bytes;
+    void *linear_scratch; /* (linear_scratch_bytes) for the largest linear at n_max */
+    size_t linear_scratch_bytes;
     float *att_scratch;  /* (n_threads, att_per_thread) */
     int64_t att_per_thread;
 };
@@ -425,9 +425,12 @@ static bool fast_linear_ok(const struct cpu_state *s, const struct ir_node *n) {
     enum ir_dtype t = s->g->nodes[n->in[1]].weight.dtype;
     const struct ir_extent *ex = &s->extent[n->in[0]];
     int64_t k = ex->dims[ex->rank - 1], rows = k ? ir_extent_numel(ex) / k : 0;
-    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0)
-        return k % CPU_QBLOCK == 0 && cpu_qact_bytes(rows, k) <= s->qact_bytes;
-    return t == IR_DTYPE_F32 || t == IR_DTYPE_F16 || t == IR_DTYPE_BF16;
+    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) {
+        if (k % CPU_QBLOCK) return false;
+    } else if (t != IR_DTYPE_F32 && t != IR_DTYPE_F16 && t != IR_DTYPE_BF16) {
+        return false;
+    }
+    return cpu_linear_scratch_bytes(s->kern, t, rows, k, pool_threads(s->pool)) <= s->linear_scratch_bytes;
 }
 
 static void run_linear_fast(struct cpu_state *s, const struct ir_node *n, int32_t i) {
@@ -443,7 +446,7 @@ static void run_linear_fast(struct cpu_state *s, const struct ir_node *n, int32_
         .wtype = wn->weight.dtype,
         .act = n->attrs.linear_act,
         .y = node_f32(s, i),
-        .scratch = s->qact_buf,
+        .scratch = s->linear_scratch,
     };
     op.rows = op.k ? ir_extent_numel(ex) / op.k : 0;
     op.bias = fl & IR_LINEAR_BIAS ? node_f32(s, n->in[k_op++]) : NULL;
@@ -483,6 +486,28 @@ static void run_rope_fast(struct cpu_state *s, const struct ir_node *n, int32_t 
         op.strides[d] = strides[d];
     }
     cpu_rope_run(&op, s->kern, s->pool);
+}
+
+/* A permute that keeps the last axis in place moves whole rows: one memcpy per row
+ * instead of an index step per element. */
+static bool run_permute_rows(struct cpu_state *s, const struct ir_node *n, int32_t i) {
+    const struct ir_extent *ei = &s->extent[n->in[0]], *eo = &s->extent[i];
+    int rank = eo->rank;
+    if (rank < 1 || n->attrs.axes[rank - 1] != rank - 1) return false;
+    int64_t in_strides[IR_MAX_RANK], strides[1][IR_MAX_RANK];
+    contiguous_strides(ei, in_strides);
+    for (int d = 0; d < rank; d++) strides[0][d] = in_strides[n->attrs.axes[d]];
+    int64_t row = eo->dims[rank - 1], n_rows = row ? ir_extent_numel(eo) / row : 0;
+    struct ir_extent rows_ext = *eo;
+    rows_ext.rank = rank - 1;
+    const float *x = node_f32(s, n->in[0]);
+    float *o = node_f32(s, i);
+    int64_t idx[IR_MAX_RANK] = {0}, off[1] = {0};
+    for (int64_t r = 0; r < n_rows; r++) {
+        memcpy(o + r * row, x + off[0], (size_t)row * sizeof(float));
+        index_step(&rows_ext, idx, 1, off, strides);
+    }
+    return true;
 }
 
 static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct kv_cache *kv,
@@ -539,6 +564,7 @@ static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct
         return LLMOPT_OK;
     case IR_OP_LAYER_NORM: run_norm(s, n, i); return LLMOPT_OK;
     case IR_OP_PERMUTE: {
+        if (s->kern && run_permute_rows(s, n, i)) return LLMOPT_OK;
         const struct ir_extent *ei = &s->extent[n->in[0]];
         int64_t in_strides[IR_MAX_RANK], strides[IR_MAX_RANK];
         contiguous_strides(ei, in_strides);
@@ -611,6 +637,7 @@ static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct
         return LLMOPT_OK;
     }
     case IR_OP_ATTENTION: return run_attention(s, n, i, kv, err);
+    case IR_OP_SHORT_CONV: return ref_short_conv(g, i, s->extent, s->arena, s->plan.offset, kv, err);
     default:
         if (ir_op_is_unary_elementwise(n->op)) {
             const float *x = node_f32(s, n->in[0]);
@@ -657,7 +684,7 @@ static void cpu_release(void *state) {
     free(s->extent);
     free(s->row_buf);
     free(s->score_buf);
-    free(s->qact_buf);
+    free(s->linear_scratch);
     free(s->att_scratch);
     pool_free(s->pool);
     free(s);
@@ -668,6 +695,7 @@ static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32
                                        struct llmopt_err *err) {
     enum llmopt_status st = pool_create(n_threads, &s->pool, err);
     if (st) return st;
+    s->kern = cpu_isa_kernels_get(cpu_isa_best());
     const struct ir_graph *g = s->g;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
@@ -676,22 +704,23 @@ static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32
             struct ir_extent ex;
             ir_extent_of(&g->nodes[n->in[0]].shape, n_max, n_max, &ex);
             int64_t k = ex.dims[ex.rank - 1], rows = k ? ir_extent_numel(&ex) / k : 0;
-            if ((t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) && k % CPU_QBLOCK == 0 &&
-                cpu_qact_bytes(rows, k) > s->qact_bytes)
-                s->qact_bytes = cpu_qact_bytes(rows, k);
+            bool blocks = t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0;
+            bool fast = blocks ? k % CPU_QBLOCK == 0
+                               : t == IR_DTYPE_F32 || t == IR_DTYPE_F16 || t == IR_DTYPE_BF16;
+            size_t need = fast ? cpu_linear_scratch_bytes(s->kern, t, rows, k, pool_threads(s->pool)) : 0;
+            if (need > s->linear_scratch_bytes) s->linear_scratch_bytes = need;
         } else if (n->op == IR_OP_ATTENTION) {
             const struct ir_shape *q = &g->nodes[n->in[0]].shape, *k = &g->nodes[n->in[1]].shape;
             int64_t need = cpu_attention_scratch_floats(q->dims[1].coef, k->dims[1].coef, q->dims[3].coef);
             if (need > s->att_per_thread) s->att_per_thread = need;
         }
     }
-    if (s->qact_bytes && !(s->qact_buf = malloc(s->qact_bytes)))
-        return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for %zu bytes of activation quants",
-                       s->qact_bytes);
+    if (s->linear_scratch_bytes && !(s->linear_scratch = malloc(s->linear_scratch_bytes)))
+        return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for %zu bytes of linear scratch",
+                       s->linear_scratch_bytes);
     size_t att_floats = (size_t)(s->att_per_thread * pool_threads(s->pool));
     if (att_floats && !(s->att_scratch = malloc(att_floats * sizeof(float))))
         return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for attention scratch");
-    s->kern = cpu_isa_kernels_get(cpu_isa_best());
     return LLMOPT_OK;
 }
 

@@ -1,0 +1,949 @@
+/* The CUDA backend: runs an IR graph on one device behind struct backend_ops.
+ *
+ * prepare: plans memory (or takes the program's plan) and allocates the arena on the
+ *          device; uploads every weight once in its stored type, straight from the
+ *          host pointers (block-quantized types split into quants + scales, see
+ *          cu_weight); computes constants on the device.
+ * run:     one token batch = copy the inputs (and the block table when it changed),
+ *          one kernel per node on one stream, copy back the output rows (the logits
+ *          rows the graph selected), one synchronization. Small batches (decode) are
+ *          captured once per (N, M) as a CUDA graph and replayed: positions, slots
+ *          and block tables are read from device memory, so the same launches serve
+ *          every step.
+ *
+ * The KV cache lives on the device: a mirror of kv_cache.h's layout (per layer
+ * (n_blocks * block_size, Hkv * Dh) f32), allocated on the first run that sees a given
+ * cache. The session keeps owning block allocation on the host; the device gets a copy
+ * of the block table only when it changes. Sampling stays on the host for now (the
+ * logits rows come back), a later step moves it to the device. */
+extern "C" {
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "passes/memplan.h"
+}
+
+#include "backend/cuda/cuda_kernels.cuh"
+
+#include <cublas_v2.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static_assert(CU_MAX_RANK == IR_MAX_RANK, "kernel shape structs hold IR ranks");
+static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
+                  (int)IR_DTYPE_BF16 == CU_BF16 && (int)IR_DTYPE_Q8_0 == CU_Q8_0 &&
+                  (int)IR_DTYPE_Q4_0 == CU_Q4_0,
+              "cu_dtype numbers enum ir_dtype");
+
+#define CUDA_GRAPH_CACHE 8     /* captured (N, M) shapes kept */
+#define CUDA_GRAPH_MAX_N 16    /* batches up to this size are captured (decode buckets) */
+#define CUDA_MATVEC_MAX_ROWS CU_MATVEC_MAX_ROWS
+#define CUDA_BLAS_WORKSPACE (32u << 20)
+#define CUDA_UPLOAD_STAGING (64u << 20)
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+static enum llmopt_status cuda_status(cudaError_t e) {
+    switch (e) {
+    case cudaErrorMemoryAllocation: return LLMOPT_ERR_NOMEM;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoKernelImageForDevice: return LLMOPT_ERR_UNSUPPORTED;
+    default: return LLMOPT_ERR_IO;
+    }
+}
+
+#define CU_TRY(call)                                                                          \
+    do {                                                                                      \
+        cudaError_t cu_e_ = (call);                                                           \
+        if (cu_e_ != cudaSuccess)                                                             \
+            return err_set(err, cuda_status(cu_e_), "cuda: %s: %s (%s:%d)", #call,            \
+                           cudaGetErrorString(cu_e_), __FILE__, __LINE__);                    \
+    } while (0)
+
+#define BLAS_TRY(call)                                                                        \
+    do {                                                                                      \
+        cublasStatus_t bl_e_ = (call);                                                        \
+        if (bl_e_ != CUBLAS_STATUS_SUCCESS)                                                   \
+            return err_set(err, bl_e_ == CUBLAS_STATUS_ALLOC_FAILED ? LLMOPT_ERR_NOMEM          \
+                                                                    : LLMOPT_ERR_IO,          \
+                           "cuda: %s: %s (%s:%d)", #call, cublasGetStatusString(bl_e_),       \
+                           __FILE__, __LINE__);                                               \
+    } while (0)
+
+/* ---- state ------------------------------------------------------------------------- */
+
+struct cuda_graph_entry {
+    int32_t n, m;
+    cudaGraphExec_t exec;
+    uint64_t last_used;
+};
+
+struct cuda_upload {
+    const void *host;
+    int dtype;
+    int64_t rows, cols;
+    struct cu_weight dev;
+};
+
+struct cuda_state {
+    const struct ir_graph *g;
+    struct mem_plan plan;
+    int64_t n_max, max_ctx;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;                /* (CUDA_BLAS_WORKSPACE) cuBLAS workspace: capture-safe */
+    bool use_blas, use_graphs;
+    uint8_t *arena;               /* device (plan.arena_bytes) */
+    struct ir_extent *extent;     /* (n_nodes) extents of the current step */
+    struct cu_weight *weight;     /* (n_nodes) PARAM nodes: the uploaded weight */
+    struct cuda_upload *uploads;  /* (n_uploads) one per distinct weight */
+    int32_t n_uploads;
+    int32_t *h_inputs;            /* pinned (IR_INPUT_COUNT, n_max) staged inputs */
+    float *h_out;                 /* pinned (output numel at n_max) logits rows */
+    void *xh;                     /* device: f16/bf16 activations for cuBLAS */
+    size_t xh_bytes;
+    float *att_part;              /* device: split-attention partials */
+    int64_t att_part_floats;
+    /* KV mirror */
+    const struct kv_cache *kv_owner;
+    float *kv_store;              /* device, every layer's K then V */
+    float **kv_k, **kv_v;         /* (kv_layers) device pointers into kv_store */
+    int32_t kv_layers;
+    float **conv_state;           /* (conv_layers) device (n_slots, rows, C) conv state */
+    int32_t conv_layers;
+    int32_t *d_block_table;       /* device (bt_elems) */
+    int32_t *h_block_table;       /* pinned shadow of what the device holds */
+    int64_t bt_elems;
+    /* graphs */
+    struct cuda_graph_entry graphs[CUDA_GRAPH_CACHE];
+    uint64_t graph_clock;
+    int32_t kernels_per_step;
+    struct backend_stats stats;
+};
+
+/* ---- shapes ------------------------------------------------------------------------- */
+
+/* Element strides of a contiguous extent, broadcast against `out` (right-aligned; a
+ * dim of 1 facing a larger dim gets stride 0): the reference's rule. */
+static void broadcast_strides(const struct ir_extent *in, const struct ir_extent *out, int64_t *strides) {
+    int64_t stride = 1;
+    for (int i = out->rank - 1; i >= 0; i--) {
+        int k = i - (out->rank - in->rank);
+        if (k < 0) {
+            strides[i] = 0;
+            continue;
+        }
+        strides[i] = in->dims[k] == 1 && out->dims[i] != 1 ? 0 : stride;
+        stride *= in->dims[k];
+    }
+}
+
+static void contiguous_strides(const struct ir_extent *e, int64_t *strides) {
+    int64_t st = 1;
+    for (int i = e->rank - 1; i >= 0; i--) {
+        strides[i] = st;
+        st *= e->dims[i];
+    }
+}
+
+static void split_at_axis(const struct ir_extent *e, int64_t axis, int64_t *outer, int64_t *len,
+                          int64_t *inner) {
+    *outer = 1;
+    *inner = 1;
+    for (int d = 0; d < axis; d++) *outer *= e->dims[d];
+    for (int d = (int)axis + 1; d < e->rank; d++) *inner *= e->dims[d];
+    *len = e->dims[axis];
+}
+
+static struct cu_strided strided_of(const struct ir_extent *out) {
+    struct cu_strided s;
+    memset(&s, 0, sizeof s);
+    s.rank = out->rank;
+    for (int d = 0; d < out->rank; d++) s.dims[d] = out->dims[d];
+    return s;
+}
+
+static bool extent_eq(const struct ir_extent *a, const struct ir_extent *b) {
+    if (a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->dims[d] != b->dims[d]) return false;
+    return true;
+}
+
+static void *node_ptr(struct cuda_state *s, int32_t i) {
+    if (s->g->nodes[i].op == IR_OP_PARAM) return (void *)s->weight[i].data;
+    return s->arena + s->plan.offset[i];
+}
+static float *node_f32(struct cuda_state *s, int32_t i) { return (float *)node_ptr(s, i); }
+
+/* ---- one node ---------------------------------------------------------------------- */
+
+static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node *n, int32_t i,
+                                     struct llmopt_err *err) {
+    const struct ir_extent *ex = &s->extent[n->in[0]];
+    const struct cu_weight *w = &s->weight[n->in[1]];
+    int64_t k = w->cols, rows = k ? ir_extent_numel(ex) / k : 0;
+    uint32_t fl = n->attrs.linear_flags;
+    int k_op = 2;
+    struct cu_epilogue ep;
+    ep.bias = fl & IR_LINEAR_BIAS ? node_f32(s, n->in[k_op++]) : NULL;
+    ep.gate = fl & IR_LINEAR_GATE ? node_f32(s, n->in[k_op++]) : NULL;
+    ep.residual = fl & IR_LINEAR_RESIDUAL ? node_f32(s, n->in[k_op++]) : NULL;
+    ep.act = n->attrs.linear_act == IR_OP_INPUT ? -1 : (int)n->attrs.linear_act;
+    const float *x = node_f32(s, n->in[0]);
+    float *y = node_f32(s, i);
+    if (rows <= 0) return LLMOPT_OK;
+    if (rows <= CUDA_MATVEC_MAX_ROWS && cu_matvec_ok(w)) {
+        CU_TRY(cu_matvec(s->stream, w, x, rows, y, &ep));
+        return LLMOPT_OK;
+    }
+    bool blas_ok = s->use_blas && rows <= INT_MAX && k <= INT_MAX && w->rows <= INT_MAX;
+    const float one = 1.0f, zero = 0.0f;
+    if (blas_ok && w->dtype == CU_F32) {
+        /* column-major view: Y^T (n_out x rows) = W (n_out x K, stored as K x n_out) ^T X^T */
+        BLAS_TRY(cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
+                             (const float *)w->data, (int)k, x, (int)k, &zero, y, (int)w->rows));
+        CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
+        return LLMOPT_OK;
+    }
+    if (blas_ok && (w->dtype == CU_F16 || w->dtype == CU_BF16) &&
+        (size_t)(rows * k) * 2 <= s->xh_bytes) {
+        bool bf = w->dtype == CU_BF16;
+        cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
+        CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, bf));
+        BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
+                              w->data, t, (int)k, s->xh, t, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
+        return LLMOPT_OK;
+    }
+    CU_TRY(cu_linear_tiled(s->stream, w, x, rows, y, &ep));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_node *n, int32_t i,
+                                        struct llmopt_err *err) {
+    const struct ir_extent *eq = &s->extent[n->in[0]], *ek = &s->extent[n->in[1]];
+    struct cu_attention a;
+    memset(&a, 0, sizeof a);
+    a.q = node_f32(s, n->in[0]);
+    a.k = node_f32(s, n->in[1]);
+    a.v = node_f32(s, n->in[2]);
+    a.pos = (const int32_t *)node_ptr(s, n->in[3]);
+    a.slot = (const int32_t *)node_ptr(s, n->in[4]);
+    a.out = node_f32(s, i);
+    a.n_heads = (int)eq->dims[1];
+    a.n_tok = (int)eq->dims[2];
+    a.head_dim = (int)eq->dims[3];
+    a.n_kv_heads = (int)ek->dims[1];
+    a.scale = (float)n->attrs.value;
+    a.window = (int)n->attrs.window;
+    int32_t layer = n->attrs.kv_layer;
+    if (!s->kv_owner || layer >= s->kv_layers)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: attention layer %d has no KV cache", layer);
+    a.k_cache = s->kv_k[layer];
+    a.v_cache = s->kv_v[layer];
+    a.block_table = s->d_block_table;
+    a.block_size = s->kv_owner->block_size;
+    a.max_blocks_per_slot = s->kv_owner->max_blocks_per_slot;
+    a.splits = cu_attention_splits(a.n_tok, a.n_heads, s->max_ctx);
+    a.part = s->att_part;
+    if (cu_attention_part_floats(a.n_tok, a.n_heads, a.head_dim, a.splits) > s->att_part_floats)
+        return err_set(err, LLMOPT_ERR_LIMIT, "cuda: attention scratch too small for %d tokens", a.n_tok);
+    CU_TRY(cu_attention(s->stream, &a));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status run_short_conv(struct cuda_state *s, const struct ir_node *n, int32_t i,
+                                         struct llmopt_err *err) {
+    const struct ir_extent *ex = &s->extent[n->in[0]];
+    const struct ir_graph *g = s->g;
+    int32_t wi = n->in[1];
+    while (g->nodes[wi].op == IR_OP_RESHAPE) wi = g->nodes[wi].in[0]; /* views keep the rows */
+    const struct ir_shape *ws = &g->nodes[n->in[1]].shape;          /* [C, L] or [C, 1, L] */
+    struct cu_short_conv a;
+    memset(&a, 0, sizeof a);
+    a.x = node_f32(s, n->in[0]);
+    a.y = node_f32(s, i);
+    a.pos = (const int32_t *)node_ptr(s, n->in[2]);
+    a.slot = (const int32_t *)node_ptr(s, n->in[3]);
+    a.n_tok = (int)ex->dims[ex->rank - 2];
+    a.channels = (int)ex->dims[ex->rank - 1];
+    a.klen = (int)ws->dims[ws->rank - 1].coef;
+    if (g->nodes[wi].op == IR_OP_PARAM) {
+        a.w = s->weight[wi];
+    } else {
+        a.w.dtype = CU_F32;
+        a.w.data = node_ptr(s, wi);
+    }
+    if (a.w.dtype != CU_F32 && a.w.dtype != CU_F16 && a.w.dtype != CU_BF16)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "short_conv: kernel '%s' is %s (f32, f16, bf16 only)",
+                       g->nodes[wi].name ? g->nodes[wi].name : "?", ir_dtype_name((enum ir_dtype)a.w.dtype));
+    a.w.rows = 1;
+    a.w.cols = (int64_t)a.channels * a.klen;
+    a.w.scales = NULL;
+    int32_t layer = n->attrs.kv_layer;
+    if (a.klen > CU_SHORT_CONV_MAX_KERNEL)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "short_conv: kernel size %d above %d", a.klen,
+                       CU_SHORT_CONV_MAX_KERNEL);
+    if (!s->kv_owner || layer < 0 || layer >= s->conv_layers)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "short_conv layer %d: no conv state", layer);
+    a.state = s->conv_state[layer];
+    CU_TRY(cu_short_conv(s->stream, &a));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status run_reduce(struct cuda_state *s, const struct ir_node *n, int32_t i,
+                                     struct llmopt_err *err) {
+    const struct ir_extent *ei = &s->extent[n->in[0]];
+    bool reduced[IR_MAX_RANK] = {0};
+    for (int k = 0; k < n->attrs.n_axes; k++) reduced[n->attrs.axes[k]] = true;
+    int64_t strides[IR_MAX_RANK];
+    contiguous_strides(ei, strides);
+    struct cu_reduce r;
+    memset(&r, 0, sizeof r);
+    r.out_numel = 1;
+    r.count = 1;
+    int first_red = ei->rank;
+    for (int d = 0; d < ei->rank; d++) {
+        if (reduced[d]) {
+            r.red_dims[r.n_red] = ei->dims[d];
+            r.red_strides[r.n_red++] = strides[d];
+            r.count *= ei->dims[d];
+            if (first_red == ei->rank) first_red = d;
+        } else {
+            r.kept_dims[r.n_kept] = ei->dims[d];
+            r.kept_strides[r.n_kept++] = strides[d];
+            r.out_numel *= ei->dims[d];
+        }
+    }
+    r.trailing = true;
+    for (int d = first_red; d < ei->rank; d++) r.trailing = r.trailing && reduced[d];
+    CU_TRY(cu_reduce(s->stream, (int)n->op, node_f32(s, n->in[0]), node_f32(s, i), &r));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    const struct ir_node *n = &g->nodes[i];
+    const struct ir_extent *eo = &s->extent[i];
+    cudaStream_t st = s->stream;
+    switch (n->op) {
+    case IR_OP_INPUT:
+    case IR_OP_PARAM:
+    case IR_OP_RESHAPE:
+    case IR_OP_CONST:
+    case IR_OP_ROPE_FREQS: return LLMOPT_OK; /* set up by prepare/run, or a view */
+    case IR_OP_EMBEDDING:
+        CU_TRY(cu_embedding(st, &s->weight[n->in[0]], (const int32_t *)node_ptr(s, n->in[1]),
+                            ir_extent_numel(&s->extent[n->in[1]]), node_f32(s, i)));
+        return LLMOPT_OK;
+    case IR_OP_LINEAR: return run_linear(s, n, i, err);
+    case IR_OP_ATTENTION: return run_attention(s, n, i, err);
+    case IR_OP_SHORT_CONV: return run_short_conv(s, n, i, err);
+    case IR_OP_MEAN:
+    case IR_OP_SUM:
+    case IR_OP_MAX: return run_reduce(s, n, i, err);
+    case IR_OP_RMS_NORM:
+    case IR_OP_LAYER_NORM: {
+        int64_t d = eo->dims[eo->rank - 1], rows = d ? ir_extent_numel(eo) / d : 0;
+        CU_TRY(cu_norm(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]),
+                       n->n_in > 2 ? node_f32(s, n->in[2]) : NULL, node_f32(s, i), rows, d,
+                       (float)n->attrs.value, n->op == IR_OP_LAYER_NORM));
+        return LLMOPT_OK;
+    }
+    case IR_OP_ROPE: {
+        int64_t d = eo->dims[eo->rank - 1], rows = d ? ir_extent_numel(eo) / d : 0;
+        int64_t cs[IR_MAX_RANK];
+        broadcast_strides(&s->extent[n->in[1]], eo, cs);
+        struct cu_strided r = strided_of(eo);
+        r.rank = eo->rank - 1;
+        for (int k = 0; k < r.rank; k++) r.sa[k] = cs[k];
+        CU_TRY(cu_rope(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]), node_f32(s, n->in[2]),
+                       node_f32(s, i), rows, d, &r));
+        return LLMOPT_OK;
+    }
+    case IR_OP_MATMUL: {
+        const struct ir_extent *ea = &s->extent[n->in[0]], *eb = &s->extent[n->in[1]];
+        struct ir_extent bo = *eo, ba = *ea, bb = *eb;
+        bo.rank -= 2;
+        ba.rank -= 2;
+        bb.rank -= 2;
+        struct cu_strided b = strided_of(&bo);
+        broadcast_strides(&ba, &bo, b.sa);
+        broadcast_strides(&bb, &bo, b.sb);
+        CU_TRY(cu_matmul(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]), node_f32(s, i),
+                         ea->dims[ea->rank - 2], ea->dims[ea->rank - 1], eb->dims[eb->rank - 1], &b));
+        return LLMOPT_OK;
+    }
+    case IR_OP_SOFTMAX: {
+        int64_t outer, len, inner;
+        split_at_axis(eo, n->attrs.axis, &outer, &len, &inner);
+        CU_TRY(cu_softmax(st, node_f32(s, n->in[0]), node_f32(s, i), outer, len, inner));
+        return LLMOPT_OK;
+    }
+    case IR_OP_PERMUTE: {
+        int64_t in_strides[IR_MAX_RANK];
+        contiguous_strides(&s->extent[n->in[0]], in_strides);
+        struct cu_strided c = strided_of(eo);
+        for (int d = 0; d < eo->rank; d++) c.sa[d] = in_strides[n->attrs.axes[d]];
+        CU_TRY(cu_strided_copy(st, node_f32(s, n->in[0]), 0, node_f32(s, i), &c));
+        return LLMOPT_OK;
+    }
+    case IR_OP_EXPAND: {
+        struct cu_strided c = strided_of(eo);
+        broadcast_strides(&s->extent[n->in[0]], eo, c.sa);
+        CU_TRY(cu_strided_copy(st, node_f32(s, n->in[0]), 0, node_f32(s, i), &c));
+        return LLMOPT_OK;
+    }
+    case IR_OP_SLICE: {
+        int64_t strides[IR_MAX_RANK];
+        contiguous_strides(&s->extent[n->in[0]], strides);
+        int64_t base = n->attrs.start.coef * strides[n->attrs.axis];
+        strides[n->attrs.axis] *= n->attrs.step;
+        struct cu_strided c = strided_of(eo);
+        for (int d = 0; d < eo->rank; d++) c.sa[d] = strides[d];
+        CU_TRY(cu_strided_copy(st, node_f32(s, n->in[0]), base, node_f32(s, i), &c));
+        return LLMOPT_OK;
+    }
+    case IR_OP_CONCAT: {
+        int64_t outer, len_out, inner, at = 0;
+        split_at_axis(eo, n->attrs.axis, &outer, &len_out, &inner);
+        for (int k = 0; k < n->n_in; k++) {
+            int64_t len = s->extent[n->in[k]].dims[n->attrs.axis];
+            CU_TRY(cu_concat_piece(st, node_f32(s, n->in[k]), node_f32(s, i), outer, len, len_out, at, inner));
+            at += len;
+        }
+        return LLMOPT_OK;
+    }
+    case IR_OP_CAST: {
+        int64_t numel = ir_extent_numel(eo);
+        const struct ir_node *x = &g->nodes[n->in[0]];
+        if (x->dtype == n->dtype) {
+            if (numel > 0)
+                CU_TRY(cudaMemcpyAsync(node_ptr(s, i), node_ptr(s, n->in[0]), (size_t)numel * 4,
+                                       cudaMemcpyDeviceToDevice, st));
+        } else {
+            CU_TRY(cu_cast(st, node_ptr(s, n->in[0]), node_ptr(s, i), numel, n->dtype == IR_DTYPE_F32 ? 0 : 1));
+        }
+        return LLMOPT_OK;
+    }
+    case IR_OP_SELECT_ROWS: {
+        const struct ir_extent *ei = &s->extent[n->in[0]];
+        int64_t d = ei->dims[ei->rank - 1], rows_in = ei->dims[ei->rank - 2];
+        int64_t m = eo->dims[eo->rank - 2];
+        int64_t outer = rows_in > 0 && d > 0 ? ir_extent_numel(ei) / (rows_in * d) : 0;
+        CU_TRY(cu_select_rows(st, node_f32(s, n->in[0]), (const int32_t *)node_ptr(s, n->in[1]),
+                              node_f32(s, i), outer, rows_in, m, d));
+        return LLMOPT_OK;
+    }
+    default:
+        if (ir_op_is_unary_elementwise(n->op)) {
+            CU_TRY(cu_unary(st, (int)n->op, node_f32(s, n->in[0]), node_f32(s, i), ir_extent_numel(eo)));
+            return LLMOPT_OK;
+        }
+        if (ir_op_is_binary_elementwise(n->op)) {
+            const struct ir_extent *ea = &s->extent[n->in[0]], *eb = &s->extent[n->in[1]];
+            struct cu_strided c = strided_of(eo);
+            broadcast_strides(ea, eo, c.sa);
+            broadcast_strides(eb, eo, c.sb);
+            CU_TRY(cu_binary(st, (int)n->op, node_f32(s, n->in[0]), node_f32(s, n->in[1]), node_f32(s, i), &c,
+                             extent_eq(ea, eo) && extent_eq(eb, eo)));
+            return LLMOPT_OK;
+        }
+    }
+    return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: no kernel for op %s (node %d '%s')",
+                   ir_op_name(n->op), i, n->name ? n->name : "");
+}
+
+/* ---- device helpers ---------------------------------------------------------------- */
+
+extern "C" bool cuda_device_available(char *why, size_t cap) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        if (why && cap) snprintf(why, cap, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+        cudaGetLastError();
+        return false;
+    }
+    if (count < 1) {
+        if (why && cap) snprintf(why, cap, "no CUDA device");
+        return false;
+    }
+    return true;
+}
+
+extern "C" bool cuda_device_describe(char *buf, size_t cap) {
+    if (!cuda_device_available(NULL, 0)) return false;
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return false;
+    snprintf(buf, cap, "%s, %d SMs, %.1f GiB, L2 %d MiB, cc %d.%d", p.name, p.multiProcessorCount,
+             (double)p.totalGlobalMem / (1u << 30), p.l2CacheSize >> 20, p.major, p.minor);
+    return true;
+}
+
+/* ---- prepare ----------------------------------------------------------------------- */
+
+static void cuda_release(void *state);
+
+/* Uploads one weight (rows, cols) of a PARAM node, or reuses an earlier upload of the
+ * same host tensor (tied embeddings bind one tensor twice). */
+static enum llmopt_status upload_weight(struct cuda_state *s, const struct ir_node *n, void *staging,
+                                        struct cu_weight *out, struct llmopt_err *err) {
+    int dtype = (int)n->weight.dtype;
+    /* matrices keep (rows, cols); unblocked tensors of any other rank are one row */
+    int64_t rows = n->shape.rank == 2 ? n->shape.dims[0].coef : 1;
+    int64_t cols = n->shape.rank == 2 ? n->shape.dims[1].coef : 1;
+    if (n->shape.rank != 2)
+        for (int d = 0; d < n->shape.rank; d++) cols *= n->shape.dims[d].coef;
+    if ((n->shape.rank != 2 && (dtype == CU_Q8_0 || dtype == CU_Q4_0)) || dtype > CU_Q4_0 || dtype < 0)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: parameter '%s' (%s, rank %d) cannot be uploaded",
+                       n->name ? n->name : "", ir_dtype_name(n->weight.dtype), n->shape.rank);
+    if ((uint64_t)ir_dtype_row_bytes(n->weight.dtype, cols) * (uint64_t)rows > n->weight.n_bytes)
+        return err_set(err, LLMOPT_ERR_FORMAT, "cuda: parameter '%s' holds %llu bytes, its shape needs more",
+                       n->name ? n->name : "", (unsigned long long)n->weight.n_bytes);
+    for (int32_t k = 0; k < s->n_uploads; k++) {
+        const struct cuda_upload *u = &s->uploads[k];
+        if (u->host == n->weight.data && u->dtype == dtype && u->rows == rows && u->cols == cols) {
+            *out = u->dev;
+            return LLMOPT_OK;
+        }
+    }
+    size_t data_bytes = cu_weight_data_bytes(dtype, rows, cols);
+    size_t scale_bytes = cu_weight_scale_bytes(dtype, rows, cols);
+    size_t data_aligned = (data_bytes + 255) & ~(size_t)255;
+    void *dev = NULL;
+    CU_TRY(cudaMalloc(&dev, data_aligned + scale_bytes + (data_aligned + scale_bytes == 0)));
+    struct cuda_upload *u = &s->uploads[s->n_uploads++];
+    memset(u, 0, sizeof *u);
+    u->host = n->weight.data;
+    u->dtype = dtype;
+    u->rows = rows;
+    u->cols = cols;
+    u->dev.dtype = dtype;
+    u->dev.rows = rows;
+    u->dev.cols = cols;
+    u->dev.data = dev;
+    u->dev.scales = scale_bytes ? (const uint16_t *)((uint8_t *)dev + data_aligned) : NULL;
+    *out = u->dev;
+    if (!scale_bytes) {
+        CU_TRY(cudaMemcpy(dev, n->weight.data, data_bytes, cudaMemcpyHostToDevice));
+        return LLMOPT_OK;
+    }
+    /* block types: repack a chunk of rows at a time through the pinned staging buffer */
+    size_t per_row = cu_weight_data_bytes(dtype, 1, cols) + cu_weight_scale_bytes(dtype, 1, cols);
+    int64_t chunk = (int64_t)(CUDA_UPLOAD_STAGING / per_row);
+    if (chunk < 1) return err_set(err, LLMOPT_ERR_LIMIT, "cuda: a row of '%s' exceeds the upload staging",
+                                  n->name ? n->name : "");
+    size_t src_row = ir_dtype_row_bytes(n->weight.dtype, cols);
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        uint8_t *qs = (uint8_t *)staging;
+        uint16_t *sc = (uint16_t *)(qs + cu_weight_data_bytes(dtype, nr, cols));
+        cu_weight_repack_rows(dtype, (const uint8_t *)n->weight.data + (size_t)r0 * src_row, nr, cols, qs, sc);
+        CU_TRY(cudaMemcpy((uint8_t *)dev + cu_weight_data_bytes(dtype, r0, cols), qs,
+                          cu_weight_data_bytes(dtype, nr, cols), cudaMemcpyHostToDevice));
+        CU_TRY(cudaMemcpy((uint8_t *)dev + data_aligned + cu_weight_scale_bytes(dtype, r0, cols), sc,
+                          cu_weight_scale_bytes(dtype, nr, cols), cudaMemcpyHostToDevice));
+    }
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status upload_weights(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    /* weights that are not f32 may only feed linear (as W) and embedding (as table) */
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++) {
+            const struct ir_node *x = &g->nodes[n->in[k]];
+            bool weight_slot = (n->op == IR_OP_LINEAR && k == 1) || (n->op == IR_OP_EMBEDDING && k == 0);
+            bool stored_ok = weight_slot || (n->op == IR_OP_SHORT_CONV && k == 1) || n->op == IR_OP_RESHAPE;
+            if (x->op == IR_OP_PARAM && x->weight.dtype != IR_DTYPE_F32 && !stored_ok)
+                return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: %s parameter '%s' feeds %s (only linear and "
+                               "embedding (and short_conv) read stored types)", ir_dtype_name(x->weight.dtype),
+                               x->name ? x->name : "", ir_op_name(n->op));
+            if (weight_slot && x->op != IR_OP_PARAM)
+                return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: %s node %d reads a computed weight",
+                               ir_op_name(n->op), i);
+        }
+    }
+    void *staging = NULL;
+    CU_TRY(cudaMallocHost(&staging, CUDA_UPLOAD_STAGING));
+    enum llmopt_status st = LLMOPT_OK;
+    for (int32_t i = 0; i < g->n_nodes && !st; i++)
+        if (g->nodes[i].op == IR_OP_PARAM) st = upload_weight(s, &g->nodes[i], staging, &s->weight[i], err);
+    cudaFreeHost(staging);
+    return st;
+}
+
+static enum llmopt_status compute_constants(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    for (int32_t i = 0; i < g->n_nodes; i++) ir_extent_of(&g->nodes[i].shape, 1, 1, &s->extent[i]);
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op == IR_OP_CONST) {
+            float v = (float)n->attrs.value;
+            CU_TRY(cudaMemcpy(node_ptr(s, i), &v, 4, cudaMemcpyHostToDevice));
+        } else if (n->op == IR_OP_ROPE_FREQS) {
+            /* theta^(-2j/dim) in f32 on the host, exactly as the reference computes it */
+            int64_t dim = n->attrs.axis;
+            float *f = (float *)malloc((size_t)(dim / 2 > 0 ? dim / 2 : 1) * sizeof(float));
+            if (!f) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+            for (int64_t j = 0; j < dim / 2; j++)
+                f[j] = 1.0f / powf((float)n->attrs.value, (float)(2 * j) / (float)dim);
+            cudaError_t e = cudaMemcpy(node_ptr(s, i), f, (size_t)(dim / 2) * 4, cudaMemcpyHostToDevice);
+            free(f);
+            CU_TRY(e);
+        } else if (n->constant) {
+            enum llmopt_status st = run_node(s, i, err);
+            if (st) return st;
+        }
+    }
+    CU_TRY(cudaStreamSynchronize(s->stream));
+    return LLMOPT_OK;
+}
+
+/* Scratch sizes over every batch size up to n_max. */
+static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op == IR_OP_LINEAR) {
+            enum ir_dtype t = g->nodes[n->in[1]].weight.dtype;
+            if (t != IR_DTYPE_F16 && t != IR_DTYPE_BF16) continue;
+            size_t need = mem_plan_node_bytes(&g->nodes[n->in[0]], s->n_max, s->n_max) / 2;
+            if (need > s->xh_bytes) s->xh_bytes = need;
+        } else if (n->op == IR_OP_ATTENTION) {
+            const struct ir_shape *q = &g->nodes[n->in[0]].shape;
+            int heads = (int)q->dims[1].coef, dh = (int)q->dims[3].coef;
+            for (int64_t t = 1; t <= s->n_max && t <= 1024; t++) {
+                int64_t f = cu_attention_part_floats((int)t, heads, dh, cu_attention_splits((int)t, heads, s->max_ctx));
+                if (f > s->att_part_floats) s->att_part_floats = f;
+            }
+        }
+    }
+    if (s->xh_bytes) CU_TRY(cudaMalloc(&s->xh, s->xh_bytes));
+    if (s->att_part_floats) CU_TRY(cudaMalloc((void **)&s->att_part, (size_t)s->att_part_floats * 4));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct ir_graph *g, int64_t n_max,
+                                             int64_t max_ctx, const struct mem_plan *plan,
+                                             struct llmopt_err *err) {
+    char why[256];
+    if (!cuda_device_available(why, sizeof why))
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: no usable device (%s)", why);
+    if (plan && (plan->n_nodes != g->n_nodes || plan->n_max != n_max))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: the given plan is for another graph or batch size");
+    enum llmopt_status st = plan ? mem_plan_copy(plan, &s->plan, err) : mem_plan_build(g, n_max, n_max, &s->plan, err);
+    if (st) return st;
+    const char *e = getenv("LLMOPT_CUDA_GRAPHS");
+    s->use_graphs = !(e && !strcmp(e, "0"));
+    e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
+    s->use_blas = !(e && *e && strcmp(e, "0"));
+    CU_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    BLAS_TRY(cublasCreate(&s->blas));
+    BLAS_TRY(cublasSetStream(s->blas, s->stream));
+    CU_TRY(cudaMalloc(&s->blas_ws, CUDA_BLAS_WORKSPACE));
+    BLAS_TRY(cublasSetWorkspace(s->blas, s->blas_ws, CUDA_BLAS_WORKSPACE));
+    CU_TRY(cudaMalloc((void **)&s->arena, s->plan.arena_bytes ? s->plan.arena_bytes : MEMPLAN_ALIGN));
+    s->extent = (struct ir_extent *)calloc((size_t)g->n_nodes, sizeof *s->extent);
+    s->weight = (struct cu_weight *)calloc((size_t)g->n_nodes, sizeof *s->weight);
+    s->uploads = (struct cuda_upload *)calloc((size_t)g->n_nodes, sizeof *s->uploads);
+    if (!s->extent || !s->weight || !s->uploads) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    CU_TRY(cudaMallocHost((void **)&s->h_inputs, (size_t)(IR_INPUT_COUNT * n_max) * sizeof(int32_t)));
+    CU_TRY(cudaMallocHost((void **)&s->h_out, mem_plan_node_bytes(&g->nodes[g->output], n_max, n_max) + 4));
+    for (int k = 0; k < IR_INPUT_COUNT; k++)
+        if (g->inputs[k] == IR_NONE)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: the graph lacks input '%s'", ir_input_names[k]);
+    if ((st = upload_weights(s, err))) return st;
+    if ((st = size_scratch(s, err))) return st;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        s->kernels_per_step += !(n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE);
+    }
+    return compute_constants(s, err);
+}
+
+static enum llmopt_status cuda_prepare(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
+                                       const struct mem_plan *plan, int32_t n_threads, void **state,
+                                       struct llmopt_err *err) {
+    (void)n_threads;
+    if (n_max < 1 || max_ctx < 1)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: batch size and context must be >= 1");
+    struct cuda_state *s = (struct cuda_state *)calloc(1, sizeof *s);
+    if (!s) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    s->g = g;
+    s->n_max = n_max;
+    s->max_ctx = max_ctx;
+    enum llmopt_status st = cuda_prepare_state(s, g, n_max, max_ctx, plan, err);
+    if (st) {
+        cuda_release(s);
+        return st;
+    }
+    *state = s;
+    return LLMOPT_OK;
+}
+
+/* ---- run --------------------------------------------------------------------------- */
+
+static void drop_graphs(struct cuda_state *s) {
+    for (int k = 0; k < CUDA_GRAPH_CACHE; k++)
+        if (s->graphs[k].exec) {
+            cudaGraphExecDestroy(s->graphs[k].exec);
+            s->graphs[k].exec = NULL;
+        }
+}
+
+static void free_kv(struct cuda_state *s) {
+    cudaFree(s->kv_store);
+    cudaFree(s->d_block_table);
+    cudaFreeHost(s->h_block_table);
+    for (int32_t l = 0; l < s->conv_layers && s->conv_state; l++) cudaFree(s->conv_state[l]);
+    free(s->conv_state);
+    s->conv_state = NULL;
+    s->conv_layers = 0;
+    free(s->kv_k);
+    free(s->kv_v);
+    s->kv_store = NULL;
+    s->d_block_table = s->h_block_table = NULL;
+    s->kv_k = s->kv_v = NULL;
+    s->kv_owner = NULL;
+    s->kv_layers = 0;
+}
+
+/* The device mirror of a host KV cache, made on the first run that sees it. */
+static enum llmopt_status ensure_kv(struct cuda_state *s, const struct kv_cache *kv, struct llmopt_err *err) {
+    if (s->kv_owner == kv) return LLMOPT_OK;
+    const struct ir_graph *g = s->g;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_ATTENTION) continue;
+        const struct ir_shape *k = &g->nodes[n->in[1]].shape;
+        int32_t layer = n->attrs.kv_layer;
+        if (!kv || layer >= kv->n_layers || kv->row_elems[layer] != k->dims[1].coef * k->dims[3].coef)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "attention layer %d: KV cache does not match (Hkv %lld x Dh %lld)", layer,
+                           (long long)k->dims[1].coef, (long long)k->dims[3].coef);
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_SHORT_CONV) continue;
+        const struct ir_shape *w = &g->nodes[n->in[1]].shape, *x = &g->nodes[n->in[0]].shape;
+        int32_t layer = n->attrs.kv_layer;
+        int64_t ch = x->dims[x->rank - 1].coef, klen = w->dims[w->rank - 1].coef;
+        if (!kv || layer < 0 || layer >= kv->n_conv_layers || kv->conv_channels[layer] != ch ||
+            kv->conv_rows[layer] != klen - 1)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "short_conv layer %d: conv state does not match (C %lld, kernel %lld)", layer,
+                           (long long)ch, (long long)klen);
+    }
+    if (!kv) return LLMOPT_OK; /* no state ops */
+    drop_graphs(s); /* captured launches point at the old mirror */
+    free_kv(s);
+    if (kv->n_conv_layers > 0) {
+        s->conv_state = (float **)calloc((size_t)kv->n_conv_layers, sizeof(float *));
+        if (!s->conv_state) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+        s->conv_layers = kv->n_conv_layers;
+        for (int32_t l = 0; l < kv->n_conv_layers; l++) {
+            size_t bytes = (size_t)kv->n_slots * (size_t)kv->conv_rows[l] * (size_t)kv->conv_channels[l] * 4;
+            CU_TRY(cudaMalloc((void **)&s->conv_state[l], bytes ? bytes : 4));
+            CU_TRY(cudaMemsetAsync(s->conv_state[l], 0, bytes, s->stream));
+        }
+    }
+    size_t per_pos = 0;
+    for (int32_t l = 0; l < kv->n_layers; l++) per_pos += (size_t)kv->row_elems[l];
+    size_t positions = (size_t)kv->n_blocks * (size_t)kv->block_size;
+    s->kv_k = (float **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(float *));
+    s->kv_v = (float **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(float *));
+    if (!s->kv_k || !s->kv_v) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    size_t bytes = 2 * positions * per_pos * sizeof(float);
+    CU_TRY(cudaMalloc((void **)&s->kv_store, bytes ? bytes : 4));
+    CU_TRY(cudaMemsetAsync(s->kv_store, 0, bytes, s->stream));
+    float *p = s->kv_store;
+    for (int32_t l = 0; l < kv->n_layers; l++) {
+        s->kv_k[l] = p;
+        p += positions * (size_t)kv->row_elems[l];
+        s->kv_v[l] = p;
+        p += positions * (size_t)kv->row_elems[l];
+    }
+    s->kv_layers = kv->n_layers;
+    s->bt_elems = (int64_t)kv->n_slots * kv->max_blocks_per_slot;
+    CU_TRY(cudaMalloc((void **)&s->d_block_table, (size_t)s->bt_elems * 4));
+    CU_TRY(cudaMallocHost((void **)&s->h_block_table, (size_t)s->bt_elems * 4));
+    memcpy(s->h_block_table, kv->block_table, (size_t)s->bt_elems * 4);
+    CU_TRY(cudaMemcpyAsync(s->d_block_table, s->h_block_table, (size_t)s->bt_elems * 4,
+                           cudaMemcpyHostToDevice, s->stream));
+    s->kv_owner = kv;
+    return LLMOPT_OK;
+}
+
+/* Host-side checks the reference makes inside its kernels (a device kernel cannot
+ * return an error): token ids, out_rows, positions and blocks. */
+static enum llmopt_status check_batch(struct cuda_state *s, const struct exec_batch *b,
+                                      const struct kv_cache *kv, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op == IR_OP_EMBEDDING && n->in[1] == g->inputs[IR_INPUT_TOKENS]) {
+            int64_t vocab = g->nodes[n->in[0]].shape.dims[0].coef;
+            for (int32_t t = 0; t < b->n_tokens; t++)
+                if (b->tokens[t] < 0 || b->tokens[t] >= vocab)
+                    return err_set(err, LLMOPT_ERR_INVALID_ARG, "token id %d out of range [0, %lld)",
+                                   b->tokens[t], (long long)vocab);
+        } else if (n->op == IR_OP_SELECT_ROWS && n->in[1] == g->inputs[IR_INPUT_OUT_ROWS]) {
+            const struct ir_extent *ei = &s->extent[n->in[0]];
+            int64_t rows_in = ei->dims[ei->rank - 2];
+            for (int32_t j = 0; j < b->n_out; j++)
+                if (b->out_rows[j] < 0 || b->out_rows[j] >= rows_in)
+                    return err_set(err, LLMOPT_ERR_INVALID_ARG, "out_rows[%d] = %d out of range [0, %lld)", j,
+                                   b->out_rows[j], (long long)rows_in);
+        }
+    }
+    if (!g->n_kv_layers && !g->n_conv_layers) return LLMOPT_OK;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        int32_t slot = b->seq_slots[t], pos = b->positions[t];
+        if (slot < 0 || slot >= kv->n_slots || pos < 0 ||
+            (g->n_kv_layers && (pos >= kv->max_positions ||
+                                kv->block_table[(int64_t)slot * kv->max_blocks_per_slot + pos / kv->block_size] < 0)))
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: token %d (slot %d, position %d) has no KV block",
+                           t, slot, pos);
+        if (pos + 1 > s->max_ctx)
+            return err_set(err, LLMOPT_ERR_LIMIT, "attention: %lld positions exceed the plan's %lld",
+                           (long long)pos + 1, (long long)s->max_ctx);
+    }
+    return LLMOPT_OK;
+}
+
+/* Everything one step puts on the stream (eagerly or into a graph). */
+static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_batch *b,
+                                       struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    for (int k = 0; k < IR_INPUT_COUNT; k++) {
+        int32_t idx = g->inputs[k];
+        size_t bytes = (size_t)ir_extent_numel(&s->extent[idx]) * 4;
+        if (bytes)
+            CU_TRY(cudaMemcpyAsync(node_ptr(s, idx), s->h_inputs + (int64_t)k * s->n_max, bytes,
+                                   cudaMemcpyHostToDevice, s->stream));
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE) continue;
+        enum llmopt_status st = run_node(s, i, err);
+        if (st) return st;
+    }
+    (void)b;
+    size_t out_bytes = (size_t)ir_extent_numel(&s->extent[g->output]) * 4;
+    if (out_bytes)
+        CU_TRY(cudaMemcpyAsync(s->h_out, node_ptr(s, g->output), out_bytes, cudaMemcpyDeviceToHost, s->stream));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_batch *b,
+                                       cudaGraphExec_t *exec, struct llmopt_err *err) {
+    CU_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    enum llmopt_status st = enqueue_step(s, b, err);
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(s->stream, &graph);
+    if (st || e != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        if (st) return st;
+        CU_TRY(e);
+    }
+    e = cudaGraphInstantiate(exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CU_TRY(e);
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, struct llmopt_err *err) {
+    if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, err);
+    struct cuda_graph_entry *hit = NULL, *victim = &s->graphs[0];
+    for (int k = 0; k < CUDA_GRAPH_CACHE; k++) {
+        struct cuda_graph_entry *ge = &s->graphs[k];
+        if (ge->exec && ge->n == b->n_tokens && ge->m == b->n_out) hit = ge;
+        if (!ge->exec || (victim->exec && ge->last_used < victim->last_used)) victim = ge;
+    }
+    if (!hit) {
+        cudaGraphExec_t exec = NULL;
+        enum llmopt_status st = capture_step(s, b, &exec, err);
+        if (st) return st;
+        if (victim->exec) cudaGraphExecDestroy(victim->exec);
+        victim->exec = exec;
+        victim->n = b->n_tokens;
+        victim->m = b->n_out;
+        hit = victim;
+    }
+    hit->last_used = ++s->graph_clock;
+    CU_TRY(cudaGraphLaunch(hit->exec, s->stream));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status cuda_run(void *state, const struct exec_batch *b, struct kv_cache *kv,
+                                   const float **logits, struct llmopt_err *err) {
+    struct cuda_state *s = (struct cuda_state *)state;
+    const struct ir_graph *g = s->g;
+    if (b->n_tokens < 1 || b->n_tokens > s->plan.n_max || b->n_out < 0 || b->n_out > b->n_tokens)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                       "cuda: batch of %d tokens / %d outputs outside the plan (1..%lld)", b->n_tokens,
+                       b->n_out, (long long)s->plan.n_max);
+    for (int32_t i = 0; i < g->n_nodes; i++) ir_extent_of(&g->nodes[i].shape, b->n_tokens, b->n_out, &s->extent[i]);
+    enum llmopt_status st = LLMOPT_OK;
+    if ((g->n_kv_layers || g->n_conv_layers) && (st = ensure_kv(s, kv, err))) return st;
+    if ((st = check_batch(s, b, kv, err))) return st;
+    const int32_t *src[IR_INPUT_COUNT] = {b->tokens, b->positions, b->seq_slots, b->out_rows};
+    for (int k = 0; k < IR_INPUT_COUNT; k++)
+        memcpy(s->h_inputs + (int64_t)k * s->n_max, src[k],
+               (size_t)ir_extent_numel(&s->extent[g->inputs[k]]) * 4);
+    if (g->n_kv_layers && memcmp(s->h_block_table, kv->block_table, (size_t)s->bt_elems * 4)) {
+        /* the previous step has finished (one sync per step), so the shadow is free */
+        memcpy(s->h_block_table, kv->block_table, (size_t)s->bt_elems * 4);
+        CU_TRY(cudaMemcpyAsync(s->d_block_table, s->h_block_table, (size_t)s->bt_elems * 4,
+                               cudaMemcpyHostToDevice, s->stream));
+    }
+    if ((st = launch_step(s, b, err))) {
+        cudaStreamSynchronize(s->stream);
+        cudaGetLastError();
+        return st;
+    }
+    CU_TRY(cudaStreamSynchronize(s->stream));
+    CU_TRY(cudaGetLastError());
+    s->stats.kernels_run += (uint64_t)s->kernels_per_step;
+    s->stats.steps++;
+    *logits = s->h_out;
+    return LLMOPT_OK;
+}
+
+static void cuda_stats(void *state, struct backend_stats *out) { *out = ((struct cuda_state *)state)->stats; }
+
+static size_t cuda_arena_bytes(void *state) { return ((struct cuda_state *)state)->plan.arena_bytes; }
+
+static void cuda_release(void *state) {
+    struct cuda_state *s = (struct cuda_state *)state;
+    if (!s) return;
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    drop_graphs(s);
+    free_kv(s);
+    for (int32_t k = 0; k < s->n_uploads; k++) cudaFree((void *)s->uploads[k].dev.data);
+    cudaFree(s->arena);
+    cudaFree(s->xh);
+    cudaFree(s->att_part);
+    cudaFreeHost(s->h_inputs);
+    cudaFreeHost(s->h_out);
+    if (s->blas) cublasDestroy(s->blas);
+    cudaFree(s->blas_ws);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    cudaGetLastError();
+    free(s->extent);
+    free(s->weight);
+    free(s->uploads);
+    mem_plan_free(&s->plan);
+    free(s);
+}
+
+extern "C" const struct backend_ops cuda_backend_ops = {
+    "cuda", cuda_prepare, cuda_run, cuda_stats, cuda_arena_bytes, cuda_release,
+};

@@ -1,0 +1,114 @@
+/* Device-side helpers shared by the kernel files: the IR's unary/binary formulas (the
+ * same expressions as the CPU reference, in f32, without fast-math), f16/bf16 bits,
+ * warp and block reductions. */
+#ifndef LLMOPT_BACKEND_CUDA_CUDA_DEVICE_CUH
+#define LLMOPT_BACKEND_CUDA_CUDA_DEVICE_CUH
+
+#include "backend/cuda/cuda_kernels.cuh"
+
+extern "C" {
+#include "ir/ir.h"
+}
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define CU_WARP 32
+
+static __device__ __forceinline__ float cu_f16(uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
+static __device__ __forceinline__ float cu_bf16(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+static __device__ __forceinline__ float cu_unary_apply(int op, float x) {
+    switch (op) {
+    case IR_OP_NEG: return -x;
+    case IR_OP_EXP: return expf(x);
+    case IR_OP_SQRT: return sqrtf(x);
+    case IR_OP_RSQRT: return 1.0f / sqrtf(x);
+    case IR_OP_RECIP: return 1.0f / x;
+    case IR_OP_SILU: return x / (1.0f + expf(-x));
+    case IR_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case IR_OP_TANH: return tanhf(x);
+    case IR_OP_RELU: return x > 0 ? x : 0;
+    case IR_OP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case IR_OP_GELU_TANH:
+        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case IR_OP_COS: return cosf(x);
+    case IR_OP_SIN: return sinf(x);
+    default: return x; /* IR_OP_INPUT / -1: no activation */
+    }
+}
+
+static __device__ __forceinline__ float cu_binary_apply(int op, float a, float b) {
+    switch (op) {
+    case IR_OP_ADD: return a + b;
+    case IR_OP_SUB: return a - b;
+    case IR_OP_MUL: return a * b;
+    case IR_OP_DIV: return a / b;
+    case IR_OP_POW: return b == 2.0f ? a * a : powf(a, b);
+    case IR_OP_MAXIMUM: return a > b ? a : b;
+    case IR_OP_MINIMUM: return a < b ? a : b;
+    default: return 0.0f;
+    }
+}
+
+static __device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float cu_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets the
+ * result. red: __shared__ float[32]. Ends with a barrier so red can be reused. */
+static __device__ __forceinline__ float cu_block_sum(float v, float *red) {
+    int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, nw = blockDim.x / CU_WARP;
+    v = cu_warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = lane < nw ? red[lane] : 0.0f;
+    r = cu_warp_sum(r);
+    __syncthreads();
+    return r;
+}
+static __device__ __forceinline__ float cu_block_max(float v, float *red) {
+    int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, nw = blockDim.x / CU_WARP;
+    v = cu_warp_max(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = lane < nw ? red[lane] : -INFINITY;
+    r = cu_warp_max(r);
+    __syncthreads();
+    return r;
+}
+
+/* One element of a weight in the upload layout (cu_weight). */
+static __device__ __forceinline__ float cu_weight_elem(const struct cu_weight &w, int64_t r, int64_t c) {
+    switch (w.dtype) {
+    case CU_F32: return ((const float *)w.data)[r * w.cols + c];
+    case CU_F16: return cu_f16(((const uint16_t *)w.data)[r * w.cols + c]);
+    case CU_BF16: return cu_bf16(((const uint16_t *)w.data)[r * w.cols + c]);
+    case CU_Q8_0:
+        return (float)((const int8_t *)w.data)[r * w.cols + c] * cu_f16(w.scales[r * (w.cols / 32) + c / 32]);
+    case CU_Q4_0: {
+        int64_t in_blk = c % 32;
+        uint8_t b = ((const uint8_t *)w.data)[r * (w.cols / 2) + (c / 32) * 16 + (in_blk % 16)];
+        int q = in_blk < 16 ? (b & 15) : (b >> 4);
+        return (float)(q - 8) * cu_f16(w.scales[r * (w.cols / 32) + c / 32]);
+    }
+    default: return 0.0f;
+    }
+}
+
+static inline unsigned cu_blocks(int64_t n, int threads) {
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+#endif

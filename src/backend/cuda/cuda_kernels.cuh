@@ -1,0 +1,156 @@
+/* CUDA kernels of the backend, behind host-side launchers so that the backend and the
+ * kernel lab (bench/cuda_kernels.cu) call the same code. Every launcher enqueues on
+ * the given stream and returns cudaGetLastError() of its launch.
+ *
+ * Tensors are the IR's: contiguous row-major f32 (or i32) at device addresses; shapes
+ * are passed as small structs by value. Semantics follow src/backend/cpu/ref_ops.c,
+ * the oracle every kernel here is tested against (tests/unit/test_cuda.c). */
+#ifndef LLMOPT_BACKEND_CUDA_CUDA_KERNELS_CUH
+#define LLMOPT_BACKEND_CUDA_CUDA_KERNELS_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define CU_MAX_RANK 6 /* == IR_MAX_RANK (static_assert in cuda_backend.cu) */
+
+/* Weight dtypes, numbered as enum ir_dtype (checked in cuda_backend.cu). */
+enum cu_dtype { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2, CU_Q8_0 = 3, CU_Q4_0 = 4 };
+
+/* A weight matrix [rows, cols] on the device in its stored type. Block-quantized types
+ * are split at upload into a quant array and a scale array (same bytes, GPU-friendly
+ * order: every row of quants 16-byte aligned):
+ *   q8_0: qs int8 [rows, cols]          scales f16 [rows, cols / 32]
+ *   q4_0: qs u8 [rows, cols / 2] where byte (b*16 + i) of a row holds element b*32+i in
+ *         its low nibble and b*32+16+i in its high nibble (GGUF's order within a block),
+ *         scales f16 [rows, cols / 32]; element = (nibble - 8) * scale. */
+struct cu_weight {
+    int dtype;              /* enum cu_dtype */
+    int64_t rows, cols;
+    const void *data;       /* f32/f16/bf16 elements, or the quants */
+    const uint16_t *scales; /* block types: f16 bits (rows, cols / 32); NULL otherwise */
+};
+
+/* Byte sizes of the two parts of an uploaded weight. */
+size_t cu_weight_data_bytes(int dtype, int64_t rows, int64_t cols);
+size_t cu_weight_scale_bytes(int dtype, int64_t rows, int64_t cols);
+/* Rearranges `rows` GGUF rows (block layout) into the upload layout: quants to qs
+ * (rows * data_bytes/row), scales to sc. */
+void cu_weight_repack_rows(int dtype, const void *src, int64_t rows, int64_t cols, void *qs,
+                           uint16_t *sc);
+
+/* Epilogue of linear: y = act(x W^T + bias) * gate + residual (each optional). act is
+ * an IR unary op code or -1 for none. */
+struct cu_epilogue {
+    const float *bias;     /* (n_out) */
+    const float *gate;     /* (rows, n_out) */
+    const float *residual; /* (rows, n_out) */
+    int act;               /* enum ir_op, or -1 */
+};
+
+/* Matrix-vector product for few rows (decode): W read once, 16-byte loads, dequantized
+ * in registers, two output rows per warp. Needs cu_matvec_ok(). rows <= CU_MATVEC_MAX_ROWS. */
+#define CU_MATVEC_MAX_ROWS 8
+bool cu_matvec_ok(const struct cu_weight *w);
+cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
+                      float *y, const struct cu_epilogue *ep);
+/* Any rows, any dtype: a tiled kernel that dequantizes a tile of W into shared memory. */
+cudaError_t cu_linear_tiled(cudaStream_t st, const struct cu_weight *w, const float *x,
+                            int64_t rows, float *y, const struct cu_epilogue *ep);
+/* Applies the epilogue in place to y (rows, n_out) (after a cuBLAS product). */
+cudaError_t cu_linear_epilogue(cudaStream_t st, float *y, int64_t rows, int64_t n_out,
+                               const struct cu_epilogue *ep);
+/* x f32 -> f16 (to_bf16 false) or bf16, n elements (cuBLAS operands). */
+cudaError_t cu_convert_half(cudaStream_t st, const float *x, void *out, int64_t n, bool to_bf16);
+
+/* out[t, :] = W[ids[t], :] dequantized; ids outside [0, rows) give zeros. */
+cudaError_t cu_embedding(cudaStream_t st, const struct cu_weight *w, const int32_t *ids,
+                         int64_t n_ids, float *out);
+
+/* ---- elementwise, layout, reductions (kernels_misc.cu) ---- */
+
+/* Output extent plus, for each input, its element strides over that extent (0 where
+ * broadcast). */
+struct cu_strided {
+    int rank;
+    int64_t dims[CU_MAX_RANK];
+    int64_t sa[CU_MAX_RANK];
+    int64_t sb[CU_MAX_RANK];
+};
+cudaError_t cu_unary(cudaStream_t st, int op, const float *x, float *o, int64_t n);
+/* contiguous: both inputs have the output's extent (strides ignored). */
+cudaError_t cu_binary(cudaStream_t st, int op, const float *a, const float *b, float *o,
+                      const struct cu_strided *s, bool contiguous);
+/* o = in[base + sum idx_d * sa[d]] over the output extent (permute, expand, slice). */
+cudaError_t cu_strided_copy(cudaStream_t st, const float *in, int64_t base, float *o,
+                            const struct cu_strided *s);
+/* Concat piece: o[(a*len_out + at)*inner + r] = x[a*len*inner + r]. */
+cudaError_t cu_concat_piece(cudaStream_t st, const float *x, float *o, int64_t outer, int64_t len,
+                            int64_t len_out, int64_t at, int64_t inner);
+/* kind 0: i32 -> f32; 1: f32 -> i32 (non-finite or out of range -> 0). */
+cudaError_t cu_cast(cudaStream_t st, const void *x, void *o, int64_t n, int kind);
+/* o[a, j, :] = x[a, rows[j], :]; a row index out of [0, rows_in) gives zeros. */
+cudaError_t cu_select_rows(cudaStream_t st, const float *x, const int32_t *rows, float *o,
+                           int64_t outer, int64_t rows_in, int64_t m, int64_t d);
+
+/* Reduction (op: IR_OP_MEAN/SUM/MAX): kept dims index the output (input strides),
+ * reduced dims are walked in row-major order for each output (the reference's order). */
+struct cu_reduce {
+    int n_kept, n_red;
+    int64_t kept_dims[CU_MAX_RANK], kept_strides[CU_MAX_RANK];
+    int64_t red_dims[CU_MAX_RANK], red_strides[CU_MAX_RANK];
+    int64_t out_numel, count;
+    bool trailing; /* reduced dims are the contiguous tail: one block per output */
+};
+cudaError_t cu_reduce(cudaStream_t st, int op, const float *x, float *o, const struct cu_reduce *r);
+cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer, int64_t len,
+                       int64_t inner);
+/* rms_norm (b NULL, layer false) or layer_norm over the last dim d. */
+cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float *b, float *o,
+                    int64_t rows, int64_t d, float eps, bool layer);
+/* Split-half rotary embedding; cos/sin row offsets come from `rows` (the output extent
+ * without its last dim, with cos/sin strides in sa). */
+cudaError_t cu_rope(cudaStream_t st, const float *x, const float *c, const float *s, float *o,
+                    int64_t n_rows, int64_t d, const struct cu_strided *rows);
+/* Batched matmul with broadcast batch dims: batch extent in s (sa/sb in matrices). */
+cudaError_t cu_matmul(cudaStream_t st, const float *a, const float *b, float *o, int64_t p,
+                      int64_t k, int64_t q, const struct cu_strided *batch);
+
+/* ---- attention over the paged KV cache (kernels_attention.cu) ---- */
+
+struct cu_attention {
+    const float *q, *k, *v; /* q [1, H, N, Dh]; k, v [1, Hkv, N, Dh] */
+    float *out;             /* [1, N, H, Dh] */
+    const int32_t *pos, *slot; /* (N) */
+    const int32_t *block_table; /* (n_slots, max_blocks_per_slot) */
+    float *k_cache, *v_cache;   /* this layer: (n_blocks * block_size, Hkv * Dh) */
+    int n_tok, n_heads, n_kv_heads, head_dim;
+    int block_size, max_blocks_per_slot;
+    float scale;
+    int window;  /* 0: unlimited */
+    int splits;  /* context splits per (token, head); > 1 needs part */
+    float *part; /* (N * H * splits, Dh + 2) partial results */
+};
+/* Splits that keep the device busy for n_tok tokens of n_heads heads; at most
+ * CU_ATT_MAX_SPLITS, and part needs cu_attention_part_floats() floats. */
+#define CU_ATT_MAX_SPLITS 32
+int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx);
+int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int splits);
+/* Appends K/V of every token to its sequence, then attends causally. */
+cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a);
+
+/* short_conv (a depthwise causal convolution over each sequence, LFM2-style):
+ * y[t, c] = sum_j w[c, j] * u(pos_t - (L-1) + j)[c], u(q) the sequence's input at q from
+ * this batch or the conv state (0 for q < 0); then each sequence's last L-1 inputs go
+ * to the state (row q % (L-1)). */
+#define CU_SHORT_CONV_MAX_KERNEL 64
+struct cu_short_conv {
+    const float *x;            /* (N, C) */
+    float *y;                  /* (N, C) */
+    const int32_t *pos, *slot; /* (N) */
+    struct cu_weight w;        /* the kernel flattened: element (c, j) at c * klen + j */
+    float *state;              /* this layer: (n_slots, klen - 1, C) */
+    int n_tok, channels, klen;
+};
+cudaError_t cu_short_conv(cudaStream_t st, const struct cu_short_conv *a);
+
+#endif

@@ -1,0 +1,355 @@
+/* Linear (y = act(x W^T + bias) * gate + residual) and embedding kernels.
+ *
+ * Decode is a stream over the weights: cu_matvec reads each weight row once with
+ * 16-byte loads (4 f32, 8 f16/bf16, 16 q8_0 or 32 q4_0 elements a load), dequantizes in
+ * registers and applies it to up to 8 activation rows. When the matrix has few rows,
+ * several warps split one row's K range (split-K inside a block) so that enough loads
+ * are in flight to cover the memory latency.
+ *
+ * cu_linear_tiled is the generic path for any shape and dtype (and the prefill path
+ * for block-quantized weights): a 64x64 output tile per block, W dequantized a 32-wide
+ * K slice at a time into shared memory, f32 accumulation in K order. */
+#include "backend/cuda/cuda_device.cuh"
+
+#include <string.h>
+
+/* ---- upload layout -------------------------------------------------------------- */
+
+size_t cu_weight_data_bytes(int dtype, int64_t rows, int64_t cols) {
+    switch (dtype) {
+    case CU_F32: return (size_t)(rows * cols) * 4;
+    case CU_F16:
+    case CU_BF16: return (size_t)(rows * cols) * 2;
+    case CU_Q8_0: return (size_t)(rows * cols);
+    case CU_Q4_0: return (size_t)(rows * cols / 2);
+    default: return 0;
+    }
+}
+
+size_t cu_weight_scale_bytes(int dtype, int64_t rows, int64_t cols) {
+    return dtype == CU_Q8_0 || dtype == CU_Q4_0 ? (size_t)(rows * (cols / 32)) * 2 : 0;
+}
+
+void cu_weight_repack_rows(int dtype, const void *src, int64_t rows, int64_t cols, void *qs,
+                           uint16_t *sc) {
+    const uint8_t *s = (const uint8_t *)src;
+    uint8_t *q = (uint8_t *)qs;
+    int64_t nb = cols / 32;
+    int q_bytes = dtype == CU_Q8_0 ? 32 : 16; /* quant bytes per 32-element block */
+    size_t blk = 2 + (size_t)q_bytes;         /* GGUF block: f16 scale, then quants */
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *bp = s + (size_t)(r * nb + b) * blk;
+            memcpy(&sc[r * nb + b], bp, 2);
+            memcpy(q + (size_t)(r * nb + b) * (size_t)q_bytes, bp + 2, (size_t)q_bytes);
+        }
+}
+
+/* ---- matrix-vector -------------------------------------------------------------- */
+
+#define MV_THREADS 256
+#define MV_WARPS (MV_THREADS / CU_WARP)
+#define MV_UNROLL 4
+
+template <int DT> struct mv_traits;
+template <> struct mv_traits<CU_F32> { static constexpr int E = 4; };
+template <> struct mv_traits<CU_F16> { static constexpr int E = 8; };
+template <> struct mv_traits<CU_BF16> { static constexpr int E = 8; };
+template <> struct mv_traits<CU_Q8_0> { static constexpr int E = 16; };
+template <> struct mv_traits<CU_Q4_0> { static constexpr int E = 32; };
+
+/* Decodes one 16-byte load (chunk c of row j) into E values; returns the block scale
+ * the values must be multiplied by (1 for unscaled types). */
+template <int DT>
+static __device__ __forceinline__ float mv_decode(uint4 raw, const struct cu_weight &w, int64_t j,
+                                                  int64_t c, float *f) {
+    uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+    if constexpr (DT == CU_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) f[i] = __uint_as_float(u[i]);
+        return 1.0f;
+    } else if constexpr (DT == CU_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = cu_f16((uint16_t)(u[i] & 0xffffu));
+            f[2 * i + 1] = cu_f16((uint16_t)(u[i] >> 16));
+        }
+        return 1.0f;
+    } else if constexpr (DT == CU_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+        return 1.0f;
+    } else if constexpr (DT == CU_Q8_0) {
+        /* int8 -> f32 without I2F: (q ^ 0x80) is q + 128 as a byte; placed in the low
+         * mantissa bits of 2^23 it reads as 2^23 + q + 128, exactly */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t biased = u[i] ^ 0x80808080u;
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                f[4 * i + b] = __uint_as_float(0x4b000000u | ((biased >> (8 * b)) & 0xffu)) - 8388736.0f;
+        }
+        return cu_f16(w.scales[j * (w.cols / 32) + c / 2]);
+    } else {
+        /* nibble -> f32 the same way: 2^23 + n, minus 2^23 + 8 */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                f[4 * i + b] = __uint_as_float(0x4b000000u | ((u[i] >> (8 * b)) & 15u)) - 8388616.0f;
+                f[16 + 4 * i + b] = __uint_as_float(0x4b000000u | ((u[i] >> (8 * b + 4)) & 15u)) - 8388616.0f;
+            }
+        return cu_f16(w.scales[j * (w.cols / 32) + c]);
+    }
+}
+
+/* Block: MV_WARPS warps; `ksplit` consecutive warps share one output row j, each taking
+ * every ksplit-th group of 32 chunks. Each warp applies the row to `rows` x rows. */
+template <int DT, int RMAX>
+__global__ void __launch_bounds__(MV_THREADS)
+    matvec_kernel(struct cu_weight w, const float *__restrict__ x, int rows, float *__restrict__ y,
+                  struct cu_epilogue ep, int ksplit) {
+    constexpr int E = mv_traits<DT>::E;
+    __shared__ float part[MV_WARPS][RMAX];
+    const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
+    const int rows_per_block = MV_WARPS / ksplit;
+    const int ks = warp % ksplit;
+    const int64_t j = (int64_t)blockIdx.x * rows_per_block + warp / ksplit;
+    const int64_t K = w.cols, n_out = w.rows, n_chunks = K / E;
+    float acc[RMAX];
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) acc[r] = 0.0f;
+    if (j < n_out) {
+        constexpr int64_t bytes_num = DT == CU_F32 ? 4 : DT == CU_Q4_0 ? 1 : DT == CU_Q8_0 ? 2 : 4;
+        constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
+        const uint4 *wrow = (const uint4 *)((const uint8_t *)w.data + (size_t)(j * K * bytes_num / bytes_den));
+        const int64_t step = (int64_t)CU_WARP * ksplit;
+        for (int64_t c0 = (int64_t)ks * CU_WARP + lane; c0 < n_chunks; c0 += step * MV_UNROLL) {
+            uint4 raw[MV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MV_UNROLL; u++) {
+                int64_t c = c0 + u * step;
+                if (c < n_chunks) raw[u] = __ldg(wrow + c);
+            }
+#pragma unroll
+            for (int u = 0; u < MV_UNROLL; u++) {
+                int64_t c = c0 + u * step;
+                if (c >= n_chunks) break;
+                float f[E];
+                float scale = mv_decode<DT>(raw[u], w, j, c, f);
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) {
+                    if (r >= rows) break;
+                    const float4 *xv = (const float4 *)(x + (size_t)r * K + (size_t)c * E);
+                    float s = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < E / 4; i++) {
+                        float4 xx = __ldg(xv + i);
+                        s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
+                             f[4 * i + 3] * xx.w;
+                    }
+                    acc[r] += s * scale;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) acc[r] = cu_warp_sum(acc[r]);
+    if (ksplit > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) part[warp][r] = acc[r];
+        __syncthreads();
+        if (ks == 0 && lane == 0)
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) {
+                float s = 0.0f;
+                for (int k = 0; k < ksplit; k++) s += part[warp + k][r];
+                acc[r] = s;
+            }
+    }
+    if (ks != 0 || lane != 0 || j >= n_out) return;
+    for (int r = 0; r < rows && r < RMAX; r++) {
+        float v = acc[r] + (ep.bias ? ep.bias[j] : 0.0f);
+        if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+        size_t o = (size_t)r * n_out + j;
+        if (ep.gate) v *= ep.gate[o];
+        if (ep.residual) v += ep.residual[o];
+        y[o] = v;
+    }
+}
+
+static int mv_elems(int dtype) {
+    switch (dtype) {
+    case CU_F32: return 4;
+    case CU_F16:
+    case CU_BF16: return 8;
+    case CU_Q8_0: return 16;
+    case CU_Q4_0: return 32;
+    default: return 0;
+    }
+}
+
+bool cu_matvec_ok(const struct cu_weight *w) {
+    int e = mv_elems(w->dtype);
+    /* every load 16-byte aligned: row bytes and x rows (K floats) multiples of 16 */
+    return e > 0 && w->cols % e == 0 && w->cols % 4 == 0 &&
+           cu_weight_data_bytes(w->dtype, 1, w->cols) % 16 == 0;
+}
+
+template <int DT>
+static void mv_launch(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
+                      const struct cu_epilogue *ep, int ksplit) {
+    unsigned blocks = cu_blocks(w->rows, MV_WARPS / ksplit);
+    if (rows == 1)
+        matvec_kernel<DT, 1><<<blocks, MV_THREADS, 0, st>>>(*w, x, rows, y, *ep, ksplit);
+    else
+        matvec_kernel<DT, CU_MATVEC_MAX_ROWS><<<blocks, MV_THREADS, 0, st>>>(*w, x, rows, y, *ep, ksplit);
+}
+
+cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
+                      float *y, const struct cu_epilogue *ep) {
+    if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || !cu_matvec_ok(w)) return cudaErrorInvalidValue;
+    /* Split K until about 16 warps per SM-sized share of rows have work (132 SMs x 32
+     * warps on an H200), but keep >= 2 groups of 32 chunks per warp. */
+    int64_t n_chunks = w->cols / mv_elems(w->dtype);
+    int ksplit = 1;
+    while (ksplit < MV_WARPS && w->rows * ksplit < 4096 && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
+    switch (w->dtype) {
+    case CU_F32: mv_launch<CU_F32>(st, w, x, (int)rows, y, ep, ksplit); break;
+    case CU_F16: mv_launch<CU_F16>(st, w, x, (int)rows, y, ep, ksplit); break;
+    case CU_BF16: mv_launch<CU_BF16>(st, w, x, (int)rows, y, ep, ksplit); break;
+    case CU_Q8_0: mv_launch<CU_Q8_0>(st, w, x, (int)rows, y, ep, ksplit); break;
+    case CU_Q4_0: mv_launch<CU_Q4_0>(st, w, x, (int)rows, y, ep, ksplit); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ---- tiled linear (any shape, any dtype) ---------------------------------------- */
+
+#define LT_M 64
+#define LT_N 64
+#define LT_K 32
+#define LT_THREADS 256
+
+__global__ void __launch_bounds__(LT_THREADS)
+    linear_tiled_kernel(struct cu_weight w, const float *__restrict__ x, int64_t rows,
+                        float *__restrict__ y, struct cu_epilogue ep) {
+    __shared__ float xs[LT_K][LT_M + 4]; /* k-major tiles: the inner loop reads rows */
+    __shared__ float ws[LT_K][LT_N + 4];
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int64_t m0 = (int64_t)blockIdx.y * LT_M, n0 = (int64_t)blockIdx.x * LT_N;
+    const int64_t K = w.cols, n_out = w.rows;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) acc[i][jj] = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += LT_K) {
+#pragma unroll
+        for (int i = 0; i < (LT_M * LT_K) / LT_THREADS; i++) {
+            int idx = tid + i * LT_THREADS, mm = idx / LT_K, kk = idx % LT_K;
+            int64_t m = m0 + mm, k = k0 + kk;
+            xs[kk][mm] = m < rows && k < K ? x[m * K + k] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < (LT_N * LT_K) / LT_THREADS; i++) {
+            int idx = tid + i * LT_THREADS, nn = idx / LT_K, kk = idx % LT_K;
+            int64_t n = n0 + nn, k = k0 + kk;
+            ws[kk][nn] = n < n_out && k < K ? cu_weight_elem(w, n, k) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < LT_K; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = xs[kk][ty * 4 + i];
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) b[jj] = ws[kk][tx * 4 + jj];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) acc[i][jj] += a[i] * b[jj];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int64_t m = m0 + ty * 4 + i;
+        if (m >= rows) continue;
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            int64_t n = n0 + tx * 4 + jj;
+            if (n >= n_out) continue;
+            float v = acc[i][jj] + (ep.bias ? ep.bias[n] : 0.0f);
+            if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+            size_t o = (size_t)m * n_out + n;
+            if (ep.gate) v *= ep.gate[o];
+            if (ep.residual) v += ep.residual[o];
+            y[o] = v;
+        }
+    }
+}
+
+cudaError_t cu_linear_tiled(cudaStream_t st, const struct cu_weight *w, const float *x,
+                            int64_t rows, float *y, const struct cu_epilogue *ep) {
+    if (rows <= 0 || w->rows <= 0) return cudaSuccess;
+    dim3 grid(cu_blocks(w->rows, LT_N), cu_blocks(rows, LT_M));
+    if (grid.y > 65535) return cudaErrorInvalidValue;
+    linear_tiled_kernel<<<grid, LT_THREADS, 0, st>>>(*w, x, rows, y, *ep);
+    return cudaGetLastError();
+}
+
+/* ---- epilogue after cuBLAS, activation conversion, embedding -------------------- */
+
+__global__ void epilogue_kernel(float *y, int64_t n, int64_t n_out, struct cu_epilogue ep) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    float v = y[e] + (ep.bias ? ep.bias[e % n_out] : 0.0f);
+    if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+    if (ep.gate) v *= ep.gate[e];
+    if (ep.residual) v += ep.residual[e];
+    y[e] = v;
+}
+
+cudaError_t cu_linear_epilogue(cudaStream_t st, float *y, int64_t rows, int64_t n_out,
+                               const struct cu_epilogue *ep) {
+    int64_t n = rows * n_out;
+    if (n <= 0 || (!ep->bias && ep->act < 0 && !ep->gate && !ep->residual)) return cudaSuccess;
+    epilogue_kernel<<<cu_blocks(n, 256), 256, 0, st>>>(y, n, n_out, *ep);
+    return cudaGetLastError();
+}
+
+__global__ void convert_half_kernel(const float *x, void *out, int64_t n, bool to_bf16) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    if (to_bf16)
+        ((__nv_bfloat16 *)out)[e] = __float2bfloat16_rn(x[e]);
+    else
+        ((__half *)out)[e] = __float2half_rn(x[e]);
+}
+
+cudaError_t cu_convert_half(cudaStream_t st, const float *x, void *out, int64_t n, bool to_bf16) {
+    if (n <= 0) return cudaSuccess;
+    convert_half_kernel<<<cu_blocks(n, 256), 256, 0, st>>>(x, out, n, to_bf16);
+    return cudaGetLastError();
+}
+
+__global__ void embedding_kernel(struct cu_weight w, const int32_t *ids, float *out) {
+    int64_t t = blockIdx.x;
+    int32_t id = ids[t];
+    bool ok = id >= 0 && id < w.rows;
+    for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x)
+        out[t * w.cols + c] = ok ? cu_weight_elem(w, id, c) : 0.0f;
+}
+
+cudaError_t cu_embedding(cudaStream_t st, const struct cu_weight *w, const int32_t *ids,
+                         int64_t n_ids, float *out) {
+    if (n_ids <= 0) return cudaSuccess;
+    embedding_kernel<<<(unsigned)n_ids, 256, 0, st>>>(*w, ids, out);
+    return cudaGetLastError();
+}

@@ -1,0 +1,300 @@
+/* Elementwise, layout, reduction, normalization, rope and matmul kernels: the generic
+ * ops that keep any graph runnable. Each follows the reference's formula; reductions
+ * that the reference sums sequentially are summed sequentially per output here too
+ * unless a contiguous row can use a whole block. */
+#include "backend/cuda/cuda_device.cuh"
+
+#define EW_THREADS 256
+
+/* Offsets of output element e in up to two inputs, from the output extent. */
+static __device__ __forceinline__ void strided_offsets(const struct cu_strided &s, int64_t e,
+                                                       int64_t *oa, int64_t *ob) {
+    int64_t a = 0, b = 0;
+    for (int d = s.rank - 1; d >= 0; d--) {
+        int64_t i = e % s.dims[d];
+        e /= s.dims[d];
+        a += i * s.sa[d];
+        b += i * s.sb[d];
+    }
+    *oa = a;
+    *ob = b;
+}
+
+static int64_t strided_numel(const struct cu_strided *s) {
+    int64_t n = 1;
+    for (int d = 0; d < s->rank; d++) n *= s->dims[d];
+    return n;
+}
+
+__global__ void unary_kernel(int op, const float *x, float *o, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n) o[e] = cu_unary_apply(op, x[e]);
+}
+
+cudaError_t cu_unary(cudaStream_t st, int op, const float *x, float *o, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    unary_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(op, x, o, n);
+    return cudaGetLastError();
+}
+
+__global__ void binary_contig_kernel(int op, const float *a, const float *b, float *o, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n) o[e] = cu_binary_apply(op, a[e], b[e]);
+}
+
+__global__ void binary_strided_kernel(int op, const float *a, const float *b, float *o,
+                                      struct cu_strided s, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    int64_t oa, ob;
+    strided_offsets(s, e, &oa, &ob);
+    o[e] = cu_binary_apply(op, a[oa], b[ob]);
+}
+
+cudaError_t cu_binary(cudaStream_t st, int op, const float *a, const float *b, float *o,
+                      const struct cu_strided *s, bool contiguous) {
+    int64_t n = strided_numel(s);
+    if (n <= 0) return cudaSuccess;
+    if (contiguous)
+        binary_contig_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(op, a, b, o, n);
+    else
+        binary_strided_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(op, a, b, o, *s, n);
+    return cudaGetLastError();
+}
+
+__global__ void strided_copy_kernel(const float *in, int64_t base, float *o, struct cu_strided s,
+                                    int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    int64_t oa, ob;
+    strided_offsets(s, e, &oa, &ob);
+    o[e] = in[base + oa];
+}
+
+cudaError_t cu_strided_copy(cudaStream_t st, const float *in, int64_t base, float *o,
+                            const struct cu_strided *s) {
+    int64_t n = strided_numel(s);
+    if (n <= 0) return cudaSuccess;
+    strided_copy_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(in, base, o, *s, n);
+    return cudaGetLastError();
+}
+
+__global__ void concat_kernel(const float *x, float *o, int64_t piece, int64_t len_out_inner,
+                              int64_t at_inner, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    int64_t a = e / piece, r = e % piece;
+    o[a * len_out_inner + at_inner + r] = x[e];
+}
+
+cudaError_t cu_concat_piece(cudaStream_t st, const float *x, float *o, int64_t outer, int64_t len,
+                            int64_t len_out, int64_t at, int64_t inner) {
+    int64_t piece = len * inner, n = outer * piece;
+    if (n <= 0) return cudaSuccess;
+    concat_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(x, o, piece, len_out * inner,
+                                                                   at * inner, n);
+    return cudaGetLastError();
+}
+
+__global__ void cast_kernel(const void *x, void *o, int64_t n, int kind) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    if (kind == 0) {
+        ((float *)o)[e] = (float)((const int32_t *)x)[e];
+    } else {
+        float v = ((const float *)x)[e];
+        ((int32_t *)o)[e] = isfinite(v) && fabsf(v) < 2147483520.0f ? (int32_t)v : 0;
+    }
+}
+
+cudaError_t cu_cast(cudaStream_t st, const void *x, void *o, int64_t n, int kind) {
+    if (n <= 0) return cudaSuccess;
+    cast_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(x, o, n, kind);
+    return cudaGetLastError();
+}
+
+__global__ void select_rows_kernel(const float *x, const int32_t *rows, float *o, int64_t rows_in,
+                                   int64_t m, int64_t d, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    int64_t c = e % d, j = (e / d) % m, a = e / (d * m);
+    int32_t r = rows[j];
+    o[e] = r >= 0 && r < rows_in ? x[(a * rows_in + r) * d + c] : 0.0f;
+}
+
+cudaError_t cu_select_rows(cudaStream_t st, const float *x, const int32_t *rows, float *o,
+                           int64_t outer, int64_t rows_in, int64_t m, int64_t d) {
+    int64_t n = outer * m * d;
+    if (n <= 0) return cudaSuccess;
+    select_rows_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(x, rows, o, rows_in, m, d, n);
+    return cudaGetLastError();
+}
+
+/* ---- reductions ------------------------------------------------------------------ */
+
+__global__ void reduce_seq_kernel(int op, const float *x, float *o, struct cu_reduce r) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= r.out_numel) return;
+    int64_t base = 0, rem = e;
+    for (int d = r.n_kept - 1; d >= 0; d--) {
+        base += (rem % r.kept_dims[d]) * r.kept_strides[d];
+        rem /= r.kept_dims[d];
+    }
+    float acc = op == IR_OP_MAX ? -INFINITY : 0.0f;
+    for (int64_t k = 0; k < r.count; k++) {
+        int64_t off = base, kr = k;
+        for (int d = r.n_red - 1; d >= 0; d--) {
+            off += (kr % r.red_dims[d]) * r.red_strides[d];
+            kr /= r.red_dims[d];
+        }
+        float v = x[off];
+        acc = op == IR_OP_MAX ? (v > acc ? v : acc) : acc + v;
+    }
+    if (op == IR_OP_MEAN && r.count > 0) acc /= (float)r.count;
+    o[e] = acc;
+}
+
+/* Reduced dims are the contiguous tail: output e reduces x[e*count, (e+1)*count). */
+__global__ void reduce_rows_kernel(int op, const float *x, float *o, int64_t count) {
+    __shared__ float red[32];
+    const float *row = x + (int64_t)blockIdx.x * count;
+    float acc = op == IR_OP_MAX ? -INFINITY : 0.0f;
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x)
+        acc = op == IR_OP_MAX ? fmaxf(acc, row[k]) : acc + row[k];
+    acc = op == IR_OP_MAX ? cu_block_max(acc, red) : cu_block_sum(acc, red);
+    if (threadIdx.x == 0) o[blockIdx.x] = op == IR_OP_MEAN && count > 0 ? acc / (float)count : acc;
+}
+
+cudaError_t cu_reduce(cudaStream_t st, int op, const float *x, float *o, const struct cu_reduce *r) {
+    if (r->out_numel <= 0) return cudaSuccess;
+    if (r->trailing && r->count >= 256 && r->out_numel <= 0x7fffffff)
+        reduce_rows_kernel<<<(unsigned)r->out_numel, 256, 0, st>>>(op, x, o, r->count);
+    else
+        reduce_seq_kernel<<<cu_blocks(r->out_numel, EW_THREADS), EW_THREADS, 0, st>>>(op, x, o, *r);
+    return cudaGetLastError();
+}
+
+/* softmax over a contiguous row (inner == 1): one block per row */
+__global__ void softmax_rows_kernel(const float *x, float *o, int64_t len) {
+    __shared__ float red[32];
+    const float *xr = x + (int64_t)blockIdx.x * len;
+    float *orow = o + (int64_t)blockIdx.x * len;
+    float mx = -INFINITY;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) mx = fmaxf(mx, xr[k]);
+    mx = cu_block_max(mx, red);
+    float sum = 0.0f;
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) {
+        float v = expf(xr[k] - mx);
+        orow[k] = v;
+        sum += v;
+    }
+    sum = cu_block_sum(sum, red);
+    for (int64_t k = threadIdx.x; k < len; k += blockDim.x) orow[k] /= sum;
+}
+
+/* softmax along a strided axis: one thread per (outer, inner) line, reference order */
+__global__ void softmax_strided_kernel(const float *x, float *o, int64_t outer, int64_t len,
+                                       int64_t inner) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= outer * inner) return;
+    int64_t a = e / inner, c = e % inner;
+    const float *xr = x + a * len * inner + c;
+    float *orow = o + a * len * inner + c;
+    float mx = -INFINITY;
+    for (int64_t k = 0; k < len; k++) mx = xr[k * inner] > mx ? xr[k * inner] : mx;
+    float sum = 0.0f;
+    for (int64_t k = 0; k < len; k++) {
+        orow[k * inner] = expf(xr[k * inner] - mx);
+        sum += orow[k * inner];
+    }
+    for (int64_t k = 0; k < len; k++) orow[k * inner] /= sum;
+}
+
+cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer, int64_t len,
+                       int64_t inner) {
+    if (outer * len * inner <= 0) return cudaSuccess;
+    if (inner == 1 && outer <= 0x7fffffff)
+        softmax_rows_kernel<<<(unsigned)outer, len >= 1024 ? 512 : 128, 0, st>>>(x, o, len);
+    else
+        softmax_strided_kernel<<<cu_blocks(outer * inner, EW_THREADS), EW_THREADS, 0, st>>>(x, o, outer,
+                                                                                          len, inner);
+    return cudaGetLastError();
+}
+
+/* rms_norm / layer_norm: one block per row */
+__global__ void norm_kernel(const float *x, const float *w, const float *b, float *o, int64_t d,
+                            float eps, bool layer) {
+    __shared__ float red[32];
+    const float *xr = x + (int64_t)blockIdx.x * d;
+    float *orow = o + (int64_t)blockIdx.x * d;
+    if (!layer) {
+        float ss = 0.0f;
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) ss += xr[k] * xr[k];
+        ss = cu_block_sum(ss, red);
+        float scale = 1.0f / sqrtf(ss / (float)d + eps);
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) orow[k] = xr[k] * scale * w[k];
+        return;
+    }
+    float mean = 0.0f;
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) mean += xr[k];
+    mean = cu_block_sum(mean, red) / (float)d;
+    float var = 0.0f;
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) var += (xr[k] - mean) * (xr[k] - mean);
+    var = cu_block_sum(var, red);
+    float scale = 1.0f / sqrtf(var / (float)d + eps);
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) orow[k] = (xr[k] - mean) * scale * w[k] + b[k];
+}
+
+cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float *b, float *o,
+                    int64_t rows, int64_t d, float eps, bool layer) {
+    if (rows <= 0 || d <= 0) return cudaSuccess;
+    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    int threads = d >= 2048 ? 512 : d >= 512 ? 256 : d >= 128 ? 128 : 32;
+    norm_kernel<<<(unsigned)rows, threads, 0, st>>>(x, w, b, o, d, eps, layer);
+    return cudaGetLastError();
+}
+
+/* rope: one thread per (row, k < d/2) */
+__global__ void rope_kernel(const float *x, const float *c, const float *s, float *o, int64_t d,
+                            struct cu_strided rows, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    int64_t half = d / 2, k = e % half, r = e / half;
+    int64_t off, unused;
+    strided_offsets(rows, r, &off, &unused);
+    const float *xr = x + r * d, *cr = c + off, *sr = s + off;
+    float *orow = o + r * d;
+    float x0 = xr[k], x1 = xr[k + half];
+    orow[k] = x0 * cr[k] - x1 * sr[k];
+    orow[k + half] = x1 * cr[k + half] + x0 * sr[k + half];
+}
+
+cudaError_t cu_rope(cudaStream_t st, const float *x, const float *c, const float *s, float *o,
+                    int64_t n_rows, int64_t d, const struct cu_strided *rows) {
+    int64_t n = n_rows * (d / 2);
+    if (n <= 0) return cudaSuccess;
+    rope_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(x, c, s, o, d, *rows, n);
+    return cudaGetLastError();
+}
+
+/* matmul: one thread per output element, K walked in order (the reference's sum) */
+__global__ void matmul_kernel(const float *a, const float *b, float *o, int64_t p, int64_t kk,
+                              int64_t q, struct cu_strided batch, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    int64_t c = e % q, r = (e / q) % p, bt = e / (p * q);
+    int64_t ba, bb;
+    strided_offsets(batch, bt, &ba, &bb);
+    const float *ar = a + ba * p * kk + r * kk, *bc = b + bb * kk * q + c;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < kk; k++) acc += ar[k] * bc[k * q];
+    o[e] = acc;
+}
+
+cudaError_t cu_matmul(cudaStream_t st, const float *a, const float *b, float *o, int64_t p,
+                      int64_t k, int64_t q, const struct cu_strided *batch) {
+    int64_t n = strided_numel(batch) * p * q;
+    if (n <= 0) return cudaSuccess;
+    matmul_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(a, b, o, p, k, q, *batch, n);
+    return cudaGetLastError();
+}

@@ -1,0 +1,860 @@
+/* The CUDA backend against the CPU reference (issue 8). Built always; skips with a
+ * message (and success) when the build has no CUDA or the machine has no device.
+ *
+ * 1. Every op: a small graph per op (inputs drawn from random embedding tables, never
+ *    zeros), run on cpu_ref_backend_ops and cuda_backend_ops at several batch sizes;
+ *    the outputs must agree within max|gpu - cpu| / max|cpu| <= 1e-5 for f32
+ *    arithmetic (1e-2 where cuBLAS rounds activations to f16/bf16). Linear runs every
+ *    weight type through the matvec, tiled and cuBLAS paths; attention runs prefill,
+ *    mixed two-sequence batches, decode, GQA, a sliding window and split contexts.
+ * 2. stories260K (F32) greedy for 256 tokens equals expected_greedy.json, with and
+ *    without CUDA graphs.
+ * 3. The torch goldens (tests/golden/<case>/golden.json) within 1e-4, as test_golden.c
+ *    checks the CPU.
+ * Paths: $LLMOPT_STORIES_DIR (default ../shared/models/stories260K), tests/golden. */
+#include "backend/backend.h"
+#include "base/fp16.h"
+#include "format/quant.h"
+#include "llmopt.h"
+#include "test.h"
+
+#ifdef LLMOPT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "format/graph_file.h"
+
+#include <dirent.h>
+
+#define TOL_F32 1e-5
+#define TOL_HALF 1e-2
+
+/* ---- random inputs ------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+/* uniform in [-1, 1), never 0 */
+static float rng_f(void) { return ((float)(rng_u32() & 0xffffff) + 0.5f) / 8388608.0f - 1.0f; }
+
+/* ---- graph building ---------------------------------------------------------------- */
+
+#define MAX_BUFS 16
+
+struct gb {
+    struct ir_graph g;
+    struct llmopt_err err;
+    bool ok;
+    void *bufs[MAX_BUFS]; /* parameter storage */
+    int n_bufs;
+    int32_t vocab;        /* rows of every embedding table made by gb_source */
+};
+
+static void gb_init(struct gb *b) {
+    memset(b, 0, sizeof *b);
+    b->ok = ir_graph_init(&b->g, &b->err) == LLMOPT_OK;
+    b->vocab = 50;
+    for (int k = 0; k < IR_INPUT_COUNT && b->ok; k++) {
+        int32_t i = ir_add_node(&b->g, IR_OP_INPUT, NULL, 0, &b->err);
+        b->g.nodes[i].dtype = IR_DTYPE_I32;
+        b->g.nodes[i].shape = (struct ir_shape){.rank = 1, .dims = {{1, k == IR_INPUT_OUT_ROWS ? IR_SYM_M : IR_SYM_N}}};
+        b->g.nodes[i].name = ir_input_names[k];
+        b->g.inputs[k] = i;
+    }
+}
+
+static void gb_free(struct gb *b) {
+    ir_graph_free(&b->g);
+    for (int k = 0; k < b->n_bufs; k++) free(b->bufs[k]);
+}
+
+static int32_t gb_add(struct gb *b, enum ir_op op, const int32_t *in, int n_in) {
+    if (!b->ok) return 0;
+    int32_t i = ir_add_node(&b->g, op, in, n_in, &b->err);
+    if (i == IR_NONE) {
+        b->ok = false;
+        return 0;
+    }
+    return i;
+}
+
+static int32_t gb_infer(struct gb *b, int32_t i) {
+    if (b->ok && ir_infer_node(&b->g, i, &b->err) != LLMOPT_OK) b->ok = false;
+    return i;
+}
+
+static int32_t gb_op1(struct gb *b, enum ir_op op, int32_t x) { return gb_infer(b, gb_add(b, op, &x, 1)); }
+static int32_t gb_op2(struct gb *b, enum ir_op op, int32_t x, int32_t y) {
+    int32_t in[2] = {x, y};
+    return gb_infer(b, gb_add(b, op, in, 2));
+}
+
+/* A parameter [rows, cols] (rows 0: 1-D [cols]) of type t with random values. */
+static int32_t gb_param(struct gb *b, enum ir_dtype t, int64_t rows, int64_t cols, float scale) {
+    if (!b->ok || b->n_bufs == MAX_BUFS) {
+        b->ok = false;
+        return 0;
+    }
+    int64_t r = rows ? rows : 1;
+    size_t row_bytes = ir_dtype_row_bytes(t, cols);
+    uint8_t *w = malloc(row_bytes * (size_t)r);
+    float *tmp = malloc((size_t)cols * sizeof(float));
+    for (int64_t j = 0; j < r; j++) {
+        for (int64_t i = 0; i < cols; i++) tmp[i] = rng_f() * scale;
+        uint8_t *dst = w + row_bytes * (size_t)j;
+        switch (t) {
+        case IR_DTYPE_F16:
+            for (int64_t i = 0; i < cols; i++) {
+                uint16_t h = fp16_from_f32(tmp[i]);
+                memcpy(dst + 2 * i, &h, 2);
+            }
+            break;
+        case IR_DTYPE_BF16:
+            for (int64_t i = 0; i < cols; i++) {
+                uint16_t h = bf16_from_f32(tmp[i]);
+                memcpy(dst + 2 * i, &h, 2);
+            }
+            break;
+        case IR_DTYPE_Q8_0: quant_quantize_row_q8_0(tmp, dst, cols); break;
+        case IR_DTYPE_Q4_0: quant_quantize_row_q4_0(tmp, dst, cols); break;
+        default: memcpy(dst, tmp, (size_t)cols * 4); break;
+        }
+    }
+    free(tmp);
+    b->bufs[b->n_bufs++] = w;
+    int32_t i = gb_add(b, IR_OP_PARAM, NULL, 0);
+    if (!b->ok) return 0;
+    struct ir_node *n = &b->g.nodes[i];
+    n->dtype = t;
+    n->shape = rows ? (struct ir_shape){.rank = 2, .dims = {{rows, IR_SYM_NONE}, {cols, IR_SYM_NONE}}}
+                    : (struct ir_shape){.rank = 1, .dims = {{cols, IR_SYM_NONE}}};
+    n->weight = (struct ir_weight){.data = w, .dtype = t, .n_bytes = row_bytes * (size_t)r, .source = "random"};
+    n->name = "param";
+    return i;
+}
+
+/* Random activations [N, d]: an f32 embedding of the batch's tokens. */
+static int32_t gb_source(struct gb *b, int64_t d, float scale) {
+    int32_t tab = gb_param(b, IR_DTYPE_F32, b->vocab, d, scale);
+    return gb_op2(b, IR_OP_EMBEDDING, tab, b->g.inputs[IR_INPUT_TOKENS]);
+}
+
+static int32_t gb_reshape(struct gb *b, int32_t x, struct ir_shape target) {
+    int32_t i = gb_add(b, IR_OP_RESHAPE, &x, 1);
+    if (b->ok) b->g.nodes[i].attrs.target = target;
+    return gb_infer(b, i);
+}
+
+#define SHAPE(...) ((struct ir_shape){.rank = (int)(sizeof((struct ir_dim[]){__VA_ARGS__}) / sizeof(struct ir_dim)), .dims = {__VA_ARGS__}})
+#define DN(c) ((struct ir_dim){(c), IR_SYM_N})
+#define DC(c) ((struct ir_dim){(c), IR_SYM_NONE})
+
+/* ---- running both backends --------------------------------------------------------- */
+
+struct batch_spec {
+    int32_t n, m;
+    int32_t slots;     /* sequences the batch's tokens are spread over (attention) */
+};
+
+static double rel_err(const float *got, const float *want, int64_t n, bool *nan) {
+    double max_ref = 0, max_diff = 0;
+    *nan = false;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(got[i]) != isnan(want[i])) *nan = true;
+        double r = fabs((double)want[i]);
+        max_ref = r > max_ref ? r : max_ref;
+        double d = fabs((double)got[i] - (double)want[i]);
+        max_diff = d > max_diff ? d : max_diff;
+    }
+    return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+struct kv_pair {
+    struct kv_cache *cpu, *gpu;
+};
+
+/* Runs g on both backends over a sequence of batches (each continues the sequences of
+ * the previous ones when kv is used) and compares every output. */
+static void compare_graph(const char *what, struct gb *b, int32_t output, const struct batch_spec *steps,
+                          int n_steps, int64_t max_ctx, double tol) {
+    CHECK_MSG(b->ok, "%s: building: %s", what, b->err.msg);
+    if (!b->ok) return;
+    b->g.output = output; /* any node: ir_verify would insist on logits [.., M, vocab] */
+    ir_count_uses(&b->g);
+    struct llmopt_err err = {0};
+    int32_t n_max = 1;
+    for (int k = 0; k < n_steps; k++) n_max = steps[k].n > n_max ? steps[k].n : n_max;
+    void *cpu = NULL, *gpu = NULL;
+    struct kv_pair kv = {NULL, NULL};
+    CHECK_MSG(cpu_ref_backend_ops.prepare(&b->g, n_max, max_ctx, NULL, 1, &cpu, &err) == LLMOPT_OK, "%s: %s", what, err.msg);
+    CHECK_MSG(cuda_backend_ops.prepare(&b->g, n_max, max_ctx, NULL, 1, &gpu, &err) == LLMOPT_OK, "%s: %s", what, err.msg);
+    int32_t n_slots = 4;
+    if (b->g.n_kv_layers) {
+        int32_t row_elems[8] = {0};
+        for (int32_t i = 0; i < b->g.n_nodes; i++) {
+            const struct ir_node *n = &b->g.nodes[i];
+            if (n->op != IR_OP_ATTENTION) continue;
+            const struct ir_shape *k = &b->g.nodes[n->in[1]].shape;
+            row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
+        }
+        int32_t blocks = (int32_t)((max_ctx + 15) / 16) * n_slots;
+        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, n_slots, (int32_t)max_ctx, blocks, 16, &kv.cpu, &err) == LLMOPT_OK);
+        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, n_slots, (int32_t)max_ctx, blocks, 16, &kv.gpu, &err) == LLMOPT_OK);
+    }
+    if (b->g.n_conv_layers) {
+        int32_t rows[8] = {0}, channels[8] = {0};
+        for (int32_t i = 0; i < b->g.n_nodes; i++) {
+            const struct ir_node *n = &b->g.nodes[i];
+            if (n->op != IR_OP_SHORT_CONV) continue;
+            const struct ir_shape *w = &b->g.nodes[n->in[1]].shape;
+            rows[n->attrs.kv_layer] = (int32_t)(w->dims[w->rank - 1].coef - 1);
+            channels[n->attrs.kv_layer] = (int32_t)w->dims[0].coef;
+        }
+        int32_t none = 0;
+        if (!kv.cpu) {
+            CHECK(kv_cache_create(0, &none, n_slots, (int32_t)max_ctx, 1, 16, &kv.cpu, &err) == LLMOPT_OK);
+            CHECK(kv_cache_create(0, &none, n_slots, (int32_t)max_ctx, 1, 16, &kv.gpu, &err) == LLMOPT_OK);
+        }
+        CHECK(kv_cache_add_conv_state(kv.cpu, b->g.n_conv_layers, rows, channels, &err) == LLMOPT_OK);
+        CHECK(kv_cache_add_conv_state(kv.gpu, b->g.n_conv_layers, rows, channels, &err) == LLMOPT_OK);
+    }
+    int32_t *tokens = malloc((size_t)n_max * 4), *pos = malloc((size_t)n_max * 4), *slot = malloc((size_t)n_max * 4);
+    int32_t *rows = malloc((size_t)n_max * 4);
+    int32_t seq_len[4] = {0};
+    double worst = 0;
+    for (int k = 0; k < n_steps && cpu && gpu; k++) {
+        const struct batch_spec *bs = &steps[k];
+        int32_t next[4];
+        memcpy(next, seq_len, sizeof next);
+        for (int32_t t = 0; t < bs->n; t++) {
+            tokens[t] = (int32_t)(rng_u32() % (uint32_t)b->vocab);
+            slot[t] = bs->slots > 1 ? t % bs->slots : 0;
+            pos[t] = next[slot[t]]++;
+        }
+        for (int32_t j = 0; j < bs->m; j++) rows[j] = bs->m == 1 ? bs->n - 1 : (int32_t)((j * 7 + 3) % bs->n);
+        if (kv.cpu && b->g.n_kv_layers) {
+            for (int s = 0; s < 4; s++)
+                if (next[s] > seq_len[s]) {
+                    CHECK(kv_cache_reserve(kv.cpu, s, next[s], &err) == LLMOPT_OK);
+                    CHECK(kv_cache_reserve(kv.gpu, s, next[s], &err) == LLMOPT_OK);
+                }
+        }
+        struct exec_batch eb = {bs->n, tokens, pos, slot, bs->m, rows};
+        const float *lc = NULL, *lg = NULL;
+        if (cpu_ref_backend_ops.run(cpu, &eb, kv.cpu, &lc, &err) != LLMOPT_OK) {
+            CHECK_MSG(0, "%s step %d cpu: %s", what, k, err.msg);
+            break;
+        }
+        if (cuda_backend_ops.run(gpu, &eb, kv.gpu, &lg, &err) != LLMOPT_OK) {
+            CHECK_MSG(0, "%s step %d cuda: %s", what, k, err.msg);
+            break;
+        }
+        for (int s = 0; s < 4 && kv.cpu; s++) kv.cpu->slot_len[s] = kv.gpu->slot_len[s] = next[s];
+        memcpy(seq_len, next, sizeof next);
+        struct ir_extent e;
+        ir_extent_of(&b->g.nodes[output].shape, bs->n, bs->m, &e);
+        int64_t numel = ir_extent_numel(&e);
+        bool nan;
+        double r = rel_err(lg, lc, numel, &nan);
+        worst = r > worst ? r : worst;
+        CHECK_MSG(!nan && r <= tol, "%s step %d (N=%d M=%d): relative error %.3g (tol %.1g)%s", what, k, bs->n,
+                  bs->m, r, tol, nan ? ", NaN mismatch" : "");
+    }
+    if (gpu) {
+        struct backend_stats st;
+        cuda_backend_ops.stats(gpu, &st);
+        CHECK(st.steps == (uint64_t)n_steps || test_failures_in_current);
+    }
+    fprintf(stderr, "    %-44s worst %.2e\n", what, worst);
+    free(tokens);
+    free(pos);
+    free(slot);
+    free(rows);
+    if (cpu) cpu_ref_backend_ops.release(cpu);
+    if (gpu) cuda_backend_ops.release(gpu);
+    kv_cache_free(kv.cpu);
+    kv_cache_free(kv.gpu);
+}
+
+static const struct batch_spec plain_steps[] = {{1, 1, 1}, {5, 2, 1}, {37, 3, 1}, {2, 2, 1}};
+#define N_PLAIN ((int)(sizeof plain_steps / sizeof plain_steps[0]))
+
+/* ---- op tests ------------------------------------------------------------------------ */
+
+static void test_embedding_all_types(void) {
+    enum ir_dtype types[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
+    for (int t = 0; t < 5; t++) {
+        struct gb b;
+        gb_init(&b);
+        int32_t tab = gb_param(&b, types[t], b.vocab, 96, 2.0f);
+        int32_t x = gb_op2(&b, IR_OP_EMBEDDING, tab, b.g.inputs[IR_INPUT_TOKENS]);
+        char what[64];
+        snprintf(what, sizeof what, "embedding %s", ir_dtype_name(types[t]));
+        compare_graph(what, &b, x, plain_steps, N_PLAIN, 64, 0.0);
+        gb_free(&b);
+    }
+}
+
+struct linear_case {
+    enum ir_dtype wt;
+    int64_t k, n_out;
+    uint32_t flags;
+    enum ir_op act;
+};
+
+static void run_linear_case(const struct linear_case *lc, bool no_blas) {
+    struct gb b;
+    gb_init(&b);
+    int32_t x = gb_source(&b, lc->k, 1.0f);
+    int32_t w = gb_param(&b, lc->wt, lc->n_out, lc->k, 1.0f);
+    int32_t in[5] = {x, w};
+    int n_in = 2;
+    if (lc->flags & IR_LINEAR_BIAS) in[n_in++] = gb_param(&b, IR_DTYPE_F32, 0, lc->n_out, 1.0f);
+    if (lc->flags & IR_LINEAR_GATE) in[n_in++] = gb_source(&b, lc->n_out, 1.0f);
+    if (lc->flags & IR_LINEAR_RESIDUAL) in[n_in++] = gb_source(&b, lc->n_out, 1.0f);
+    int32_t y = gb_add(&b, IR_OP_LINEAR, in, n_in);
+    if (b.ok) {
+        b.g.nodes[y].attrs.linear_flags = lc->flags;
+        b.g.nodes[y].attrs.linear_act = lc->act;
+    }
+    gb_infer(&b, y);
+    static const struct batch_spec steps[] = {{1, 1, 1}, {3, 1, 1}, {8, 2, 1}, {20, 1, 1}, {70, 1, 1}};
+    char what[96];
+    snprintf(what, sizeof what, "linear %s %lldx%lld fl%u %s%s", ir_dtype_name(lc->wt), (long long)lc->n_out,
+             (long long)lc->k, lc->flags, lc->act == IR_OP_INPUT ? "" : ir_op_name(lc->act), no_blas ? " tiled" : "");
+    bool half = (lc->wt == IR_DTYPE_F16 || lc->wt == IR_DTYPE_BF16) && !no_blas;
+    if (no_blas) setenv("LLMOPT_CUDA_NO_BLAS", "1", 1);
+    compare_graph(what, &b, y, steps, 5, 64, half ? TOL_HALF : TOL_F32);
+    unsetenv("LLMOPT_CUDA_NO_BLAS");
+    gb_free(&b);
+}
+
+static void test_linear(void) {
+    enum ir_dtype types[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
+    for (int t = 0; t < 5; t++) {
+        struct linear_case cases[] = {
+            {types[t], 256, 48, 0, IR_OP_INPUT},
+            {types[t], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+            {types[t], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+            {types[t], 96, 20, IR_LINEAR_BIAS, IR_OP_GELU_TANH},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            run_linear_case(&cases[c], false);
+            if (c == 1) run_linear_case(&cases[c], true);
+        }
+    }
+    /* row lengths the 16-byte matvec cannot take go through the tiled kernel */
+    struct linear_case odd[] = {{IR_DTYPE_F32, 70, 9, IR_LINEAR_BIAS, IR_OP_RELU}, {IR_DTYPE_BF16, 36, 11, 0, IR_OP_INPUT}};
+    for (int c = 0; c < 2; c++) run_linear_case(&odd[c], false);
+}
+
+static void test_unary(void) {
+    enum ir_op ops[] = {IR_OP_NEG, IR_OP_EXP, IR_OP_SQRT, IR_OP_RSQRT, IR_OP_RECIP, IR_OP_SILU, IR_OP_SIGMOID,
+                        IR_OP_TANH, IR_OP_RELU, IR_OP_GELU, IR_OP_GELU_TANH, IR_OP_COS, IR_OP_SIN};
+    for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+        struct gb b;
+        gb_init(&b);
+        int32_t x = gb_source(&b, 33, 3.0f);
+        if (ops[k] == IR_OP_SQRT || ops[k] == IR_OP_RSQRT || ops[k] == IR_OP_RECIP) x = gb_op1(&b, IR_OP_EXP, x);
+        int32_t y = gb_op1(&b, ops[k], x);
+        char what[64];
+        snprintf(what, sizeof what, "unary %s", ir_op_name(ops[k]));
+        compare_graph(what, &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
+        gb_free(&b);
+    }
+}
+
+static void test_binary_broadcast(void) {
+    enum ir_op ops[] = {IR_OP_ADD, IR_OP_SUB, IR_OP_MUL, IR_OP_DIV, IR_OP_POW, IR_OP_MAXIMUM, IR_OP_MINIMUM};
+    for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++)
+        for (int form = 0; form < 3; form++) {
+            struct gb b;
+            gb_init(&b);
+            int32_t a = gb_reshape(&b, gb_source(&b, 24, 2.0f), SHAPE(DN(1), DC(4), DC(6)));
+            if (ops[k] == IR_OP_POW) a = gb_op1(&b, IR_OP_EXP, a);
+            int32_t c;
+            if (form == 0) /* same shape */
+                c = gb_reshape(&b, gb_source(&b, 24, 2.0f), SHAPE(DN(1), DC(4), DC(6)));
+            else if (form == 1) /* a [6] param row */
+                c = gb_param(&b, IR_DTYPE_F32, 0, 6, 2.0f);
+            else /* [N, 1, 6] against [N, 4, 6], operands swapped */
+                c = gb_reshape(&b, gb_source(&b, 6, 2.0f), SHAPE(DN(1), DC(1), DC(6)));
+            if (ops[k] == IR_OP_DIV) c = gb_op1(&b, IR_OP_EXP, c);
+            int32_t y = form == 2 && ops[k] != IR_OP_POW ? gb_op2(&b, ops[k], c, a) : gb_op2(&b, ops[k], a, c);
+            char what[64];
+            snprintf(what, sizeof what, "binary %s form %d", ir_op_name(ops[k]), form);
+            compare_graph(what, &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
+            gb_free(&b);
+        }
+}
+
+static void test_reductions_softmax(void) {
+    enum ir_op ops[] = {IR_OP_MEAN, IR_OP_SUM, IR_OP_MAX};
+    struct { int n_axes; int64_t axes[2]; bool keep; } forms[] = {{1, {2}, false}, {1, {2}, true}, {1, {0}, false},
+                                                                  {1, {1}, true}, {2, {0, 2}, false}, {2, {1, 2}, false}};
+    for (int k = 0; k < 3; k++)
+        for (int f = 0; f < 6; f++) {
+            struct gb b;
+            gb_init(&b);
+            int32_t x = gb_reshape(&b, gb_source(&b, 5 * 300, 1.0f), SHAPE(DN(1), DC(5), DC(300)));
+            int32_t y = gb_add(&b, ops[k], &x, 1);
+            if (b.ok) {
+                b.g.nodes[y].attrs.n_axes = forms[f].n_axes;
+                memcpy(b.g.nodes[y].attrs.axes, forms[f].axes, sizeof forms[f].axes);
+                b.g.nodes[y].attrs.keepdim = forms[f].keep;
+            }
+            gb_infer(&b, y);
+            char what[64];
+            snprintf(what, sizeof what, "%s form %d", ir_op_name(ops[k]), f);
+            compare_graph(what, &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
+            gb_free(&b);
+        }
+    for (int axis = 0; axis < 3; axis++)
+        for (int wide = 0; wide < 2; wide++) {
+            struct gb b;
+            gb_init(&b);
+            int64_t last = wide ? 1500 : 7;
+            int32_t x = gb_reshape(&b, gb_source(&b, 3 * last, 4.0f), SHAPE(DN(1), DC(3), DC(last)));
+            int32_t y = gb_add(&b, IR_OP_SOFTMAX, &x, 1);
+            if (b.ok) b.g.nodes[y].attrs.axis = axis;
+            gb_infer(&b, y);
+            char what[64];
+            snprintf(what, sizeof what, "softmax axis %d len %lld", axis, (long long)last);
+            compare_graph(what, &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
+            gb_free(&b);
+        }
+}
+
+static void test_norms_rope(void) {
+    int64_t dims[] = {64, 1000, 4096};
+    for (int k = 0; k < 3; k++)
+        for (int layer = 0; layer < 2; layer++) {
+            struct gb b;
+            gb_init(&b);
+            int32_t x = gb_source(&b, dims[k], 3.0f);
+            int32_t in[3] = {x, gb_param(&b, IR_DTYPE_F32, 0, dims[k], 1.0f), 0};
+            if (layer) in[2] = gb_param(&b, IR_DTYPE_F32, 0, dims[k], 1.0f);
+            int32_t y = gb_add(&b, layer ? IR_OP_LAYER_NORM : IR_OP_RMS_NORM, in, layer ? 3 : 2);
+            if (b.ok) b.g.nodes[y].attrs.value = 1e-5;
+            gb_infer(&b, y);
+            char what[64];
+            snprintf(what, sizeof what, "%s d=%lld", layer ? "layer_norm" : "rms_norm", (long long)dims[k]);
+            compare_graph(what, &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
+            gb_free(&b);
+        }
+    /* rope on [1, H, N, D] with cos/sin [N, D] (per token), and with [D] (one row) */
+    for (int form = 0; form < 2; form++) {
+        struct gb b;
+        gb_init(&b);
+        int64_t h = 3, d = 16;
+        int32_t x = gb_source(&b, h * d, 2.0f);
+        x = gb_reshape(&b, x, SHAPE(DN(1), DC(h), DC(d)));
+        int32_t p = gb_add(&b, IR_OP_PERMUTE, &x, 1);
+        if (b.ok) {
+            b.g.nodes[p].attrs.n_axes = 3;
+            b.g.nodes[p].attrs.axes[0] = 1;
+            b.g.nodes[p].attrs.axes[1] = 0;
+            b.g.nodes[p].attrs.axes[2] = 2;
+        }
+        gb_infer(&b, p);
+        x = gb_reshape(&b, p, SHAPE(DC(1), DC(h), DN(1), DC(d)));
+        int32_t c = form ? gb_param(&b, IR_DTYPE_F32, 0, d, 1.0f) : gb_source(&b, d, 1.0f);
+        int32_t s = form ? gb_param(&b, IR_DTYPE_F32, 0, d, 1.0f) : gb_source(&b, d, 1.0f);
+        int32_t in[3] = {x, c, s};
+        int32_t y = gb_infer(&b, gb_add(&b, IR_OP_ROPE, in, 3));
+        compare_graph(form ? "rope (shared cos/sin)" : "rope (per-token cos/sin)", &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
+        gb_free(&b);
+    }
+}
+
+static void test_layout_ops(void) {
+    /* permute [N,4,6] -> [6,N,4]; expand [N,1,6] -> [N,5,6]; slices; concat; cast; select_rows;
+     * matmul; const and rope_freqs */
+    for (int t = 0; t < 9; t++) {
+        struct gb b;
+        gb_init(&b);
+        int32_t a = gb_reshape(&b, gb_source(&b, 24, 2.0f), SHAPE(DN(1), DC(4), DC(6)));
+        int32_t y = 0;
+        const char *what = "";
+        switch (t) {
+        case 0:
+            what = "permute (2,0,1)";
+            y = gb_add(&b, IR_OP_PERMUTE, &a, 1);
+            if (b.ok) {
+                b.g.nodes[y].attrs.n_axes = 3;
+                b.g.nodes[y].attrs.axes[0] = 2;
+                b.g.nodes[y].attrs.axes[1] = 0;
+                b.g.nodes[y].attrs.axes[2] = 1;
+            }
+            gb_infer(&b, y);
+            break;
+        case 1: {
+            what = "expand [N,1,6] -> [N,5,6]";
+            int32_t c = gb_reshape(&b, gb_source(&b, 6, 1.0f), SHAPE(DN(1), DC(1), DC(6)));
+            y = gb_add(&b, IR_OP_EXPAND, &c, 1);
+            if (b.ok) b.g.nodes[y].attrs.target = SHAPE(DN(1), DC(5), DC(6));
+            gb_infer(&b, y);
+            break;
+        }
+        case 2:
+        case 3:
+            what = t == 2 ? "slice axis 2 [1:5:2]" : "slice axis 1 [1:]";
+            y = gb_add(&b, IR_OP_SLICE, &a, 1);
+            if (b.ok) {
+                b.g.nodes[y].attrs.axis = t == 2 ? 2 : 1;
+                b.g.nodes[y].attrs.start = DC(1);
+                b.g.nodes[y].attrs.end = DC(t == 2 ? 5 : 100);
+                b.g.nodes[y].attrs.step = t == 2 ? 2 : 1;
+            }
+            gb_infer(&b, y);
+            break;
+        case 4:
+        case 5: {
+            what = t == 4 ? "concat axis 1" : "concat axis 2";
+            int32_t c = gb_reshape(&b, gb_source(&b, 24, 1.0f), SHAPE(DN(1), DC(4), DC(6)));
+            int32_t in[3] = {a, c, a};
+            y = gb_add(&b, IR_OP_CONCAT, in, 3);
+            if (b.ok) b.g.nodes[y].attrs.axis = t == 4 ? 1 : 2;
+            gb_infer(&b, y);
+            break;
+        }
+        case 6: {
+            what = "cast f32 -> i32 -> f32, const";
+            int32_t k100 = gb_infer(&b, gb_add(&b, IR_OP_CONST, NULL, 0));
+            if (b.ok) b.g.nodes[k100].attrs.value = 100.0;
+            gb_infer(&b, k100);
+            int32_t sc = gb_op2(&b, IR_OP_MUL, a, k100);
+            int32_t ci = gb_add(&b, IR_OP_CAST, &sc, 1);
+            if (b.ok) b.g.nodes[ci].attrs.cast_to = IR_DTYPE_I32;
+            gb_infer(&b, ci);
+            y = gb_add(&b, IR_OP_CAST, &ci, 1);
+            if (b.ok) b.g.nodes[y].attrs.cast_to = IR_DTYPE_F32;
+            gb_infer(&b, y);
+            break;
+        }
+        case 7: {
+            what = "select_rows + matmul [M,4,6]x[6,5]";
+            int32_t sel = gb_op2(&b, IR_OP_SELECT_ROWS, gb_reshape(&b, a, SHAPE(DN(1), DC(24))),
+                                 b.g.inputs[IR_INPUT_OUT_ROWS]);
+            int32_t r = gb_reshape(&b, sel, SHAPE(((struct ir_dim){1, IR_SYM_M}), DC(4), DC(6)));
+            y = gb_op2(&b, IR_OP_MATMUL, r, gb_param(&b, IR_DTYPE_F32, 6, 5, 1.0f));
+            break;
+        }
+        case 8: {
+            what = "rope_freqs x positions (outer product)";
+            int32_t f = gb_add(&b, IR_OP_ROPE_FREQS, NULL, 0);
+            if (b.ok) {
+                b.g.nodes[f].attrs.axis = 16;
+                b.g.nodes[f].attrs.value = 10000.0;
+            }
+            gb_infer(&b, f);
+            int32_t p = gb_add(&b, IR_OP_CAST, &b.g.inputs[IR_INPUT_POSITIONS], 1);
+            if (b.ok) b.g.nodes[p].attrs.cast_to = IR_DTYPE_F32;
+            gb_infer(&b, p);
+            int32_t pc = gb_reshape(&b, p, SHAPE(DN(1), DC(1)));
+            int32_t ang = gb_op2(&b, IR_OP_MUL, pc, f);
+            y = gb_op1(&b, IR_OP_COS, ang);
+            break;
+        }
+        default: break;
+        }
+        compare_graph(what, &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
+        gb_free(&b);
+    }
+}
+
+/* q, k, v from random tables, shaped [1, heads, N, Dh]. */
+static int32_t gb_heads(struct gb *b, int64_t heads, int64_t dh) {
+    int32_t x = gb_reshape(b, gb_source(b, heads * dh, 1.0f), SHAPE(DN(1), DC(heads), DC(dh)));
+    int32_t p = gb_add(b, IR_OP_PERMUTE, &x, 1);
+    if (b->ok) {
+        b->g.nodes[p].attrs.n_axes = 3;
+        b->g.nodes[p].attrs.axes[0] = 1;
+        b->g.nodes[p].attrs.axes[1] = 0;
+        b->g.nodes[p].attrs.axes[2] = 2;
+    }
+    gb_infer(b, p);
+    return gb_reshape(b, p, SHAPE(DC(1), DC(heads), DN(1), DC(dh)));
+}
+
+static void attention_case(const char *what, int64_t h, int64_t hkv, int64_t dh, int64_t window,
+                           const struct batch_spec *steps, int n_steps, int64_t max_ctx) {
+    struct gb b;
+    gb_init(&b);
+    b.vocab = 200;
+    int32_t out = 0;
+    for (int layer = 0; layer < 2; layer++) { /* two layers: the cache holds each */
+        int32_t in[5] = {gb_heads(&b, h, dh), gb_heads(&b, hkv, dh), gb_heads(&b, hkv, dh),
+                         b.g.inputs[IR_INPUT_POSITIONS], b.g.inputs[IR_INPUT_SEQ_SLOTS]};
+        int32_t a = gb_add(&b, IR_OP_ATTENTION, in, 5);
+        if (b.ok) {
+            b.g.nodes[a].attrs.value = 1.0 / sqrt((double)dh);
+            b.g.nodes[a].attrs.window = window;
+            b.g.nodes[a].attrs.kv_layer = layer;
+        }
+        gb_infer(&b, a);
+        b.g.n_kv_layers++;
+        out = layer ? gb_op2(&b, IR_OP_ADD, out, a) : a;
+    }
+    compare_graph(what, &b, out, steps, n_steps, max_ctx, TOL_F32);
+    gb_free(&b);
+}
+
+static void test_attention(void) {
+    static const struct batch_spec mixed[] = {{5, 1, 1}, {1, 1, 1}, {6, 2, 2}, {2, 2, 2}, {2, 2, 2}, {9, 3, 3}, {1, 1, 1}};
+    attention_case("attention H4 Hkv2 Dh16 prefill/mixed/decode", 4, 2, 16, 0, mixed, 7, 64);
+    attention_case("attention H8 Hkv8 Dh128", 8, 8, 128, 0, mixed, 7, 64);
+    attention_case("attention H6 Hkv1 Dh64 window 4", 6, 1, 64, 4, mixed, 7, 64);
+    attention_case("attention H2 Hkv1 Dh8 (stories-like)", 2, 1, 8, 0, mixed, 7, 64);
+    /* long context: prefill 300 positions in chunks, then decode (split contexts) */
+    static const struct batch_spec longer[] = {{100, 1, 1}, {100, 1, 1}, {100, 1, 1}, {1, 1, 1}, {1, 1, 1}, {3, 3, 3}, {1, 1, 1}};
+    attention_case("attention H4 Hkv2 Dh64 300+ positions (splits)", 4, 2, 64, 0, longer, 7, 1024);
+    attention_case("attention H4 Hkv2 Dh64 window 100, 300+ positions", 4, 2, 64, 100, longer, 7, 1024);
+}
+
+static void test_short_conv(void) {
+    static const struct batch_spec mixed[] = {{5, 1, 1}, {1, 1, 1}, {6, 2, 2}, {2, 2, 2}, {1, 1, 1}, {9, 3, 3}, {1, 1, 1}};
+    enum ir_dtype types[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_F16};
+    int64_t klens[] = {3, 4, 2};
+    for (int k = 0; k < 3; k++) {
+        struct gb b;
+        gb_init(&b);
+        int64_t ch = 40;
+        int32_t x = gb_reshape(&b, gb_source(&b, ch, 1.0f), SHAPE(DC(1), DN(1), DC(ch)));
+        int32_t w = gb_param(&b, types[k], ch, klens[k], 1.0f);
+        if (k == 2) w = gb_reshape(&b, w, SHAPE(DC(ch), DC(1), DC(klens[k])));
+        int32_t in[4] = {x, w, b.g.inputs[IR_INPUT_POSITIONS], b.g.inputs[IR_INPUT_SEQ_SLOTS]};
+        int32_t y = gb_add(&b, IR_OP_SHORT_CONV, in, 4);
+        if (b.ok) b.g.nodes[y].attrs.kv_layer = 0;
+        gb_infer(&b, y);
+        b.g.n_conv_layers = 1;
+        char what[64];
+        snprintf(what, sizeof what, "short_conv %s L=%lld", ir_dtype_name(types[k]), (long long)klens[k]);
+        compare_graph(what, &b, y, mixed, 7, 64, TOL_F32);
+        gb_free(&b);
+    }
+}
+
+/* ---- end to end: stories260K and the torch goldens ---------------------------------- */
+
+static const char *stories_dir(void) {
+    const char *d = getenv("LLMOPT_STORIES_DIR");
+    return d && *d ? d : "../shared/models/stories260K";
+}
+
+struct ids_out {
+    int32_t ids[512];
+    int32_t n;
+};
+
+static bool collect(void *user, int32_t id) {
+    struct ids_out *o = user;
+    if (o->n < 512) o->ids[o->n++] = id;
+    return true;
+}
+
+static void test_stories_greedy(void) {
+    char path[600], exp_path[600];
+    snprintf(path, sizeof path, "%s/stories260K-F32.gguf", stories_dir());
+    snprintf(exp_path, sizeof exp_path, "%s/expected_greedy.json", stories_dir());
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "  skip: %s not found (set LLMOPT_STORIES_DIR)\n", path);
+        return;
+    }
+    fclose(f);
+    struct llmopt_err err = {0};
+    json_t *root = NULL;
+    CHECK_MSG(json_load_file_capped(exp_path, 1u << 20, &root, &err) == LLMOPT_OK, "%s", err.msg);
+    if (!root) return;
+    const json_t *want = json_object_get(json_object_get(json_object_get(root, "runs"), "stories260K-F32.gguf"), "ids");
+    struct llmopt_model *m = NULL;
+    CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
+    for (int graphs = 1; graphs >= 0 && m; graphs--) {
+        if (!graphs) setenv("LLMOPT_CUDA_GRAPHS", "0", 1);
+        struct llmopt_session *s = NULL;
+        struct llmopt_session_opts so = {.backend = "cuda"};
+        CHECK_MSG(llmopt_session_create(m, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
+        if (!s) break;
+        struct llmopt_sampling sp;
+        llmopt_sampling_default(&sp);
+        sp.temperature = 0;
+        int32_t bos = 1;
+        struct ids_out out = {.n = 0};
+        struct llmopt_generate_result res;
+        CHECK_MSG(llmopt_generate(s, 0, &bos, 1, 256, &sp, collect, &out, &res, &err) == LLMOPT_OK, "%s", err.msg);
+        int32_t same = 0;
+        while (same < out.n && same < (int32_t)json_array_size(want) &&
+               out.ids[same] == json_integer_value(json_array_get(want, (size_t)same)))
+            same++;
+        CHECK_MSG(out.n == 256 && same == 256, "graphs %s: %d tokens, first %d equal the expected ids",
+                  graphs ? "on" : "off", out.n, same);
+        fprintf(stderr, "    stories260K F32 greedy on CUDA (graphs %s): %d/256 ids equal, decode %.0f tok/s\n",
+                graphs ? "on" : "off", same, res.decode_seconds > 0 ? (res.n_generated - 1) / res.decode_seconds : 0.0);
+        llmopt_session_free(s);
+    }
+    unsetenv("LLMOPT_CUDA_GRAPHS");
+    llmopt_model_free(m);
+    json_decref(root);
+}
+
+static int read_ints(const json_t *arr, int32_t *out, int cap) {
+    int n = (int)json_array_size(arr);
+    if (n > cap) return -1;
+    for (int i = 0; i < n; i++) out[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+    return n;
+}
+
+static void golden_dir(const char *dir, int *n_rows_checked) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    json_t *root = NULL;
+    struct llmopt_err err = {0};
+    CHECK_MSG(json_load_file_capped(path, 64u << 20, &root, &err) == LLMOPT_OK, "%s", err.msg);
+    if (!root) return;
+    snprintf(path, sizeof path, "%s/model.gguf", dir);
+    struct llmopt_model *m = NULL;
+    CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
+    size_t ci;
+    json_t *c;
+    json_array_foreach(json_object_get(root, "cases"), ci, c) {
+        if (!m) break;
+        const json_t *steps = json_object_get(c, "steps");
+        int max_slot = 0, max_batch = 1;
+        size_t si;
+        json_t *s;
+        static int32_t tokens[4096], pos[4096], slots[4096], rows[4096];
+        json_array_foreach(steps, si, s) {
+            int n = read_ints(json_object_get(s, "seq_slots"), slots, 4096);
+            if (n > max_batch) max_batch = n;
+            for (int i = 0; i < n; i++) max_slot = slots[i] > max_slot ? slots[i] : max_slot;
+        }
+        struct llmopt_session *sess = NULL;
+        struct llmopt_session_opts so = {.n_ctx = 128, .n_batch = max_batch, .n_slots = max_slot + 1, .backend = "cuda"};
+        CHECK_MSG(llmopt_session_create(m, &so, &sess, &err) == LLMOPT_OK, "%s", err.msg);
+        if (!sess) continue;
+        int32_t n_vocab = llmopt_model_n_vocab(m);
+        double worst = 0;
+        json_array_foreach(steps, si, s) {
+            int n = read_ints(json_object_get(s, "tokens"), tokens, 4096);
+            read_ints(json_object_get(s, "positions"), pos, 4096);
+            read_ints(json_object_get(s, "seq_slots"), slots, 4096);
+            int m_rows = read_ints(json_object_get(s, "out_rows"), rows, 4096);
+            const float *logits = NULL;
+            enum llmopt_status st = llmopt_session_forward(sess, n, tokens, pos, slots, m_rows, rows, &logits, &err);
+            CHECK_MSG(st == LLMOPT_OK, "%s case %zu step %zu: %s", dir, ci, si, err.msg);
+            if (st) break;
+            const json_t *want_rows = json_object_get(s, "logits");
+            const json_t *argmax = json_object_get(s, "argmax");
+            for (int r = 0; r < m_rows && r < (int)json_array_size(want_rows); r++) {
+                const json_t *want = json_array_get(want_rows, (size_t)r);
+                double max_ref = 0, max_diff = 0;
+                int best = 0;
+                for (int v = 0; v < n_vocab; v++) {
+                    double w = json_number_value(json_array_get(want, (size_t)v));
+                    double d = fabs((double)logits[r * n_vocab + v] - w);
+                    max_ref = fabs(w) > max_ref ? fabs(w) : max_ref;
+                    max_diff = d > max_diff ? d : max_diff;
+                    if (logits[r * n_vocab + v] > logits[r * n_vocab + best]) best = v;
+                }
+                double rel = max_ref > 0 ? max_diff / max_ref : max_diff;
+                worst = rel > worst ? rel : worst;
+                CHECK_MSG(rel <= 1e-4, "%s case %zu step %zu row %d: relative error %.3g", dir, ci, si, r, rel);
+                CHECK_MSG(best == json_integer_value(json_array_get(argmax, (size_t)r)),
+                          "%s case %zu step %zu row %d: argmax %d, torch %lld", dir, ci, si, r, best,
+                          (long long)json_integer_value(json_array_get(argmax, (size_t)r)));
+                (*n_rows_checked)++;
+            }
+        }
+        fprintf(stderr, "    %s case '%s' on CUDA: %zu steps, worst relative error %.3g\n", dir,
+                json_string_value(json_object_get(c, "name")), json_array_size(steps), worst);
+        llmopt_session_free(sess);
+    }
+    llmopt_model_free(m);
+    json_decref(root);
+}
+
+static void test_goldens(void) {
+    DIR *d = opendir("tests/golden");
+    CHECK_MSG(d != NULL, "no tests/golden directory (run from the repository root)");
+    if (!d) return;
+    int n_dirs = 0, n_rows = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char dir[400], golden[420];
+        snprintf(dir, sizeof dir, "tests/golden/%s", e->d_name);
+        snprintf(golden, sizeof golden, "%s/golden.json", dir);
+        FILE *g = fopen(golden, "rb");
+        if (!g) continue;
+        fclose(g);
+        golden_dir(dir, &n_rows);
+        n_dirs++;
+    }
+    closedir(d);
+    CHECK(n_dirs >= 4);
+    fprintf(stderr, "    %d golden models, %d logits rows compared on CUDA\n", n_dirs, n_rows);
+}
+
+static void test_errors(void) {
+    /* a token id out of range is refused before anything runs, as on the CPU */
+    struct gb b;
+    gb_init(&b);
+    int32_t x = gb_source(&b, 8, 1.0f);
+    b.g.output = x;
+    ir_count_uses(&b.g);
+    void *gpu = NULL;
+    struct llmopt_err err = {0};
+    CHECK(cuda_backend_ops.prepare(&b.g, 4, 16, NULL, 1, &gpu, &err) == LLMOPT_OK);
+    if (gpu) {
+        int32_t tok[2] = {3, 999}, pos[2] = {0, 1}, slot[2] = {0, 0}, rows[1] = {1};
+        struct exec_batch eb = {2, tok, pos, slot, 1, rows};
+        const float *out = NULL;
+        CHECK(cuda_backend_ops.run(gpu, &eb, NULL, &out, &err) == LLMOPT_ERR_INVALID_ARG && strstr(err.msg, "999"));
+        tok[1] = 4;
+        CHECK(cuda_backend_ops.run(gpu, &eb, NULL, &out, &err) == LLMOPT_OK);
+        cuda_backend_ops.release(gpu);
+    }
+    gb_free(&b);
+}
+#endif /* LLMOPT_HAVE_CUDA */
+
+int main(void) {
+#ifndef LLMOPT_HAVE_CUDA
+    printf("skip: built without CUDA (no nvcc at configure time)\n");
+    return 0;
+#else
+    char why[256];
+    if (!cuda_device_available(why, sizeof why)) {
+        printf("skip: no CUDA device (%s)\n", why);
+        return 0;
+    }
+    char desc[256] = "";
+    cuda_device_describe(desc, sizeof desc);
+    fprintf(stderr, "device: %s\n", desc);
+    const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_unary, test_binary_broadcast,
+                           test_reductions_softmax, test_norms_rope, test_layout_ops, test_attention,
+                           test_short_conv, test_stories_greedy, test_goldens};
+    const char *names[] = {"errors", "embedding_all_types", "linear", "unary", "binary_broadcast",
+                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "short_conv", "stories_greedy",
+                           "goldens"};
+    const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");
+    int n = (int)(sizeof fns / sizeof fns[0]);
+    if (only && *only) {
+        test_fn sel_fns[16];
+        const char *sel_names[16];
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (strstr(only, names[i])) {
+                sel_fns[k] = fns[i];
+                sel_names[k++] = names[i];
+            }
+        return test_run_all(sel_names, sel_fns, k);
+    }
+    return test_run_all(names, fns, n);
+#endif
+}
