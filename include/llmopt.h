@@ -79,6 +79,8 @@ enum llmopt_status llmopt_program_write(const struct llmopt_model *m, const char
                                         const char *out_path, struct llmopt_err *err);
 /* Full validation (whole-file weight checksum, plan, state layout, tokenizer ids). */
 enum llmopt_status llmopt_program_check(const char *path, struct llmopt_err *err);
+/* Weight bytes one decoded token reads (whole matrices, one embedding row). */
+uint64_t llmopt_model_weight_bytes_per_token(const struct llmopt_model *m);
 /* Bytes of the memory plan (arena) and of all intermediates without reuse. */
 void llmopt_model_plan_bytes(const struct llmopt_model *m, int32_t n_batch, size_t *arena,
                              size_t *naive);

@@ -30,6 +30,8 @@ const char cli_usage_text[] =
     "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--dump-ir] [--no-passes]\n"
     "      bind the stock program, run the passes, plan memory, write ENGINE_DIR/model.llmopt\n"
     "  check ENGINE_DIR/model.llmopt      validate a compiled Model Program\n"
+    "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B] [--json]\n"
+    "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction\n"
     "  probe [-o PROFILE.json] [--quick] [-t THREADS] | --show PROFILE.json\n"
     "      measure this machine (dispatch, bandwidth, FMA and int8 peaks) into a target profile\n"
     "  synth --like NAME --type TYPE -o OUT.gguf [--seed S] [--layers N] [-t THREADS] | --list\n"

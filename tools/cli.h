@@ -37,6 +37,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_check(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);

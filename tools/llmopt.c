@@ -18,6 +18,7 @@ static const struct {
     {"compile", cmd_compile},
     {"serve", cmd_serve},
     {"check", cmd_check},
+    {"bench", cmd_bench},
     {"probe", cmd_probe},
     {"synth", cmd_synth},
     {"quantize", cmd_quantize},

@@ -642,3 +642,7 @@ void llmopt_model_plan_bytes(const struct llmopt_model *m, int32_t n_batch, size
     *naive = plan.naive_bytes;
     mem_plan_free(&plan);
 }
+
+uint64_t llmopt_model_weight_bytes_per_token(const struct llmopt_model *m) {
+    return m->ir.arena ? ir_weight_bytes_per_token(&m->ir) : 0;
+}

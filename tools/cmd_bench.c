@@ -1,0 +1,159 @@
+/* llmopt bench: prefill and decode speed of a model, as llama-bench reports them, plus
+ * the roofline view: bytes read per decoded token and the fraction of the measured
+ * read bandwidth (from a `llmopt probe` profile) that decode reaches. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <jansson.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double percentile(const double *sorted, int n, double p) {
+    if (n == 0) return 0;
+    int i = (int)ceil(p / 100.0 * n) - 1;
+    return sorted[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+/* Read bandwidth (GB/s) from a probe profile: the best all-thread read. */
+static double profile_bandwidth(const char *path) {
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    double best = 0;
+    const json_t *m = json_object_get(root, "measurements");
+    const char *keys[] = {"read_bandwidth_simd_all", "read_bandwidth_plain_all"};
+    for (int k = 0; k < 2; k++) {
+        double v = json_number_value(json_object_get(json_object_get(m, keys[k]), "best"));
+        if (v > best) best = v;
+    }
+    json_decref(root);
+    return best;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_path = NULL, *profile = NULL, *backend = NULL;
+    long long n_prompt = 512, n_gen = 128, reps = 3, threads = 0;
+    bool as_json = false;
+    for (int i = 0; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "--json")) as_json = true;
+        else if (!strcmp(argv[i], "-p") && (v = option_value(argc, argv, &i))) {
+            if (!parse_long(v, 1, 1 << 16, &n_prompt)) return usage_error("bench: -p needs 1..65536, got '%s'", v);
+        } else if (!strcmp(argv[i], "-n") && (v = option_value(argc, argv, &i))) {
+            if (!parse_long(v, 1, 1 << 16, &n_gen)) return usage_error("bench: -n needs 1..65536, got '%s'", v);
+        } else if (!strcmp(argv[i], "-r") && (v = option_value(argc, argv, &i))) {
+            if (!parse_long(v, 1, 100, &reps)) return usage_error("bench: -r needs 1..100, got '%s'", v);
+        } else if (!strcmp(argv[i], "-t") && (v = option_value(argc, argv, &i))) {
+            if (!parse_long(v, 1, 1024, &threads)) return usage_error("bench: -t needs 1..1024, got '%s'", v);
+        } else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) profile = v;
+        else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) backend = v;
+        else if (argv[i][0] == '-') return usage_error("bench: unknown option or missing value '%s'", argv[i]);
+        else if (!model_path) model_path = argv[i];
+        else return usage_error("bench: unexpected argument '%s'", argv[i]);
+    }
+    if (!model_path) return usage_error("bench: %s", "missing MODEL");
+    struct llmopt_err err = {0};
+    struct llmopt_model *model = NULL;
+    struct llmopt_session *s = NULL;
+    int rc = 1;
+    double *prefill_s = calloc((size_t)reps, sizeof(double));
+    double *itl = calloc((size_t)(reps * n_gen), sizeof(double));
+    double *decode_s = calloc((size_t)reps, sizeof(double));
+    int32_t *tokens = malloc((size_t)n_prompt * sizeof(int32_t));
+    if (!prefill_s || !itl || !decode_s || !tokens) goto done;
+    if (llmopt_model_load(model_path, NULL, &model, &err)) goto done;
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)(n_prompt + n_gen + 1),
+                                     .n_batch = (int32_t)(n_prompt < 512 ? n_prompt : 512),
+                                     .n_threads = (int32_t)threads,
+                                     .backend = backend};
+    if (llmopt_session_create(model, &so, &s, &err)) goto done;
+    int32_t n_vocab = llmopt_model_n_vocab(model);
+    /* a deterministic prompt of ordinary ids (the content does not change the cost) */
+    for (long long i = 0; i < n_prompt; i++) tokens[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));
+    int n_itl = 0;
+    for (long long r = 0; r <= reps; r++) { /* r == 0 warms up */
+        const float *logits;
+        llmopt_session_reset(s, 0);
+        double t0 = now_s();
+        if (llmopt_session_append(s, 0, tokens, (int32_t)n_prompt, &logits, &err)) goto done;
+        double t1 = now_s();
+        int32_t tok = 1;
+        double prev = t1;
+        for (long long g = 0; g < n_gen; g++) {
+            int32_t best = 0;
+            for (int32_t v = 1; v < n_vocab; v++)
+                if (logits[v] > logits[best]) best = v;
+            tok = best;
+            if (llmopt_session_append(s, 0, &tok, 1, &logits, &err)) goto done;
+            double t = now_s();
+            if (r > 0) itl[n_itl++] = t - prev;
+            prev = t;
+        }
+        if (r > 0) {
+            prefill_s[r - 1] = t1 - t0;
+            decode_s[r - 1] = prev - t1;
+        }
+    }
+    qsort(prefill_s, (size_t)reps, sizeof(double), cmp_double);
+    qsort(decode_s, (size_t)reps, sizeof(double), cmp_double);
+    qsort(itl, (size_t)n_itl, sizeof(double), cmp_double);
+    double pp = n_prompt / prefill_s[reps / 2], tg = n_gen / decode_s[reps / 2];
+    uint64_t bytes = llmopt_model_weight_bytes_per_token(model);
+    double bw = profile ? profile_bandwidth(profile) : 0;
+    double roof = bw > 0 ? bw * 1e9 / (double)bytes : 0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    struct llmopt_compile_stats cs;
+    llmopt_model_compile_stats(model, &cs);
+    if (as_json) {
+        printf("{\"model\": \"%s\", \"program\": \"%s\", \"backend\": \"%s\", \"threads\": %lld, \"n_prompt\": %lld, "
+               "\"n_gen\": %lld, \"reps\": %lld, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
+               "\"ttft_ms\": %.3f, \"itl_ms_p50\": %.3f, \"itl_ms_p95\": %.3f, \"itl_ms_p99\": %.3f, "
+               "\"weight_bytes_per_token\": %llu, \"read_bandwidth_gbps\": %.2f, \"decode_roofline_tok_s\": %.2f, "
+               "\"roofline_fraction\": %.3f, \"kernels_per_step\": %d, \"peak_rss_mib\": %.1f}\n",
+               model_path, llmopt_model_program(model), backend ? backend : "cpu", threads, n_prompt, n_gen, reps,
+               pp, tg, prefill_s[reps / 2] * 1e3, percentile(itl, n_itl, 50) * 1e3,
+               percentile(itl, n_itl, 95) * 1e3, percentile(itl, n_itl, 99) * 1e3, (unsigned long long)bytes, bw,
+               roof, roof > 0 ? tg / roof : 0, cs.kernels_compiled, ru.ru_maxrss / 1024.0);
+    } else {
+        char thr[32];
+        snprintf(thr, sizeof thr, threads ? "%lld" : "all", threads);
+        printf("model           %s (program %s, backend %s, threads %s)\n", model_path, llmopt_model_program(model),
+               backend ? backend : "cpu", thr);
+        printf("prefill         %lld tokens: %.1f tok/s (median of %lld; time to first token %.1f ms)\n", n_prompt,
+               pp, reps, prefill_s[reps / 2] * 1e3);
+        printf("decode          %lld tokens: %.1f tok/s; inter-token latency p50 %.2f / p95 %.2f / p99 %.2f ms\n",
+               n_gen, tg, percentile(itl, n_itl, 50) * 1e3, percentile(itl, n_itl, 95) * 1e3,
+               percentile(itl, n_itl, 99) * 1e3);
+        printf("bytes per token %.1f MB of weights (KV reads extra); kernels per step %d\n", bytes / 1e6,
+               cs.kernels_compiled);
+        if (roof > 0)
+            printf("roofline        %.1f GB/s measured read bandwidth -> ceiling %.1f tok/s; decode at %.0f%%\n", bw,
+                   roof, 100.0 * tg / roof);
+        printf("peak RSS        %.1f MiB\n", ru.ru_maxrss / 1024.0);
+    }
+    rc = 0;
+done:
+    if (rc) fail(&err);
+    free(prefill_s);
+    free(itl);
+    free(decode_s);
+    free(tokens);
+    llmopt_session_free(s);
+    llmopt_model_free(model);
+    return rc;
+}
