@@ -239,7 +239,11 @@ GEMMA_TRANSFORMS = {
     for name in GEMMA_PARAMS if name.endswith("norm.weight")
 }
 
-LLAMA_MAP = make_map(LLAMA_PARAMS, LLAMA_TRANSFORMS, hf_hparams=_std_hparams_hf("0.000001"))
+# The Llama program is the generic one: a Gemma file has its exact tensors, so it names
+# the families whose math it is (structure decides everything else).
+LLAMA_MAP = make_map(LLAMA_PARAMS, LLAMA_TRANSFORMS, hf_hparams=_std_hparams_hf("0.000001"),
+                     match={"gguf": {"general.architecture": ["llama", "mistral"]},
+                            "safetensors": {"model_type": ["llama", "mistral"]}})
 QWEN2_MAP = make_map(QWEN2_PARAMS)
 QWEN3_MAP = make_map(QWEN3_PARAMS)
 # A Gemma GGUF holds exactly the tensor names and shapes of a tied Llama GGUF: structure
@@ -343,9 +347,14 @@ def _lfm2_map():
         "layer_kind": {"config": "layer_types", "values": {k: v for k, v in LFM2_KINDS.items()}},
         "conv_L": {"config": "conv_L_cache", "default": "3"},
     })
+    # An LFM2 file whose layers are all attention layers has the tensors of a Qwen3-like
+    # file; the map says which family it is (like gemma's), so the choice never depends
+    # on the order programs are tried in.
     return {"format": "llmopt-param-map", "version": 1,
-            "gguf": {"match": dict(DEFAULT_ROPE_GGUF), "hparams": gh, "params": gp},
-            "safetensors": {"match": dict(DEFAULT_ROPE_HF), "hparams": hh, "params": sp}}
+            "gguf": {"match": dict(DEFAULT_ROPE_GGUF, **{"general.architecture": ["lfm2"]}),
+                     "hparams": gh, "params": gp},
+            "safetensors": {"match": dict(DEFAULT_ROPE_HF, **{"model_type": ["lfm2"]}),
+                            "hparams": hh, "params": sp}}
 
 
 LFM2_MAP = _lfm2_map()

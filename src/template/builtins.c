@@ -457,7 +457,7 @@ static bool do_tojson(struct tpl_render *r, const struct tpl_node *at, struct tp
                       struct tpl_value *out) {
     static const char *const names[] = {"ensure_ascii", "indent", "separators", "sort_keys"};
     struct tpl_value p[4];
-    bool given[4];
+    bool given[4] = {false};
     if (!bind_args(r, at, "tojson", a, names, 4, p, given)) return false;
     struct tpl_json_opts o = {.ensure_ascii = tpl_truthy(p[0]), .sort_keys = tpl_truthy(p[3])};
     char spaces[64];
@@ -705,7 +705,7 @@ static bool do_indent(struct tpl_render *r, const struct tpl_node *at, struct tp
                       struct tpl_value *out) {
     static const char *const names[] = {"width", "first", "blank"};
     struct tpl_value p[3];
-    bool given[3];
+    bool given[3] = {false};
     if (!bind_args(r, at, "indent", a, names, 3, p, given)) return false;
     char spaces[256];
     struct tpl_str ind = {spaces, 4};
@@ -1160,7 +1160,7 @@ static bool do_sortlike(struct tpl_render *r, const struct tpl_node *at, int id,
     static const char *const uniq_names[] = {"case_sensitive", "attribute"};
     static const char *const dsort_names[] = {"case_sensitive", "by", "reverse"};
     struct tpl_value p[3];
-    bool given[3];
+    bool given[3] = {false};
     bool reverse = false, case_sensitive;
     struct tpl_value attr = tpl_none();
     if (id == F_SORT) {
@@ -1247,7 +1247,7 @@ static bool do_sortlike(struct tpl_render *r, const struct tpl_node *at, int id,
 bool tpl_apply_filter(struct tpl_render *r, const struct tpl_node *at, int id, struct tpl_value v,
                       const struct tpl_args *a, struct tpl_value *out) {
     struct tpl_value p[4];
-    bool given[4];
+    bool given[4] = {false};
     struct tpl_str s;
     const struct tpl_value *items = NULL;
     size_t n = 0;
@@ -1561,7 +1561,7 @@ bool tpl_apply_filter(struct tpl_render *r, const struct tpl_node *at, int id, s
 bool tpl_apply_test(struct tpl_render *r, const struct tpl_node *at, int id, struct tpl_value v,
                     const struct tpl_args *a, bool *out) {
     struct tpl_value p[1];
-    bool given[1];
+    bool given[1] = {false};
     static const char *const one[] = {"other"};
     int c = 0;
     int64_t iv = 0, d = 0;
@@ -1715,7 +1715,7 @@ static int64_t cp_index_of(struct tpl_str s, int64_t byte_off) {
 static bool call_str_method(struct tpl_render *r, const struct tpl_node *at, int id, struct tpl_str s,
                             const struct tpl_args *a, struct tpl_value *out) {
     struct tpl_value p[3];
-    bool given[3];
+    bool given[3] = {false};
     int64_t iv = 0;
     static const char *const no_names[] = {NULL};
     switch (id) {
@@ -1887,6 +1887,8 @@ static bool call_str_method(struct tpl_render *r, const struct tpl_node *at, int
         struct tpl_str fill = TPL_STR_LIT(" ");
         if (given[1]) {
             if (!need_str(r, at, "padding", p[1])) return false;
+            if (tpl_utf8_count(p[1].u.s) != 1)
+                return tpl_fail(r, at, LLMOPT_ERR_FORMAT, "the fill character must be exactly one character long");
             fill = p[1].u.s;
         }
         if (id == B_STR_ZFILL) {
@@ -1956,7 +1958,7 @@ static bool do_dictlike(struct tpl_render *r, const struct tpl_node *at, const s
 bool tpl_call_builtin(struct tpl_render *r, const struct tpl_node *at, const struct tpl_func *f,
                       const struct tpl_args *a, struct tpl_value *out) {
     struct tpl_value p[2];
-    bool given[2];
+    bool given[2] = {false};
     if (f->id >= B_STR_STARTSWITH && f->id <= B_STR_ZFILL) return call_str_method(r, at, f->id, f->self.u.s, a, out);
     switch ((enum tpl_builtin)f->id) {
     case B_RANGE: return do_range(r, at, a, out);

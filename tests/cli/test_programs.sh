@@ -22,6 +22,23 @@ for d in tests/golden/*_tiny; do
         && ok "$name: program '$want_prog' chosen for both" || { bad "$name: program choice"; head -2 "$TMP/a.err"; }
 done
 
+# Programs are mutually exclusive: each golden model (and a synthesized untied
+# Qwen3-shaped file) binds exactly one stock program, so the choice never depends on the
+# order programs are tried in.
+"$LLMOPT" synth --like tiny-qwen3 --type q8_0 -o "$TMP/tiny-qwen3.gguf" >/dev/null 2>&1
+for f in tests/golden/*_tiny/model.gguf tests/golden/*_tiny/hf "$TMP/tiny-qwen3.gguf"; do
+    [ -e "$f" ] || continue
+    bound=""
+    for p in programs/*/; do
+        name=$(basename "$p")
+        mkdir -p "$TMP/one_$name" && ln -sfn "$PWD/programs/$name" "$TMP/one_$name/$name"
+        if "$LLMOPT" run "$f" --programs "$TMP/one_$name" --prompt-ids 1 -n 1 --ids >/dev/null 2>&1; then
+            bound="$bound $name"
+        fi
+    done
+    [ "$(echo $bound | wc -w)" = 1 ] && ok "$f binds exactly one program:$bound" || bad "$f binds:$bound"
+done
+
 # A directory whose safetensors header is truncated: a clear error, no crash.
 mkdir -p "$TMP/broken"
 cp tests/golden/qwen3_tiny/hf/config.json "$TMP/broken/"

@@ -257,6 +257,7 @@ static void test_string_methods(void) {
                  NULL, "['a', 'b', 'c'] a,b 1 2 AbC");
     CHECK_RENDER("{{ 'ab12'.isalnum() }} {{ '12'.isdigit() }} {{ ' '.isspace() }} {{ 'k=v'.partition('=') }} {{ \"they're\".title() }}",
                  NULL, "True True True ('k', '=', 'v') They'Re");
+    CHECK_RENDER("{{ '-4'.zfill(5) }} {{ 'x'.center(5, '-') }} {{ 'ab'.rjust(4, '.') }}", NULL, "-0004 --x-- ..ab");
     CHECK_RENDER("{{ d.get('a') }} {{ d.get('z', 0) }} {{ d.keys()|list }} {{ d.values()|list }} {% for k, v in d.items() %}{{ k }}{{ v }}{% endfor %}",
                  "{\"d\": {\"a\": 1, \"b\": 2}}", "1 0 ['a', 'b'] [1, 2] a1b2");
 }
@@ -451,7 +452,8 @@ static void test_fuzz_inputs(void) {
         "{{ x | }}", "{% raw %}", "{{ '\\x' }}", "{{ '\\u12' }}", "\xff\xfe{{ '\xc3' }}", "{{ 1 if }}",
         "{% if 1 %}{% elif %}{% endif %}", "{{ range(-5, 5, -1)|list }}", "{{ 'abc'[::0] }}", "{{ -9223372036854775807 - 2 }}",
         "{{ 9223372036854775807 + 1 }}", "{{ 2 ** 64 }}", "{{ ''.join([1]) }}", "{{ namespace(1) }}", "{{ loop.cycle() }}",
-        "{% for x in 'ab' %}{{ loop.cycle() }}{% endfor %}", "{{ messages[0].content.split('<')[-1][::-1]|tojson(indent='\t') }}",
+        "{% for x in 'ab' %}{{ loop.cycle() }}{% endfor %}", "{{ 'x'.center(5, '-') }}{{ 'x'.ljust(3, 'ab') }}",
+        "{{ x[::, 1] }}", "{{ 'a'.zfill() }}", "{{ '-4'.zfill(5, 'x') }}", "{{ messages[0].content.split('<')[-1][::-1]|tojson(indent='\t') }}",
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char buf[512];

@@ -41,6 +41,7 @@ static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
 #define CUDA_MATVEC_MAX_ROWS CU_MATVEC_MAX_ROWS
 #define CUDA_BLAS_WORKSPACE (32u << 20)
 #define CUDA_UPLOAD_STAGING (64u << 20)
+#define CUDA_DEQUANT_MIN_ROWS 64 /* block-quantized prefill via bf16 cuBLAS from this many rows */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -104,6 +105,8 @@ struct cuda_state {
     float *h_out;                 /* pinned (output numel at n_max) logits rows */
     void *xh;                     /* device: f16/bf16 activations for cuBLAS */
     size_t xh_bytes;
+    void *wh;                     /* device: a block-quantized weight as bf16 (prefill), or NULL */
+    size_t wh_bytes;
     float *att_part;              /* device: split-attention partials */
     int64_t att_part_floats;
     /* KV mirror */
@@ -215,6 +218,17 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
         CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, bf));
         BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
                               w->data, t, (int)k, s->xh, t, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
+        return LLMOPT_OK;
+    }
+    if (blas_ok && (w->dtype == CU_Q8_0 || w->dtype == CU_Q4_0) && rows >= CUDA_DEQUANT_MIN_ROWS && s->wh &&
+        (size_t)(w->rows * k) * 2 <= s->wh_bytes && (size_t)(rows * k) * 2 <= s->xh_bytes) {
+        /* prefill: W once to bf16, then tensor cores (the tiled kernel is f32 FMA) */
+        CU_TRY(cu_weight_to_bf16(s->stream, w, s->wh));
+        CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, true));
+        BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one, s->wh,
+                              CUDA_R_16BF, (int)k, s->xh, CUDA_R_16BF, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
         return LLMOPT_OK;
@@ -611,10 +625,14 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->op == IR_OP_LINEAR) {
-            enum ir_dtype t = g->nodes[n->in[1]].weight.dtype;
-            if (t != IR_DTYPE_F16 && t != IR_DTYPE_BF16) continue;
+            const struct ir_node *wn = &g->nodes[n->in[1]];
+            enum ir_dtype t = wn->weight.dtype;
+            bool quant = t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0;
+            if (t != IR_DTYPE_F16 && t != IR_DTYPE_BF16 && !(quant && s->n_max >= CUDA_DEQUANT_MIN_ROWS)) continue;
             size_t need = mem_plan_node_bytes(&g->nodes[n->in[0]], s->n_max, s->n_max) / 2;
             if (need > s->xh_bytes) s->xh_bytes = need;
+            size_t wneed = quant ? (size_t)(wn->shape.dims[0].coef * wn->shape.dims[1].coef) * 2 : 0;
+            if (wneed > s->wh_bytes) s->wh_bytes = wneed;
         } else if (n->op == IR_OP_ATTENTION) {
             const struct ir_shape *q = &g->nodes[n->in[0]].shape;
             int heads = (int)q->dims[1].coef, dh = (int)q->dims[3].coef;
@@ -625,6 +643,10 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
         }
     }
     if (s->xh_bytes) CU_TRY(cudaMalloc(&s->xh, s->xh_bytes));
+    if (s->wh_bytes && cudaMalloc(&s->wh, s->wh_bytes) != cudaSuccess) {
+        cudaGetLastError(); /* optional: without it quantized prefill takes the tiled kernel */
+        s->wh = NULL;
+    }
     if (s->att_part_floats) CU_TRY(cudaMalloc((void **)&s->att_part, (size_t)s->att_part_floats * 4));
     return LLMOPT_OK;
 }
@@ -930,6 +952,7 @@ static void cuda_release(void *state) {
     for (int32_t k = 0; k < s->n_uploads; k++) cudaFree((void *)s->uploads[k].dev.data);
     cudaFree(s->arena);
     cudaFree(s->xh);
+    cudaFree(s->wh);
     cudaFree(s->att_part);
     cudaFreeHost(s->h_inputs);
     cudaFreeHost(s->h_out);

@@ -59,6 +59,9 @@ cudaError_t cu_linear_tiled(cudaStream_t st, const struct cu_weight *w, const fl
 /* Applies the epilogue in place to y (rows, n_out) (after a cuBLAS product). */
 cudaError_t cu_linear_epilogue(cudaStream_t st, float *y, int64_t rows, int64_t n_out,
                                const struct cu_epilogue *ep);
+/* W (any dtype) -> bf16 [rows, cols]: block-quantized weights go through cuBLAS for
+ * prefill this way (one pass over W, then a tensor-core product). */
+cudaError_t cu_weight_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out);
 /* x f32 -> f16 (to_bf16 false) or bf16, n elements (cuBLAS operands). */
 cudaError_t cu_convert_half(cudaStream_t st, const float *x, void *out, int64_t n, bool to_bf16);
 

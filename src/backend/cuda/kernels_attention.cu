@@ -3,11 +3,12 @@
  *
  * 1. kv_append: every token's K and V rows go to its sequence's block.
  * 2. attention_partial: one block per (context split, query head, token). The split's
- *    positions are walked ATT_CHUNK at a time: scores into shared memory (a warp per
- *    position, lanes over the head dim), then an online softmax update of the running
- *    max, sum and the weighted V sum (a thread per head-dim element). Positions and
- *    block tables are read from device memory, so the launch is the same every decode
- *    step (a CUDA graph replays it).
+ *    positions are walked ATT_CHUNK at a time: each position's K/V row offset (through
+ *    the block table) into shared memory, scores into shared memory (a warp per
+ *    position, lanes over the head dim, 4 positions in flight), then an online softmax
+ *    update of the running max, sum and the weighted V sum (a thread per head-dim
+ *    element, 8 V loads in flight). Positions and block tables are read from device
+ *    memory, so the launch is the same every decode step (a CUDA graph replays it).
  * 3. attention_combine (splits > 1): merges the partial (max, sum, acc) of each split:
  *    flash-decoding for long contexts with few tokens. */
 #include "backend/cuda/cuda_device.cuh"
@@ -39,10 +40,11 @@ __global__ void kv_append_kernel(struct cu_attention a) {
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
+    __shared__ int64_t rowoff[ATT_CHUNK]; /* element offset of each position's K/V head row */
     __shared__ float red[32];
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
-    const int nw = ATT_THREADS / CU_WARP;
+    constexpr int nw = ATT_THREADS / CU_WARP;
     const int kvh = h / (a.n_heads / a.n_kv_heads), row_elems = a.n_kv_heads * Dh;
     const int32_t p = a.pos[t], slot = a.slot[t];
     const int32_t first = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
@@ -53,20 +55,34 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
     const int32_t end = min(p + 1, begin + per * ATT_CHUNK);
 
     for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) qs[d] = a.q[((int64_t)h * a.n_tok + t) * Dh + d];
-    __syncthreads();
     float m = -INFINITY, l = 0.0f, acc[ATT_DH_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < ATT_DH_PER_THREAD; i++) acc[i] = 0.0f;
 
     for (int32_t c0 = begin; c0 < end; c0 += ATT_CHUNK) {
         const int cn = min(ATT_CHUNK, end - c0);
-        for (int jj = warp; jj < cn; jj += nw) {
-            int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj);
-            const float *kr = a.k_cache + row * row_elems + (int64_t)kvh * Dh;
-            float dot = 0.0f;
-            for (int d = lane; d < Dh; d += CU_WARP) dot += qs[d] * kr[d];
-            dot = cu_warp_sum(dot);
-            if (lane == 0) sc[jj] = dot * a.scale;
+        for (int jj = threadIdx.x; jj < cn; jj += ATT_THREADS)
+            rowoff[jj] = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj) * row_elems +
+                         (int64_t)kvh * Dh;
+        __syncthreads(); /* rowoff (and qs on the first chunk) */
+        /* scores: a warp per position, 4 positions in flight per warp */
+        for (int jj0 = warp; jj0 < cn; jj0 += 4 * nw) {
+            float dot[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int jj = jj0 + u * nw;
+                dot[u] = 0.0f;
+                if (jj < cn) {
+                    const float *kr = a.k_cache + rowoff[jj];
+                    for (int d = lane; d < Dh; d += CU_WARP) dot[u] += qs[d] * kr[d];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float v = cu_warp_sum(dot[u]);
+                int jj = jj0 + u * nw;
+                if (lane == 0 && jj < cn) sc[jj] = v * a.scale;
+            }
         }
         __syncthreads();
         float cm = -INFINITY;
@@ -87,14 +103,23 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
         for (int i = 0; i < ATT_DH_PER_THREAD; i++) {
             int d = threadIdx.x + i * ATT_THREADS;
             if (d >= Dh) break;
-            float s = acc[i] * corr;
-            for (int jj = 0; jj < cn; jj++) {
-                int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj);
-                s += sc[jj] * a.v_cache[row * row_elems + (int64_t)kvh * Dh + d];
+            float s0 = acc[i] * corr, s1 = 0.0f;
+            int jj = 0;
+            /* two sums, 8 loads in flight: the loop is load-latency bound */
+            for (; jj + 8 <= cn; jj += 8) {
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) v[u] = a.v_cache[rowoff[jj + u] + d];
+#pragma unroll
+                for (int u = 0; u < 8; u += 2) {
+                    s0 += sc[jj + u] * v[u];
+                    s1 += sc[jj + u + 1] * v[u + 1];
+                }
             }
-            acc[i] = s;
+            for (; jj < cn; jj++) s0 += sc[jj] * a.v_cache[rowoff[jj] + d];
+            acc[i] = s0 + s1;
         }
-        __syncthreads(); /* sc is rewritten by the next chunk */
+        __syncthreads(); /* sc and rowoff are rewritten by the next chunk */
     }
 
     const int64_t th = (int64_t)t * a.n_heads + h;

@@ -2,7 +2,8 @@
  *
  * Decode is a stream over the weights: cu_matvec reads each weight row once with
  * 16-byte loads (4 f32, 8 f16/bf16, 16 q8_0 or 32 q4_0 elements a load), dequantizes in
- * registers and applies it to up to 8 activation rows. When the matrix has few rows,
+ * registers and applies it to up to 8 activation rows. Large matrices give each warp
+ * 2 or 4 output rows (x loaded once for all of them); when the matrix has few rows,
  * several warps split one row's K range (split-K inside a block) so that enough loads
  * are in flight to cover the memory latency.
  *
@@ -106,79 +107,127 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, const struct cu_wei
     }
 }
 
-/* Block: MV_WARPS warps; `ksplit` consecutive warps share one output row j, each taking
- * every ksplit-th group of 32 chunks. Each warp applies the row to `rows` x rows. */
-template <int DT, int RMAX>
+/* Block: MV_WARPS warps; `ksplit` consecutive warps share NR consecutive output rows
+ * j0..j0+NR-1, each warp taking every ksplit-th group of 32 chunks. With one x row
+ * (decode) a lane loads its x chunk once and applies it to NR weight rows: x traffic
+ * through L1 per weight byte drops NR times (a q8_0 chunk of 16 bytes needs 64 bytes
+ * of x). With several x rows (RMAX > 1, NR = 1) each weight chunk serves every row. */
+template <int DT, int RMAX, int NR>
 __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct cu_weight w, const float *__restrict__ x, int rows, float *__restrict__ y,
                   struct cu_epilogue ep, int ksplit) {
     constexpr int E = mv_traits<DT>::E;
-    __shared__ float part[MV_WARPS][RMAX];
+    constexpr int U = NR == 1 ? MV_UNROLL : NR == 2 ? 2 : 1; /* U * NR loads in flight per lane */
+    static_assert(RMAX == 1 || NR == 1, "several x rows take one weight row per warp");
+    __shared__ float part[MV_WARPS][NR * RMAX];
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     const int rows_per_block = MV_WARPS / ksplit;
     const int ks = warp % ksplit;
-    const int64_t j = (int64_t)blockIdx.x * rows_per_block + warp / ksplit;
+    const int64_t j0 = ((int64_t)blockIdx.x * rows_per_block + warp / ksplit) * NR;
     const int64_t K = w.cols, n_out = w.rows, n_chunks = K / E;
-    float acc[RMAX];
+    float acc[NR][RMAX];
 #pragma unroll
-    for (int r = 0; r < RMAX; r++) acc[r] = 0.0f;
-    if (j < n_out) {
+    for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
+    if (j0 < n_out) {
         constexpr int64_t bytes_num = DT == CU_F32 ? 4 : DT == CU_Q4_0 ? 1 : DT == CU_Q8_0 ? 2 : 4;
         constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
-        const uint4 *wrow = (const uint4 *)((const uint8_t *)w.data + (size_t)(j * K * bytes_num / bytes_den));
-        const int64_t step = (int64_t)CU_WARP * ksplit;
-        for (int64_t c0 = (int64_t)ks * CU_WARP + lane; c0 < n_chunks; c0 += step * MV_UNROLL) {
-            uint4 raw[MV_UNROLL];
+        const uint4 *wrow[NR];
+        int64_t jr[NR]; /* rows past the end repeat the last one; their sums are dropped */
 #pragma unroll
-            for (int u = 0; u < MV_UNROLL; u++) {
+        for (int nr = 0; nr < NR; nr++) {
+            jr[nr] = j0 + nr < n_out ? j0 + nr : n_out - 1;
+            wrow[nr] = (const uint4 *)((const uint8_t *)w.data + (size_t)(jr[nr] * K * bytes_num / bytes_den));
+        }
+        const int64_t step = (int64_t)CU_WARP * ksplit;
+        for (int64_t c0 = (int64_t)ks * CU_WARP + lane; c0 < n_chunks; c0 += step * U) {
+            uint4 raw[U][NR];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
                 int64_t c = c0 + u * step;
-                if (c < n_chunks) raw[u] = __ldg(wrow + c);
+                if (c < n_chunks)
+#pragma unroll
+                    for (int nr = 0; nr < NR; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
             }
 #pragma unroll
-            for (int u = 0; u < MV_UNROLL; u++) {
+            for (int u = 0; u < U; u++) {
                 int64_t c = c0 + u * step;
                 if (c >= n_chunks) break;
-                float f[E];
-                float scale = mv_decode<DT>(raw[u], w, j, c, f);
-#pragma unroll
-                for (int r = 0; r < RMAX; r++) {
-                    if (r >= rows) break;
-                    const float4 *xv = (const float4 *)(x + (size_t)r * K + (size_t)c * E);
-                    float s = 0.0f;
+                if constexpr (RMAX == 1) {
+                    float xr[E];
+                    const float4 *xv = (const float4 *)(x + (size_t)c * E);
 #pragma unroll
                     for (int i = 0; i < E / 4; i++) {
                         float4 xx = __ldg(xv + i);
-                        s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
-                             f[4 * i + 3] * xx.w;
+                        xr[4 * i] = xx.x;
+                        xr[4 * i + 1] = xx.y;
+                        xr[4 * i + 2] = xx.z;
+                        xr[4 * i + 3] = xx.w;
                     }
-                    acc[r] += s * scale;
+#pragma unroll
+                    for (int nr = 0; nr < NR; nr++) {
+                        float f[E];
+                        float scale = mv_decode<DT>(raw[u][nr], w, jr[nr], c, f);
+                        float s = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < E; i++) s += f[i] * xr[i];
+                        acc[nr][0] += s * scale;
+                    }
+                } else {
+                    float f[E];
+                    float scale = mv_decode<DT>(raw[u][0], w, jr[0], c, f);
+#pragma unroll
+                    for (int r = 0; r < RMAX; r++) {
+                        if (r >= rows) break;
+                        const float4 *xv = (const float4 *)(x + (size_t)r * K + (size_t)c * E);
+                        float s = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < E / 4; i++) {
+                            float4 xx = __ldg(xv + i);
+                            s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
+                                 f[4 * i + 3] * xx.w;
+                        }
+                        acc[0][r] += s * scale;
+                    }
                 }
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < RMAX; r++) acc[r] = cu_warp_sum(acc[r]);
+    for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) acc[nr][r] = cu_warp_sum(acc[nr][r]);
     if (ksplit > 1) {
         if (lane == 0)
 #pragma unroll
-            for (int r = 0; r < RMAX; r++) part[warp][r] = acc[r];
+            for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) part[warp][nr * RMAX + r] = acc[nr][r];
         __syncthreads();
         if (ks == 0 && lane == 0)
 #pragma unroll
-            for (int r = 0; r < RMAX; r++) {
-                float s = 0.0f;
-                for (int k = 0; k < ksplit; k++) s += part[warp + k][r];
-                acc[r] = s;
-            }
+            for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) {
+                    float s = 0.0f;
+                    for (int k = 0; k < ksplit; k++) s += part[warp + k][nr * RMAX + r];
+                    acc[nr][r] = s;
+                }
     }
-    if (ks != 0 || lane != 0 || j >= n_out) return;
-    for (int r = 0; r < rows && r < RMAX; r++) {
-        float v = acc[r] + (ep.bias ? ep.bias[j] : 0.0f);
-        if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
-        size_t o = (size_t)r * n_out + j;
-        if (ep.gate) v *= ep.gate[o];
-        if (ep.residual) v += ep.residual[o];
-        y[o] = v;
+    if (ks != 0 || lane != 0) return;
+#pragma unroll
+    for (int nr = 0; nr < NR; nr++) {
+        const int64_t j = j0 + nr;
+        if (j >= n_out) break;
+        for (int r = 0; r < rows && r < RMAX; r++) {
+            float v = acc[nr][r] + (ep.bias ? ep.bias[j] : 0.0f);
+            if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+            size_t o = (size_t)r * n_out + j;
+            if (ep.gate) v *= ep.gate[o];
+            if (ep.residual) v += ep.residual[o];
+            y[o] = v;
+        }
     }
 }
 
@@ -200,30 +249,40 @@ bool cu_matvec_ok(const struct cu_weight *w) {
            cu_weight_data_bytes(w->dtype, 1, w->cols) % 16 == 0;
 }
 
+template <int DT, int RMAX, int NR>
+static void mv_launch_nr(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
+                         const struct cu_epilogue *ep) {
+    /* Split K until about 4096 warps have work (132 SMs x 32 warps on an H200), but keep
+     * >= 2 groups of 32 chunks per warp. */
+    int64_t n_chunks = w->cols / mv_traits<DT>::E, groups = (w->rows + NR - 1) / NR;
+    int ksplit = 1;
+    while (ksplit < MV_WARPS && groups * ksplit < 4096 && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
+    unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
+    matvec_kernel<DT, RMAX, NR><<<blocks, MV_THREADS, 0, st>>>(*w, x, rows, y, *ep, ksplit);
+}
+
 template <int DT>
 static void mv_launch(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
-                      const struct cu_epilogue *ep, int ksplit) {
-    unsigned blocks = cu_blocks(w->rows, MV_WARPS / ksplit);
-    if (rows == 1)
-        matvec_kernel<DT, 1><<<blocks, MV_THREADS, 0, st>>>(*w, x, rows, y, *ep, ksplit);
+                      const struct cu_epilogue *ep) {
+    if (rows > 1)
+        mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1>(st, w, x, rows, y, ep);
+    else if (w->rows >= 16384)
+        mv_launch_nr<DT, 1, 4>(st, w, x, rows, y, ep);
+    else if (w->rows >= 8192)
+        mv_launch_nr<DT, 1, 2>(st, w, x, rows, y, ep);
     else
-        matvec_kernel<DT, CU_MATVEC_MAX_ROWS><<<blocks, MV_THREADS, 0, st>>>(*w, x, rows, y, *ep, ksplit);
+        mv_launch_nr<DT, 1, 1>(st, w, x, rows, y, ep);
 }
 
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep) {
     if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || !cu_matvec_ok(w)) return cudaErrorInvalidValue;
-    /* Split K until about 16 warps per SM-sized share of rows have work (132 SMs x 32
-     * warps on an H200), but keep >= 2 groups of 32 chunks per warp. */
-    int64_t n_chunks = w->cols / mv_elems(w->dtype);
-    int ksplit = 1;
-    while (ksplit < MV_WARPS && w->rows * ksplit < 4096 && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
     switch (w->dtype) {
-    case CU_F32: mv_launch<CU_F32>(st, w, x, (int)rows, y, ep, ksplit); break;
-    case CU_F16: mv_launch<CU_F16>(st, w, x, (int)rows, y, ep, ksplit); break;
-    case CU_BF16: mv_launch<CU_BF16>(st, w, x, (int)rows, y, ep, ksplit); break;
-    case CU_Q8_0: mv_launch<CU_Q8_0>(st, w, x, (int)rows, y, ep, ksplit); break;
-    case CU_Q4_0: mv_launch<CU_Q4_0>(st, w, x, (int)rows, y, ep, ksplit); break;
+    case CU_F32: mv_launch<CU_F32>(st, w, x, (int)rows, y, ep); break;
+    case CU_F16: mv_launch<CU_F16>(st, w, x, (int)rows, y, ep); break;
+    case CU_BF16: mv_launch<CU_BF16>(st, w, x, (int)rows, y, ep); break;
+    case CU_Q8_0: mv_launch<CU_Q8_0>(st, w, x, (int)rows, y, ep); break;
+    case CU_Q4_0: mv_launch<CU_Q4_0>(st, w, x, (int)rows, y, ep); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -321,6 +380,18 @@ cudaError_t cu_linear_epilogue(cudaStream_t st, float *y, int64_t rows, int64_t 
     int64_t n = rows * n_out;
     if (n <= 0 || (!ep->bias && ep->act < 0 && !ep->gate && !ep->residual)) return cudaSuccess;
     epilogue_kernel<<<cu_blocks(n, 256), 256, 0, st>>>(y, n, n_out, *ep);
+    return cudaGetLastError();
+}
+
+__global__ void weight_to_bf16_kernel(struct cu_weight w, __nv_bfloat16 *out, int64_t n) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x)
+        out[e] = __float2bfloat16_rn(cu_weight_elem(w, e / w.cols, e % w.cols));
+}
+
+cudaError_t cu_weight_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out) {
+    int64_t n = w->rows * w->cols;
+    if (n <= 0) return cudaSuccess;
+    weight_to_bf16_kernel<<<4 * 132 * 8, 256, 0, st>>>(*w, (__nv_bfloat16 *)out, n);
     return cudaGetLastError();
 }
 
