@@ -115,6 +115,20 @@ static void pool_probe_fn(void *arg, int ith, int nth) {
     }
 }
 
+struct shared_probe {
+    _Atomic int next;
+    int n_items;
+    _Atomic int done[64];
+};
+
+static void shared_probe_fn(void *arg, int ith, int nth) {
+    struct shared_probe *sp = arg;
+    int i;
+    (void)ith;
+    (void)nth;
+    while ((i = atomic_fetch_add(&sp->next, 1)) < sp->n_items) atomic_fetch_add(&sp->done[i], 1);
+}
+
 static void test_pool(void) {
     struct llmopt_err err = {0};
     for (int nt = 1; nt <= 4; nt++) {
@@ -128,6 +142,25 @@ static void test_pool(void) {
         for (int t = 0; t < nt; t++) CHECK_EQ_INT(probe.hits[t], 500);
         CHECK_EQ_INT(atomic_load(&probe.barrier_errors), 0);
         pool_free(probe.pool);
+    }
+    /* Shared runs: items from a counter, each done exactly once, all done when the
+     * run returns, whichever threads took part (more threads than CPUs here, so
+     * some are skipped). */
+    for (int nt = 1; nt <= 6; nt++) {
+        struct cpu_pool *pool = NULL;
+        CHECK_MSG(pool_create(nt, &pool, &err) == LLMOPT_OK, "%s", err.msg);
+        if (!pool) continue;
+        struct shared_probe sp = {0};
+        int bad = 0;
+        for (int run = 0; run < 2000; run++) {
+            atomic_store(&sp.next, 0);
+            sp.n_items = 1 + run % 37;
+            memset(sp.done, 0, sizeof sp.done);
+            pool_run_shared(pool, shared_probe_fn, &sp);
+            for (int i = 0; i < sp.n_items; i++) bad += atomic_load(&sp.done[i]) != 1;
+        }
+        CHECK_MSG(bad == 0, "%d threads: %d items not done exactly once", nt, bad);
+        pool_free(pool);
     }
     /* pool_split covers [0, n) exactly, in aligned pieces. */
     for (int64_t n = 0; n < 70; n++)

@@ -145,12 +145,12 @@ struct linear_ctx {
     size_t ldw; /* bytes per weight row */
     cpu_tile_f_fn tile_f;
     cpu_tile_q_fn tile_q; /* set for block-quantized weights */
-    bool quantized;       /* qa already holds the activations */
     bool gemm;
     uint8_t *panels;      /* (threads, panel_bytes) when gemm */
     /* Columns are handed out in chunks from this counter, so a thread the OS delays
      * (this machine is shared) does less of the op instead of holding up the rest. */
     _Atomic int64_t next_col;
+    _Atomic int64_t next_row; /* activation rows to quantize */
     size_t panel_bytes;
 };
 
@@ -188,8 +188,10 @@ static void linear_gemm_columns(struct linear_ctx *ctx, int ith) {
     }
 }
 
-/* Columns per chunk of the dot-product path: 16 tiles. */
+/* Columns per chunk of the dot-product path (16 tiles); rows per chunk of activation
+ * quantization. */
 #define LINEAR_CHUNK_COLS 64
+#define LINEAR_CHUNK_ROWS 8
 
 /* Decode and short batches: threads take chunks of whole column tiles.
  * One tile of CPU_TILE_C weight rows (a few KiB) stays in L1 while every activation
@@ -217,17 +219,23 @@ static void linear_tile_columns(struct linear_ctx *ctx, int nth) {
 
 static void linear_thread(void *arg, int ith, int nth) {
     struct linear_ctx *ctx = arg;
-    const struct cpu_linear *op = ctx->op;
-    if (ctx->tile_q && !ctx->quantized) { /* quantize the activations once, split by rows */
-        int64_t rb, re;
-        pool_split(op->rows, 1, ith, nth, &rb, &re);
-        for (int64_t r = rb; r < re; r++) ctx->kern->quantize_row(op->x + r * op->k, &ctx->qa, r);
-        if (nth > 1) pool_barrier(ctx->pool);
-    }
     if (ctx->gemm)
         linear_gemm_columns(ctx, ith);
     else
         linear_tile_columns(ctx, nth);
+}
+
+/* Quantizes the activations, rows taken in chunks from a counter. */
+static void linear_quantize_thread(void *arg, int ith, int nth) {
+    struct linear_ctx *ctx = arg;
+    const struct cpu_linear *op = ctx->op;
+    int64_t r0;
+    (void)ith;
+    (void)nth;
+    while ((r0 = atomic_fetch_add(&ctx->next_row, LINEAR_CHUNK_ROWS)) < op->rows) {
+        int64_t r1 = op->rows - r0 < LINEAR_CHUNK_ROWS ? op->rows : r0 + LINEAR_CHUNK_ROWS;
+        for (int64_t r = r0; r < r1; r++) ctx->kern->quantize_row(op->x + r * op->k, &ctx->qa, r);
+    }
 }
 
 /* Below this many multiply-adds a linear runs on the calling thread: waking the pool
@@ -260,15 +268,16 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
         ctx.panel_bytes = align64(kern->gemm_panel_bytes(op->wtype, op->k));
         ctx.panels = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     }
-    if (ctx.tile_q && (single || op->rows <= CPU_TILE_R)) {
-        /* a few rows: quantized here, so the threads need no barrier */
-        for (int64_t r = 0; r < op->rows; r++) kern->quantize_row(op->x + r * op->k, &ctx.qa, r);
-        ctx.quantized = true;
+    if (ctx.tile_q) { /* the activations, quantized once for every column */
+        if (single || op->rows <= CPU_TILE_R)
+            for (int64_t r = 0; r < op->rows; r++) kern->quantize_row(op->x + r * op->k, &ctx.qa, r);
+        else
+            pool_run_shared(pool, linear_quantize_thread, &ctx);
     }
     if (single)
         linear_thread(&ctx, 0, 1);
     else
-        pool_run(pool, linear_thread, &ctx);
+        pool_run_shared(pool, linear_thread, &ctx);
 }
 
 /* ---- attention -------------------------------------------------------------------- */
@@ -307,7 +316,7 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
     if (op->n_tok * op->n_kv_heads == 1 || work < LINEAR_MIN_PARALLEL_MACS)
         attention_thread(&ctx, 0, 1);
     else
-        pool_run(pool, attention_thread, &ctx);
+        pool_run_shared(pool, attention_thread, &ctx);
 }
 
 /* ---- rms_norm, rope --------------------------------------------------------------- */
@@ -315,18 +324,24 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
 /* Row-wise ops run on the calling thread below this many values. */
 #define ROWS_MIN_PARALLEL (1 << 14)
 
+/* Rows per chunk of the row-wise ops. */
+#define ROWS_CHUNK 4
+
 struct rms_norm_ctx {
     const struct cpu_rms_norm *op;
     const struct cpu_isa_kernels *kern;
+    _Atomic int64_t next_row;
 };
 
 static void rms_norm_thread(void *arg, int ith, int nth) {
     struct rms_norm_ctx *ctx = arg;
     const struct cpu_rms_norm *op = ctx->op;
-    int64_t rb, re;
-    pool_split(op->rows, 1, ith, nth, &rb, &re);
-    for (int64_t r = rb; r < re; r++)
-        ctx->kern->rms_norm_row(op->x + r * op->d, op->w, op->eps, op->d, op->o + r * op->d);
+    int64_t r0;
+    (void)ith;
+    (void)nth;
+    while ((r0 = atomic_fetch_add(&ctx->next_row, ROWS_CHUNK)) < op->rows)
+        for (int64_t r = r0; r < op->rows && r < r0 + ROWS_CHUNK; r++)
+            ctx->kern->rms_norm_row(op->x + r * op->d, op->w, op->eps, op->d, op->o + r * op->d);
 }
 
 void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernels *kern,
@@ -335,28 +350,31 @@ void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernel
     if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
         rms_norm_thread(&ctx, 0, 1);
     else
-        pool_run(pool, rms_norm_thread, &ctx);
+        pool_run_shared(pool, rms_norm_thread, &ctx);
 }
 
 struct rope_ctx {
     const struct cpu_rope *op;
     const struct cpu_isa_kernels *kern;
+    _Atomic int64_t next_row;
 };
 
 static void rope_thread(void *arg, int ith, int nth) {
     struct rope_ctx *ctx = arg;
     const struct cpu_rope *op = ctx->op;
-    int64_t rb, re;
-    pool_split(op->rows, 1, ith, nth, &rb, &re);
-    for (int64_t r = rb; r < re; r++) {
-        int64_t off = 0, rest = r;
-        for (int i = op->rank - 1; i >= 0; i--) {
-            off += rest % op->dims[i] * op->strides[i];
-            rest /= op->dims[i];
+    int64_t r0;
+    (void)ith;
+    (void)nth;
+    while ((r0 = atomic_fetch_add(&ctx->next_row, ROWS_CHUNK)) < op->rows)
+        for (int64_t r = r0; r < op->rows && r < r0 + ROWS_CHUNK; r++) {
+            int64_t off = 0, rest = r;
+            for (int i = op->rank - 1; i >= 0; i--) {
+                off += rest % op->dims[i] * op->strides[i];
+                rest /= op->dims[i];
+            }
+            ctx->kern->rope_row(op->x + r * op->d, op->cos_t + off, op->sin_t + off, op->d,
+                                op->o + r * op->d);
         }
-        ctx->kern->rope_row(op->x + r * op->d, op->cos_t + off, op->sin_t + off, op->d,
-                            op->o + r * op->d);
-    }
 }
 
 void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,
@@ -365,5 +383,5 @@ void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,
     if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
         rope_thread(&ctx, 0, 1);
     else
-        pool_run(pool, rope_thread, &ctx);
+        pool_run_shared(pool, rope_thread, &ctx);
 }

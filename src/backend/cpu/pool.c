@@ -1,11 +1,18 @@
-/* Thread pool: workers wait on a run counter (`epoch`), run their share, and count
- * down `pending`; the caller runs share 0 and waits for pending to reach 0.
+/* Thread pool: workers wait on a run counter (`epoch`), claim the run, do their
+ * share and record the run as finished; the caller does share 0 and then waits for
+ * the workers that claimed the run.
  *
  * Every wait spins for a short while (a forward issues a run every few microseconds,
  * so a sleeping worker would turn each into a syscall) and then sleeps on a futex.
  * Sleepers announce themselves in a counter before sleeping; wakers read it after
  * publishing, so with sequentially consistent atomics either the waker sees the
- * sleeper or the sleeper's futex_wait sees the new value and returns at once. */
+ * sleeper or the sleeper's futex_wait sees the new value and returns at once.
+ *
+ * Shared runs (pool_run_shared): when the caller is done, it marks every worker that
+ * has not claimed the run yet as skipped (a compare-and-swap on the worker's claim
+ * word, which the worker's own claim races against), and waits only for the workers
+ * that did claim it. On a machine shared with other processes a worker the OS has
+ * not scheduled then costs nothing: the threads that run take its work. */
 #define _GNU_SOURCE
 #include "backend/cpu/pool.h"
 
@@ -24,26 +31,33 @@
 /* Pause iterations before sleeping: a few hundred microseconds on current x86. */
 #define POOL_SPIN 4096
 
+/* Claim words: run e claimed by the worker is 2e + 1, skipped by the caller 2e. */
+#define CLAIM_STARTED(e) (2u * (e) + 1u)
+#define CLAIM_SKIPPED(e) (2u * (e))
+
 struct pool_worker {
     struct cpu_pool *pool;
     int ith;
+    _Alignas(64) _Atomic uint32_t claim;    /* CLAIM_STARTED / CLAIM_SKIPPED of a run */
+    _Atomic uint32_t finished;              /* last run whose share returned */
 };
 
 struct cpu_pool {
     int n_threads;
-    pthread_t *threads;         /* (n_threads - 1) workers; thread 0 is the caller */
+    pthread_t *threads;          /* (n_threads - 1) workers; thread 0 is the caller */
     struct pool_worker *workers; /* (n_threads - 1) */
     int n_started;
 
-    /* Written by the caller before an epoch bump, read by workers after it. */
+    /* Written by the caller before an epoch bump, read by workers after claiming it. */
     pool_fn fn;
     void *ctx;
+    bool shared;
     bool quit;
 
     _Alignas(64) _Atomic uint32_t epoch;  /* runs started; workers wait for a change */
     _Atomic int32_t epoch_sleepers;
-    _Alignas(64) _Atomic uint32_t pending; /* workers still inside the current run */
-    _Atomic int32_t pending_sleepers;
+    _Alignas(64) _Atomic uint32_t done;   /* shares finished, all runs; the caller waits on it */
+    _Atomic int32_t done_sleepers;
     _Alignas(64) _Atomic uint32_t bar_arrived; /* threads at the current barrier */
     _Atomic uint32_t bar_phase;                /* barriers completed */
     _Atomic int32_t bar_sleepers;
@@ -88,8 +102,16 @@ static void *pool_worker_main(void *arg) {
         wait_while_equal(&p->epoch, seen, &p->epoch_sleepers);
         seen = atomic_load(&p->epoch);
         if (p->quit) break;
+        /* Claim run `seen` unless the caller already skipped this worker for it (a
+         * shared run the caller finished alone); only a claimed run's fields are
+         * stable, since the caller waits for claimed shares before the next run. */
+        uint32_t c = atomic_load(&w->claim);
+        if (c == CLAIM_SKIPPED(seen) || !atomic_compare_exchange_strong(&w->claim, &c, CLAIM_STARTED(seen)))
+            continue;
         p->fn(p->ctx, w->ith, p->n_threads);
-        if (atomic_fetch_sub(&p->pending, 1) == 1) wake_if_sleeping(&p->pending, &p->pending_sleepers);
+        atomic_store(&w->finished, seen);
+        atomic_fetch_add(&p->done, 1);
+        wake_if_sleeping(&p->done, &p->done_sleepers);
     }
     return NULL;
 }
@@ -98,26 +120,43 @@ int pool_threads(const struct cpu_pool *pool) {
     return pool ? pool->n_threads : 1;
 }
 
-void pool_run(struct cpu_pool *p, pool_fn fn, void *ctx) {
+static void run(struct cpu_pool *p, pool_fn fn, void *ctx, bool shared) {
     if (!p || p->n_threads == 1) {
         fn(ctx, 0, 1);
         return;
     }
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store(&p->pending, (uint32_t)(p->n_threads - 1));
-    atomic_fetch_add(&p->epoch, 1); /* publishes fn/ctx (seq_cst) */
+    p->shared = shared;
+    uint32_t e = atomic_fetch_add(&p->epoch, 1) + 1; /* publishes the fields (seq_cst) */
     wake_if_sleeping(&p->epoch, &p->epoch_sleepers);
     fn(ctx, 0, p->n_threads);
-    for (;;) {
-        uint32_t left = atomic_load(&p->pending);
-        if (!left) break;
-        wait_while_equal(&p->pending, left, &p->pending_sleepers);
+    for (int i = 0; i < p->n_threads - 1; i++) {
+        struct pool_worker *w = &p->workers[i];
+        if (shared) {
+            uint32_t c = atomic_load(&w->claim);
+            if (c != CLAIM_STARTED(e) && atomic_compare_exchange_strong(&w->claim, &c, CLAIM_SKIPPED(e)))
+                continue; /* skipped: it will not touch this run */
+        }
+        for (;;) {
+            uint32_t done = atomic_load(&p->done);
+            if (atomic_load(&w->finished) == e) break;
+            wait_while_equal(&p->done, done, &p->done_sleepers);
+        }
     }
+}
+
+void pool_run(struct cpu_pool *p, pool_fn fn, void *ctx) {
+    run(p, fn, ctx, false);
+}
+
+void pool_run_shared(struct cpu_pool *p, pool_fn fn, void *ctx) {
+    run(p, fn, ctx, true);
 }
 
 void pool_barrier(struct cpu_pool *p) {
     if (!p || p->n_threads == 1) return;
+    LLMOPT_ASSERT(!p->shared);
     uint32_t phase = atomic_load(&p->bar_phase);
     if (atomic_fetch_add(&p->bar_arrived, 1) == (uint32_t)p->n_threads - 1) {
         atomic_store(&p->bar_arrived, 0);
@@ -148,15 +187,19 @@ enum llmopt_status pool_create(int n_threads, struct cpu_pool **out, struct llmo
     p->n_threads = n_threads;
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
-        p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
+        p->workers = aligned_alloc(64, ((size_t)n_threads - 1) * sizeof *p->workers);
         if (!p->threads || !p->workers) {
             pool_free(p);
             return err_set(err, LLMOPT_ERR_NOMEM, "thread pool: out of memory");
         }
     }
     for (int i = 0; i < n_threads - 1; i++) {
-        p->workers[i] = (struct pool_worker){.pool = p, .ith = i + 1};
-        int rc = pthread_create(&p->threads[i], NULL, pool_worker_main, &p->workers[i]);
+        struct pool_worker *w = &p->workers[i];
+        w->pool = p;
+        w->ith = i + 1;
+        atomic_init(&w->claim, CLAIM_STARTED(0));
+        atomic_init(&w->finished, 0);
+        int rc = pthread_create(&p->threads[i], NULL, pool_worker_main, w);
         if (rc) {
             pool_free(p);
             return err_set(err, LLMOPT_ERR_NOMEM, "thread pool: cannot start thread %d of %d (%s)",

@@ -25,9 +25,15 @@ int pool_threads(const struct cpu_pool *pool);
 /* Runs fn on every thread of the pool (a NULL pool runs fn(ctx, 0, 1) here). */
 void pool_run(struct cpu_pool *pool, pool_fn fn, void *ctx);
 
+/* Like pool_run for an fn whose threads take their work from a shared counter (never
+ * by ith alone) and never call pool_barrier: a worker that has not started when the
+ * caller's own call returns is skipped, so one the OS keeps off a CPU does not hold
+ * up the run. fn is called with nth = the pool's threads on whichever threads run. */
+void pool_run_shared(struct cpu_pool *pool, pool_fn fn, void *ctx);
+
 /* Waits until every thread of the current run has reached this barrier; called by all
- * nth threads from inside fn (a no-op for a NULL pool or nth == 1). Memory written
- * before the barrier is visible to every thread after it. */
+ * nth threads from inside fn of a pool_run (a no-op for a NULL pool or nth == 1).
+ * Memory written before the barrier is visible to every thread after it. */
 void pool_barrier(struct cpu_pool *pool);
 
 /* [*begin, *end) of n items for thread ith of nth, in contiguous chunks whose
