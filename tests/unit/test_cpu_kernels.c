@@ -103,7 +103,7 @@ struct pool_probe {
 static void pool_probe_fn(void *arg, int ith, int nth) {
     struct pool_probe *p = arg;
     atomic_fetch_add(&p->calls, 1);
-    p->seen_nth = nth;
+    if (ith == 0) p->seen_nth = nth;
     p->hits[ith]++;
     /* Each phase: every thread writes its slot, then after the barrier reads all. */
     for (int phase = 1; phase <= 3; phase++) {
@@ -487,6 +487,9 @@ static void test_attention(void) {
                     check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 0, 70, 0, 1, &failures);
                     check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 5, 9, 4, 3, &failures);
                     check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 90, 3, 70, 2, &failures);
+                    /* a prefill chunk continuing a sequence, with a window inside the
+                     * query blocks and across position chunks */
+                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 50, 40, 20, 1, &failures);
                 }
             CHECK_MSG(failures == 0, "%s, %d threads: attention failed", cpu_isa_name(kern->isa), nt);
         }

@@ -294,7 +294,7 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx2 = {
     .quantize_row = quantize_row,
     .rms_norm_row = kg_rms_norm_row,
     .rope_row = kg_rope_row,
-    .attention_item = kg_attention_item,
+    .attention_block = kg_attention_block,
     .exp_row = kg_exp_row,
     .epilogue_row = kg_epilogue_row,
 };

@@ -272,7 +272,7 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
 
 /* Positions per online-softmax step (a multiple of VLEN): scores of one chunk for all
  * heads of a group stay in L1 together with the chunk's K and V rows. */
-#define KG_ATT_CHUNK 64
+#define KG_ATT_CHUNK 32
 
 /* out[j] = dot(q, rows[j]) for the VLEN rows at rows[0..VLEN): one vector of partial
  * sums per row, reduced all at once (v_reduce_lanes) rather than one horizontal sum
@@ -364,57 +364,196 @@ static inline void kg_kv_rows(const struct kv_cache *kv, float *const *store, in
     }
 }
 
-/* Online softmax over the positions of token t's sequence for the query heads of KV
- * head kvh; scratch holds cpu_attention_scratch_floats(...) floats. */
-static void kg_attention_item(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch) {
-    const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    float *acc = scratch;                     /* (group, dh) */
-    float *sc = acc + group * dh;             /* (group, KG_ATT_CHUNK) */
-    float *mx = sc + group * KG_ATT_CHUNK;    /* (group) running max */
-    float *l = mx + group;                    /* (group) running sum */
-    const float *krows[KG_ATT_CHUNK], *vrows[KG_ATT_CHUNK];
-    const struct kv_cache *kv = a->kv;
-    int32_t p = a->pos[t], slot = a->slot[t];
-    int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
-    for (int64_t g = 0; g < group; g++) {
-        mx[g] = -INFINITY;
-        l[g] = 0;
-        for (int64_t e = 0; e < dh; e++) acc[g * dh + e] = 0;
+/* Score tiles for blocks of queries: KG_QT queries x KG_PT positions = VLEN dot
+ * products per tile, each K and q vector loaded once per tile, reduced together. */
+#define KG_QT (VLEN >= 4 ? 4 : 1)
+#define KG_PT (VLEN / KG_QT)
+
+/* Lane a * KG_PT + b = dot(qp[a], kp[b]) over dh. */
+KG_INLINE vf kg_score_tile(const float *const *qp, const float *const *kp, int64_t dh) {
+    vf acc[VLEN];
+#pragma GCC unroll 16
+    for (int i = 0; i < VLEN; i++) acc[i] = v_zero();
+    int64_t d = 0;
+    for (; d + VLEN <= dh; d += VLEN) {
+        vf qv[KG_QT], kv[KG_PT];
+#pragma GCC unroll 4
+        for (int a = 0; a < KG_QT; a++) qv[a] = v_load(qp[a] + d);
+#pragma GCC unroll 4
+        for (int b = 0; b < KG_PT; b++) kv[b] = v_load(kp[b] + d);
+#pragma GCC unroll 4
+        for (int a = 0; a < KG_QT; a++)
+#pragma GCC unroll 4
+            for (int b = 0; b < KG_PT; b++) acc[a * KG_PT + b] = v_fma(qv[a], kv[b], acc[a * KG_PT + b]);
     }
-    for (int32_t j0 = first; j0 <= p; j0 += KG_ATT_CHUNK) {
-        int n = p + 1 - j0 < KG_ATT_CHUNK ? p + 1 - j0 : KG_ATT_CHUNK;
-        /* rows past the last position repeat it: read, never used */
-        int n_padded = (n + VLEN - 1) / VLEN * VLEN;
-        kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, kvh * dh, krows);
-        kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, kvh * dh, vrows);
-        for (int jj = n; jj < n_padded; jj++) krows[jj] = krows[n - 1];
-        for (int64_t g = 0; g < group; g++) {
-            const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
-            float *s = sc + g * KG_ATT_CHUNK;
-            vf vscale = v_set1(a->scale);
-            for (int jj = 0; jj < n_padded; jj += VLEN)
-                v_store(s + jj, v_mul(kg_dots(qv, krows + jj, dh), vscale));
-            /* padded scores repeat the last position's: the max over them is the same */
-            vf vmax = v_load(s);
-            for (int jj = VLEN; jj < n_padded; jj += VLEN) vmax = v_max(vmax, v_load(s + jj));
-            float cmax = v_hmax(vmax);
-            float m_new = cmax > mx[g] ? cmax : mx[g];
-            float sum = kg_exp_sub_sum(s, m_new, n);
-            if (mx[g] != m_new) {
-                float alpha = expf(mx[g] - m_new); /* 0 on the first chunk */
-                l[g] *= alpha;
-                kg_scale(acc + g * dh, alpha, dh);
-                mx[g] = m_new;
-            }
-            l[g] += sum;
-            kg_weighted_sum(acc + g * dh, s, vrows, n, dh);
+    if (d < dh) {
+        int n = (int)(dh - d);
+        vf qv[KG_QT], kv[KG_PT];
+#pragma GCC unroll 4
+        for (int a = 0; a < KG_QT; a++) qv[a] = v_load_n(qp[a] + d, n);
+#pragma GCC unroll 4
+        for (int b = 0; b < KG_PT; b++) kv[b] = v_load_n(kp[b] + d, n);
+#pragma GCC unroll 4
+        for (int a = 0; a < KG_QT; a++)
+#pragma GCC unroll 4
+            for (int b = 0; b < KG_PT; b++) acc[a * KG_PT + b] = v_fma(qv[a], kv[b], acc[a * KG_PT + b]);
+    }
+    return v_reduce_lanes(acc);
+}
+
+/* acc[a][d0 .. d0 + NV * VLEN) += sum_j p[a][j] * rows[j][same] for KG_QT queries a
+ * (score rows ld floats apart): each V vector loaded once for all the queries. */
+KG_INLINE void kg_weighted_sum4_nv(float *const *acc, const float *p, int64_t ld, const float *const *rows,
+                                   int n, int64_t d0, int m, const int NV) {
+    vf a[KG_QT][4];
+#pragma GCC unroll 4
+    for (int q = 0; q < KG_QT; q++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++)
+            a[q][i] = i < NV - 1 || m == VLEN ? v_load(acc[q] + d0 + i * VLEN) : v_load_n(acc[q] + d0 + i * VLEN, m);
+    for (int j = 0; j < n; j++) {
+        vf v[4];
+        const float *r = rows[j] + d0;
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) v[i] = i < NV - 1 || m == VLEN ? v_load(r + i * VLEN) : v_load_n(r + i * VLEN, m);
+#pragma GCC unroll 4
+        for (int q = 0; q < KG_QT; q++) {
+            vf pj = v_set1(p[q * ld + j]);
+#pragma GCC unroll 4
+            for (int i = 0; i < NV; i++) a[q][i] = v_fma(pj, v[i], a[q][i]);
         }
     }
-    for (int64_t g = 0; g < group; g++) {
-        float *ov = a->out + (t * a->n_heads + kvh * group + g) * dh; /* out (N, H, Dh) */
-        float inv = 1.0f / l[g];
-        for (int64_t e = 0; e < dh; e++) ov[e] = acc[g * dh + e] * inv;
+#pragma GCC unroll 4
+    for (int q = 0; q < KG_QT; q++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) {
+            if (i < NV - 1 || m == VLEN) v_store(acc[q] + d0 + i * VLEN, a[q][i]);
+            else v_store_n(acc[q] + d0 + i * VLEN, a[q][i], m);
+        }
+}
+
+static void kg_weighted_sum4(float *const *acc, const float *p, int64_t ld, const float *const *rows, int n,
+                             int64_t dh) {
+    for (int64_t d0 = 0; d0 < dh; d0 += 4 * VLEN) {
+        int64_t left = dh - d0 < 4 * VLEN ? dh - d0 : 4 * VLEN;
+        int nv = (int)((left + VLEN - 1) / VLEN), m = (int)(left - (nv - 1) * VLEN);
+        switch (nv) {
+        case 1: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 1); break;
+        case 2: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 2); break;
+        case 3: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 3); break;
+        default: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 4); break;
+        }
     }
+}
+
+/* Online softmax for a block of queries: tokens t0..t1-1 of one sequence at
+ * consecutive positions (a prefill chunk; a single token in decode), and the
+ * n_heads / n_kv_heads query heads that read KV head kvh. Each chunk of K and V rows
+ * is fetched once for the whole block (a prefill reads the cache once per
+ * CPU_ATT_QBLOCK tokens, not once per token), and with KG_QT queries or more the
+ * scores and the weighted sums run as register tiles over several queries. */
+static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
+                               float *scratch) {
+    const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, nq = (t1 - t0) * group;
+    const int64_t nq_pad = (nq + KG_QT - 1) / KG_QT * KG_QT;
+    const int64_t ld = KG_ATT_CHUNK + VLEN;  /* score row stride */
+    float *acc = scratch;                    /* (nq_pad, dh); query (t, g) at (t - t0) * group + g */
+    float *sc = acc + nq_pad * dh;           /* (nq_pad, ld) scores of one chunk */
+    float *mx = sc + nq_pad * ld;            /* (nq_pad) running max */
+    float *l = mx + nq_pad;                  /* (nq_pad) running sum */
+    const float *krows[KG_ATT_CHUNK + VLEN], *vrows[KG_ATT_CHUNK];
+    const float *qp[CPU_ATT_QBLOCK * 16 + KG_QT];
+    float *accp[CPU_ATT_QBLOCK * 16 + KG_QT];
+    const struct kv_cache *kv = a->kv;
+    const bool tiled = nq >= KG_QT && nq <= CPU_ATT_QBLOCK * 16;
+    int32_t slot = a->slot[t0], p_last = a->pos[t1 - 1], p_first = a->pos[t0];
+    int32_t first = a->window > 0 && p_first + 1 > a->window ? p_first + 1 - (int32_t)a->window : 0;
+    for (int64_t q = 0; q < nq_pad; q++) {
+        mx[q] = -INFINITY;
+        l[q] = 0;
+        for (int64_t e = 0; e < dh; e++) acc[q * dh + e] = 0;
+        int64_t qq = q < nq ? q : nq - 1, t = t0 + qq / group, g = qq % group;
+        if (tiled) {
+            qp[q] = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
+            accp[q] = acc + q * dh;
+        }
+    }
+    const vf vscale = v_set1(a->scale);
+    for (int32_t j0 = first; j0 <= p_last; j0 += KG_ATT_CHUNK) {
+        int n = p_last + 1 - j0 < KG_ATT_CHUNK ? p_last + 1 - j0 : KG_ATT_CHUNK;
+        kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, kvh * dh, krows);
+        kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, kvh * dh, vrows);
+        /* rows past the last position repeat it: read by the vector dots, never used */
+        for (int jj = n; jj < KG_ATT_CHUNK + VLEN; jj++) krows[jj] = krows[n - 1];
+        int n_padded = (n + VLEN - 1) / VLEN * VLEN;
+        if (tiled) /* every query's scores over the whole chunk, masked below */
+            for (int64_t q0 = 0; q0 < nq_pad; q0 += KG_QT)
+                for (int jj = 0; jj < n_padded; jj += KG_PT) {
+                    float tile[VLEN];
+                    v_store(tile, v_mul(kg_score_tile(qp + q0, krows + jj, dh), vscale));
+                    for (int aa = 0; aa < KG_QT; aa++)
+                        for (int b = 0; b < KG_PT; b++) sc[(q0 + aa) * ld + jj + b] = tile[aa * KG_PT + b];
+                }
+        for (int64_t q = 0; q < nq; q++) {
+            int64_t t = t0 + q / group, g = q % group;
+            int32_t p = a->pos[t];
+            int32_t lo_pos = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+            int lo = lo_pos > j0 ? lo_pos - j0 : 0, hi = p + 1 - j0 < n ? p + 1 - j0 : n;
+            if (!tiled && hi <= lo) continue;
+            float *s = sc + q * ld;
+            if (!tiled) { /* scores from lo on, at s[0..) */
+                const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
+                int m = hi - lo, m_padded = (m + VLEN - 1) / VLEN * VLEN;
+                for (int jj = 0; jj < m_padded; jj += VLEN)
+                    v_store(s + jj, v_mul(kg_dots(qv, krows + lo + jj, dh), vscale));
+                for (int jj = m; jj < m_padded; jj++) s[jj] = -INFINITY;
+                float cmax = s[0];
+                for (int jj = 1; jj < m; jj++) cmax = s[jj] > cmax ? s[jj] : cmax;
+                float m_new = cmax > mx[q] ? cmax : mx[q];
+                float sum = kg_exp_sub_sum(s, m_new, m);
+                if (mx[q] != m_new) {
+                    float alpha = expf(mx[q] - m_new); /* 0 on the first chunk */
+                    l[q] *= alpha;
+                    kg_scale(acc + q * dh, alpha, dh);
+                    mx[q] = m_new;
+                }
+                l[q] += sum;
+                kg_weighted_sum(acc + q * dh, s, vrows + lo, m, dh);
+                continue;
+            }
+            /* tiled: probabilities over [0, n) with zeros outside [lo, hi) */
+            if (hi <= lo) {
+                for (int jj = 0; jj < n; jj++) s[jj] = 0.0f;
+                continue;
+            }
+            float cmax = s[lo];
+            for (int jj = lo + 1; jj < hi; jj++) cmax = s[jj] > cmax ? s[jj] : cmax;
+            float m_new = cmax > mx[q] ? cmax : mx[q];
+            float sum = kg_exp_sub_sum(s + lo, m_new, hi - lo);
+            for (int jj = 0; jj < lo; jj++) s[jj] = 0.0f;
+            for (int jj = hi; jj < n; jj++) s[jj] = 0.0f;
+            if (mx[q] != m_new) {
+                float alpha = expf(mx[q] - m_new);
+                l[q] *= alpha;
+                kg_scale(acc + q * dh, alpha, dh);
+                mx[q] = m_new;
+            }
+            l[q] += sum;
+        }
+        if (tiled) {
+            for (int64_t q = nq; q < nq_pad; q++) /* padding queries: weights 0 */
+                for (int jj = 0; jj < n; jj++) sc[q * ld + jj] = 0.0f;
+            for (int64_t q0 = 0; q0 < nq_pad; q0 += KG_QT)
+                kg_weighted_sum4(accp + q0, sc + q0 * ld, ld, vrows, n, dh);
+        }
+    }
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t g = 0; g < group; g++) {
+            int64_t q = (t - t0) * group + g;
+            float *ov = a->out + (t * a->n_heads + kvh * group + g) * dh; /* out (N, H, Dh) */
+            float inv = 1.0f / l[q];
+            for (int64_t e = 0; e < dh; e++) ov[e] = acc[q * dh + e] * inv;
+        }
 }
 
 #endif

@@ -283,8 +283,8 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
 /* ---- attention -------------------------------------------------------------------- */
 
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
-    int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : n_heads;
-    return group * (head_dim + 64 + 2) + 16; /* acc, a chunk of scores, max, sum */
+    int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : n_heads, nq = CPU_ATT_QBLOCK * group + 4;
+    return nq * (head_dim + 2 + 64 + 16) + 64; /* acc, max, sum, a chunk of scores per query */
 }
 
 struct attention_ctx {
@@ -293,16 +293,25 @@ struct attention_ctx {
     _Atomic int64_t next_item;
 };
 
-/* Items (token, KV head) are taken one at a time from a counter: prefill items grow
- * with the position, and a thread the OS delays should not hold up the others. */
+/* Items (block of CPU_ATT_QBLOCK tokens, KV head) are taken one at a time from a
+ * counter: prefill items grow with the position, and a thread the OS delays should not
+ * hold up the others. Within a block, runs of one sequence at consecutive positions
+ * share their K/V reads. */
 static void attention_thread(void *arg, int ith, int nth) {
     struct attention_ctx *ctx = arg;
     const struct cpu_attention *op = ctx->op;
     float *scratch = op->scratch + ith * op->scratch_per_thread;
-    int64_t n_items = op->n_tok * op->n_kv_heads, it;
+    int64_t n_blocks = (op->n_tok + CPU_ATT_QBLOCK - 1) / CPU_ATT_QBLOCK, it;
     (void)nth;
-    while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_items)
-        ctx->kern->attention_item(op, it / op->n_kv_heads, it % op->n_kv_heads, scratch);
+    while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_blocks * op->n_kv_heads) {
+        int64_t b = it / op->n_kv_heads, kvh = it % op->n_kv_heads;
+        int64_t end = (b + 1) * CPU_ATT_QBLOCK < op->n_tok ? (b + 1) * CPU_ATT_QBLOCK : op->n_tok;
+        for (int64_t t0 = b * CPU_ATT_QBLOCK, t1; t0 < end; t0 = t1) {
+            for (t1 = t0 + 1; t1 < end && op->slot[t1] == op->slot[t0] && op->pos[t1] == op->pos[t1 - 1] + 1;)
+                t1++;
+            ctx->kern->attention_block(op, t0, t1, kvh, scratch);
+        }
+    }
 }
 
 void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,

@@ -95,6 +95,8 @@ struct cpu_attention {
     float *scratch; /* cpu_attention_scratch_floats(...) per pool thread */
     int64_t scratch_per_thread;
 };
+/* Query tokens one attention work item takes together (their K/V reads are shared). */
+#define CPU_ATT_QBLOCK 16
 /* Scratch floats one thread needs for attention with these head counts / size. */
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
 
@@ -145,8 +147,10 @@ struct cpu_isa_kernels {
     void (*rms_norm_row)(const float *x, const float *w, float eps, int64_t d, float *o);
     /* o = x * c + rotate_half(x) * s over one row of d (d even). */
     void (*rope_row)(const float *x, const float *c, const float *s, int64_t d, float *o);
-    /* Token t, KV head kvh: the n_heads / n_kv_heads query heads that read it. */
-    void (*attention_item)(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch);
+    /* Tokens t0..t1-1 (one sequence, consecutive positions, at most
+     * CPU_ATT_QBLOCK), KV head kvh: the n_heads / n_kv_heads query heads that read it. */
+    void (*attention_block)(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
+                            float *scratch);
     /* dst[i] = exp(src[i]) (the vector exp attention uses). */
     void (*exp_row)(const float *src, float *dst, int64_t n);
     /* y = act(x + bias) * gate + residual over n values (one row of a linear's output

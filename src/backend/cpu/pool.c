@@ -31,14 +31,15 @@
 /* Pause iterations before sleeping: a few hundred microseconds on current x86. */
 #define POOL_SPIN 4096
 
-/* Claim words: run e claimed by the worker is 2e + 1, skipped by the caller 2e. */
-#define CLAIM_STARTED(e) (2u * (e) + 1u)
-#define CLAIM_SKIPPED(e) (2u * (e))
+/* Claim words: the run's epoch in the low 32 bits, bit 32 set when the worker claimed
+ * it, clear when the caller skipped the worker for it. */
+#define CLAIM_STARTED(e) ((uint64_t)(e) | (1ull << 32))
+#define CLAIM_SKIPPED(e) ((uint64_t)(e))
 
 struct pool_worker {
     struct cpu_pool *pool;
     int ith;
-    _Alignas(64) _Atomic uint32_t claim;    /* CLAIM_STARTED / CLAIM_SKIPPED of a run */
+    _Alignas(64) _Atomic uint64_t claim;    /* CLAIM_STARTED / CLAIM_SKIPPED of a run */
     _Atomic uint32_t finished;              /* last run whose share returned */
 };
 
@@ -52,7 +53,7 @@ struct cpu_pool {
     pool_fn fn;
     void *ctx;
     bool shared;
-    bool quit;
+    _Atomic bool quit; /* read by workers before they claim a run */
 
     _Alignas(64) _Atomic uint32_t epoch;  /* runs started; workers wait for a change */
     _Atomic int32_t epoch_sleepers;
@@ -101,13 +102,13 @@ static void *pool_worker_main(void *arg) {
     for (;;) {
         wait_while_equal(&p->epoch, seen, &p->epoch_sleepers);
         seen = atomic_load(&p->epoch);
-        if (p->quit) break;
+        if (atomic_load(&p->quit)) break;
         /* Claim run `seen` unless the caller already skipped this worker for it (a
          * shared run the caller finished alone); only a claimed run's fields are
          * stable, since the caller waits for claimed shares before the next run. */
-        uint32_t c = atomic_load(&w->claim);
-        if (c == CLAIM_SKIPPED(seen) || !atomic_compare_exchange_strong(&w->claim, &c, CLAIM_STARTED(seen)))
-            continue;
+        uint64_t c = atomic_load(&w->claim);
+        if ((int32_t)((uint32_t)c - seen) >= 0) continue; /* skipped for this run or a later one */
+        if (!atomic_compare_exchange_strong(&w->claim, &c, CLAIM_STARTED(seen))) continue;
         p->fn(p->ctx, w->ith, p->n_threads);
         atomic_store(&w->finished, seen);
         atomic_fetch_add(&p->done, 1);
@@ -134,7 +135,7 @@ static void run(struct cpu_pool *p, pool_fn fn, void *ctx, bool shared) {
     for (int i = 0; i < p->n_threads - 1; i++) {
         struct pool_worker *w = &p->workers[i];
         if (shared) {
-            uint32_t c = atomic_load(&w->claim);
+            uint64_t c = atomic_load(&w->claim);
             if (c != CLAIM_STARTED(e) && atomic_compare_exchange_strong(&w->claim, &c, CLAIM_SKIPPED(e)))
                 continue; /* skipped: it will not touch this run */
         }
@@ -169,7 +170,7 @@ void pool_barrier(struct cpu_pool *p) {
 
 void pool_free(struct cpu_pool *p) {
     if (!p) return;
-    p->quit = true;
+    atomic_store(&p->quit, true);
     atomic_fetch_add(&p->epoch, 1);
     futex_wake_all(&p->epoch);
     for (int i = 0; i < p->n_started; i++) pthread_join(p->threads[i], NULL);
