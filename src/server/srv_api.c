@@ -280,6 +280,11 @@ struct srv_stream {
     struct srv_buf out; /* formatted bytes not yet handed to the connection */
     size_t off;
     size_t text_offset; /* bytes of completion text so far (completions logprobs) */
+    /* A text chunk without logprobs, as compact JSON made once by jansson, split where
+     * the text goes: every token's event is head + escaped text + tail, with no JSON
+     * tree built per token. */
+    char *tmpl;
+    size_t tmpl_head, tmpl_len;
 };
 
 /* A chunk's envelope: {"id", "object", "created", "model", "choices": [choice]} with
@@ -324,10 +329,44 @@ static json_t *choice_completion(const char *text, size_t len, json_t *logprobs,
                      finish ? json_string(finish) : json_null());
 }
 
+/* Makes st->tmpl; false when out of memory. */
+static bool stream_template(struct srv_stream *st) {
+    bool chat = st->kind == SRV_KIND_CHAT;
+    json_t *choice = chat ? choice_chat(json_pack("{s:s}", "content", ""), NULL, NULL)
+                          : choice_completion("", 0, NULL, NULL);
+    json_t *chunk = chunk_new(st, choice);
+    char *t = chunk ? json_dumps(chunk, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(chunk);
+    /* Keys and values before the text are escaped, so the marker's quotes are JSON's. */
+    const char *marker = chat ? "\"content\":\"\"" : "\"text\":\"\"";
+    const char *at = t ? strstr(t, marker) : NULL;
+    if (!at) {
+        free(t);
+        return false;
+    }
+    st->tmpl = t;
+    st->tmpl_head = (size_t)(at - t) + strlen(marker) - 1; /* through the opening quote */
+    st->tmpl_len = strlen(t);
+    return true;
+}
+
 static void stream_event(struct srv_stream *st, const struct srv_event *ev) {
     const char *text = ev->text ? ev->text : "";
     bool with_lp = st->logprobs >= 0 && ev->token >= 0;
     if (!ev->text_len && !with_lp) return;
+    if (!with_lp && srv_utf8_valid(text, ev->text_len)) {
+        if (!st->tmpl && !stream_template(st)) {
+            st->out.failed = true;
+            return;
+        }
+        srv_buf_append(&st->out, "data: ", 6);
+        srv_buf_append(&st->out, st->tmpl, st->tmpl_head);
+        srv_buf_json_escaped(&st->out, text, ev->text_len);
+        srv_buf_append(&st->out, st->tmpl + st->tmpl_head, st->tmpl_len - st->tmpl_head);
+        srv_buf_append(&st->out, "\n\n", 2);
+        st->text_offset += ev->text_len;
+        return;
+    }
     json_t *choice;
     if (st->kind == SRV_KIND_CHAT) {
         json_t *lp = NULL;
@@ -423,6 +462,7 @@ void srv_stream_free(struct srv_stream *st) {
     srv_req_release(st->req);
     atomic_fetch_sub(&st->app->in_flight, 1);
     srv_buf_free(&st->out);
+    free(st->tmpl);
     free(st);
 }
 
