@@ -13,7 +13,7 @@
 // --raw: a minimal HTTP/SSE client (node:http, counting `data:` events) instead of the
 // official `openai` client, to see what the client library itself costs.
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
@@ -76,6 +76,26 @@ async function schedCounters(port) {
   return v;
 }
 
+// Per thread group of the server: CPU seconds and involuntary context switches (the
+// scheduler thread "llmopt-sched", the HTTP threads "MHD-*", the rest).
+function threadStats(pid) {
+  const out = { sched: { cpu: 0, preempt: 0 }, http: { cpu: 0, preempt: 0 }, other: { cpu: 0, preempt: 0 } };
+  let tids = [];
+  try { tids = readdirSync(`/proc/${pid}/task`); } catch { return out; }
+  for (const tid of tids) {
+    try {
+      const comm = readFileSync(`/proc/${pid}/task/${tid}/comm`, 'utf8').trim();
+      const st = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+      const v = st.slice(st.lastIndexOf(')') + 2).split(' ');
+      const sw = readFileSync(`/proc/${pid}/task/${tid}/status`, 'utf8').match(/nonvoluntary_ctxt_switches:\s+(\d+)/);
+      const g = comm === 'llmopt-sched' ? out.sched : comm.startsWith('MHD') ? out.http : out.other;
+      g.cpu += (Number(v[11]) + Number(v[12])) / 100;
+      g.preempt += sw ? Number(sw[1]) : 0;
+    } catch { /* the thread ended */ }
+  }
+  return out;
+}
+
 const agent = new http.Agent({ keepAlive: true, maxSockets: 1024 });
 
 // One streamed completion with node:http; returns { text, tokens }.
@@ -135,7 +155,7 @@ async function main() {
 
   const measure = async (concurrent) => {
     const m0 = await schedCounters(srv.port);
-    const s0 = cpuSeconds(srv.pid), c0 = process.cpuUsage(), t0 = performance.now();
+    const s0 = cpuSeconds(srv.pid), th0 = threadStats(srv.pid), c0 = process.cpuUsage(), t0 = performance.now();
     let rs;
     if (concurrent) {
       rs = await Promise.all(prompts.map((p) => run(p)));
@@ -145,20 +165,24 @@ async function main() {
     }
     const secs = (performance.now() - t0) / 1000;
     const c1 = process.cpuUsage(c0);
-    const server_cpu = cpuSeconds(srv.pid) - s0;
+    const server_cpu = cpuSeconds(srv.pid) - s0, th1 = threadStats(srv.pid);
+    // HTTP threads of closed connections leave the task list: their CPU is what is left.
+    const sched_cpu = th1.sched.cpu - th0.sched.cpu, sched_preempt = th1.sched.preempt - th0.sched.preempt;
     const m1 = await schedCounters(srv.port);
     const d = Object.fromEntries(Object.keys(m1).map((k) => [k, m1[k] - (m0[k] ?? 0)]));
     const tokens = rs.reduce((a, r) => a + r.tokens, 0);
     return { tps: tokens / secs, secs, tokens, texts: rs.map((r) => r.text), sched: d,
-             server_cpu, client_cpu: (c1.user + c1.system) / 1e6 };
+             server_cpu, sched_cpu, sched_preempt, client_cpu: (c1.user + c1.system) / 1e6 };
   };
   const fmt = (r) => {
     const d = r.sched, ms = (x) => (1000 * (x ?? 0)).toFixed(0);
     const steps = d.steps ? `\n      scheduler: ${d.steps} steps, ${(d.batch_tokens / d.steps).toFixed(1)} tokens/step; ` +
       `ms in batch ${ms(d.batch)}, forward ${ms(d.forward)} (${(1e6 * d.forward / d.steps).toFixed(0)} us/step), ` +
       `sample ${ms(d.sample)} (${(1e6 * d.sample / d.logit_rows).toFixed(1)} us/row), retire ${ms(d.retire)}, idle ${ms(d.idle)}` : '';
-    return `${r.tps.toFixed(0)} tok/s (${r.tokens} tokens in ${r.secs.toFixed(2)} s; CPU s: server ` +
-           `${r.server_cpu.toFixed(2)}, client ${r.client_cpu.toFixed(2)})${steps}`;
+    const us = (x) => (1e6 * x / r.tokens).toFixed(0);
+    return `${r.tps.toFixed(0)} tok/s (${r.tokens} tokens in ${r.secs.toFixed(2)} s)\n      CPU us/token: server ` +
+           `${us(r.server_cpu)} (scheduler thread ${us(r.sched_cpu)}, the rest ${us(r.server_cpu - r.sched_cpu)}), ` +
+           `load client ${us(r.client_cpu)}; scheduler preempted ${r.sched_preempt} times${steps}`;
   };
   let same = true;
   const ratios = [];

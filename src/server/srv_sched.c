@@ -49,6 +49,7 @@ struct srv_req {
     size_t held_len;
     char *piece; /* held + the new piece, while matching */
     size_t piece_cap;
+    bool wake; /* events posted this step: signal the reader once the step's rows are done */
 
     /* Shared, under mu. */
     pthread_mutex_t mu;
@@ -285,7 +286,7 @@ static void req_post(struct srv_req *r, const char *text, size_t len, const stru
     pthread_mutex_lock(&r->mu);
     if (r->ev_count < SRV_EVENT_CAP) {
         r->ev[(r->ev_head + r->ev_count++) % SRV_EVENT_CAP] = ev;
-        pthread_cond_signal(&r->cv);
+        r->wake = true;
     } else {
         free(ev.text); /* cannot happen: steps check req_has_room */
     }
@@ -562,6 +563,15 @@ static bool sched_step(struct srv_sched *s) {
     if (!st)
         for (int32_t j = 0; j < n_out; j++)
             req_sample(s, s->out_req[j], logits + (size_t)j * (size_t)s->n_vocab);
+    /* Readers are woken only now: a woken HTTP thread can take the core from the
+     * scheduler, and waking them one row at a time let that happen up to once a row. The
+     * event was queued under r->mu, so a reader either saw it or already waits. */
+    for (int32_t j = 0; j < n_out; j++) {
+        struct srv_req *r = s->out_req[j];
+        if (!r->wake) continue;
+        r->wake = false;
+        pthread_cond_signal(&r->cv);
+    }
     sched_lap(s, SRV_PHASE_SAMPLE);
     /* Retire what finished. */
     kept = 0;
@@ -687,6 +697,7 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
         return err->status;
     }
     s->thread_started = true;
+    pthread_setname_np(s->thread, "llmopt-sched"); /* for top, perf and bench/server_load.mjs */
     *out = s;
     return LLMOPT_OK;
 nomem:
