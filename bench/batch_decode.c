@@ -3,8 +3,9 @@
  * rows (one token per sequence, as the server's scheduler builds them); prints
  * microseconds per generated token for B = 1, 2, 4, ... (from -m to -b) and the speedup
  * over the first.
- * Times are the best of `reps` repetitions; with -t 1 they are also the calling
- * thread's CPU time, which other processes on a shared machine do not inflate.
+ * Times are the best of `reps` repetitions, wall and the calling thread's CPU time;
+ * with -t 1 the CPU time is the whole forward's, which other processes on a shared
+ * machine inflate least (its speedup is the one to read there).
  *
  *   bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS]
  */
@@ -106,8 +107,9 @@ int main(int argc, char **argv) {
     int32_t n_vocab = llmopt_model_n_vocab(m);
     printf("%s: %d decode steps after a 10-token prompt, %d threads, best of %d\n", argv[1], steps,
            threads, reps);
-    printf("%6s %14s %14s %10s\n", "batch", "us/token wall", "us/token cpu", "speedup");
-    double base = 0;
+    printf("%6s %14s %14s %13s %13s\n", "batch", "us/token wall", "us/token cpu", "speedup wall",
+           "speedup cpu");
+    double base = 0, base_cpu = 0;
     int rc = 0;
     for (int32_t B = min_b; B <= max_b && !rc; B = B * 2 > max_b && B < max_b ? max_b : B * 2) {
         double best_w = 1e30, best_c = 1e30;
@@ -118,8 +120,11 @@ int main(int argc, char **argv) {
             if (c < best_c) best_c = c;
         }
         double us = 1e6 * best_w / ((double)steps * B), usc = 1e6 * best_c / ((double)steps * B);
-        if (B == min_b) base = us;
-        printf("%6d %14.2f %14.2f %9.2fx\n", B, us, usc, base / us);
+        if (B == min_b) {
+            base = us;
+            base_cpu = usc;
+        }
+        printf("%6d %14.2f %14.2f %12.2fx %12.2fx\n", B, us, usc, base / us, base_cpu / usc);
     }
     llmopt_session_free(s);
     llmopt_model_free(m);
