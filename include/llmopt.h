@@ -152,7 +152,8 @@ struct llmopt_session_opts {
     int32_t n_ctx;   /* positions per sequence; 0: the model's training context, capped at 4096 */
     int32_t n_batch; /* max tokens per forward (prompt chunk); 0: 256 */
     int32_t n_slots; /* sequences at once; 0: 1 */
-    int32_t n_threads; /* CPU threads for kernels; 0: every CPU this process may use */
+    int32_t n_threads; /* CPU threads for kernels; 0: every CPU this process may use, at most
+                        * one per 16 MiB of weights read per token (tiny models: 1) */
     const char *backend; /* "cpu" (NULL or "": the default), "cpu-ref" or "cuda" */
 };
 

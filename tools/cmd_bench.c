@@ -131,7 +131,7 @@ int cmd_bench(int argc, char **argv) {
                roof, roof > 0 ? tg / roof : 0, cs.kernels_compiled, ru.ru_maxrss / 1024.0);
     } else {
         char thr[32];
-        snprintf(thr, sizeof thr, threads ? "%lld" : "all", threads);
+        snprintf(thr, sizeof thr, threads ? "%lld" : "auto", threads);
         printf("model           %s (program %s, backend %s, threads %s)\n", model_path, llmopt_model_program(model),
                backend ? backend : "cpu", thr);
         printf("prefill         %lld tokens: %.1f tok/s (median of %lld; time to first token %.1f ms)\n", n_prompt,

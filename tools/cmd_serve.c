@@ -63,7 +63,7 @@ int cmd_serve(int argc, char **argv) {
             o.prefill_chunk = (int32_t)n;
         } else if (!strcmp(arg, "--threads") || !strcmp(arg, "-t")) {
             if (!parse_long(v, 0, 4096, &n))
-                return usage_error("serve: --threads needs 0..4096 (0: every CPU), got '%s'", v);
+                return usage_error("serve: --threads needs 0..4096 (0: auto), got '%s'", v);
             o.n_threads = (int32_t)n;
         } else if (!strcmp(arg, "--programs")) {
             o.programs_dir = v;

@@ -9,10 +9,20 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+#include "base/cpu_features.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #define SESSION_BLOCK_SIZE 16
+/* n_threads 0 ("every CPU") gives a CPU session at most one thread per this many bytes
+ * of weights read per token. A tiny model's forward is tens of microseconds over ~85
+ * kernels, and a pool thread woken for each of them costs more than it saves: on
+ * stories260K (1 MiB) one thread decodes faster than two, alone (llmopt bench) and
+ * in the server's 32-row batches, where spinning pool workers also take the cores the
+ * HTTP threads need (docs/server.md, "Performance"). Models of tens of MiB and up keep
+ * every CPU. */
+#define SESSION_BYTES_PER_THREAD (16ull << 20)
 #define SESSION_MAX_CTX (1 << 20)
 
 struct llmopt_session {
@@ -109,6 +119,11 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         st = kv_cache_add_conv_state(s->kv, n_conv, conv_dims, conv_dims + n_conv, err);
         free(conv_dims);
         if (st) goto fail;
+    }
+    if (!o.n_threads && backend == &cpu_backend_ops) {
+        uint64_t enough = ir_weight_bytes_per_token(&m->ir) / SESSION_BYTES_PER_THREAD;
+        int cpus = cpu_features_get()->usable_cpus;
+        o.n_threads = enough < 1 ? 1 : enough < (uint64_t)cpus ? (int32_t)enough : cpus;
     }
     /* A Model Program carries the plan for its batch size; other sizes plan again. */
     const struct mem_plan *plan = m->plan && m->plan->n_max == o.n_batch ? m->plan : NULL;
