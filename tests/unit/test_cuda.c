@@ -475,6 +475,32 @@ static void test_norms_rope(void) {
         compare_graph(form ? "rope (shared cos/sin)" : "rope (per-token cos/sin)", &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
         gb_free(&b);
     }
+    /* rms_norm feeding only linears (x used again later): up to 8 rows the matvecs
+     * compute the norm themselves (the backend skips the norm kernel) */
+    static const enum ir_dtype wts[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
+    static const struct batch_spec small[] = {{1, 1, 1}, {3, 1, 1}, {8, 2, 1}, {1, 1, 1}};
+    setenv("LLMOPT_CUDA_FUSE_NORM", "1", 1); /* opt-in, read at prepare */
+    for (int k = 0; k < 4; k++) {
+        struct gb b;
+        gb_init(&b);
+        int64_t d = k == 3 ? 4096 : 512;
+        int32_t x = gb_source(&b, d, 3.0f);
+        int32_t nin[2] = {x, gb_param(&b, IR_DTYPE_F32, 0, d, 1.0f)};
+        int32_t h = gb_add(&b, IR_OP_RMS_NORM, nin, 2);
+        if (b.ok) b.g.nodes[h].attrs.value = 1e-6;
+        gb_infer(&b, h);
+        int32_t l1[2] = {h, gb_param(&b, wts[k], d, d, 1.0f)}, l2[3] = {h, gb_param(&b, IR_DTYPE_F32, d, d, 1.0f), x};
+        int32_t y1 = gb_infer(&b, gb_add(&b, IR_OP_LINEAR, l1, 2));
+        int32_t y2 = gb_add(&b, IR_OP_LINEAR, l2, 3); /* with a residual epilogue */
+        if (b.ok) b.g.nodes[y2].attrs.linear_flags = IR_LINEAR_RESIDUAL;
+        gb_infer(&b, y2);
+        int32_t y = gb_op2(&b, IR_OP_ADD, gb_op2(&b, IR_OP_ADD, y1, y2), x);
+        char what[64];
+        snprintf(what, sizeof what, "rms_norm d=%lld into %s matvec", (long long)d, ir_dtype_name(wts[k]));
+        compare_graph(what, &b, y, small, 4, 64, TOL_F32);
+        gb_free(&b);
+    }
+    unsetenv("LLMOPT_CUDA_FUSE_NORM");
 }
 
 static void test_layout_ops(void) {

@@ -134,6 +134,10 @@ struct cuda_state {
     uint64_t graph_clock;
     int32_t kernels_per_step;
     struct backend_stats stats;
+    /* rms_norm nodes whose every user is a linear reading them as x through the matvec:
+     * with <= CUDA_MATVEC_MAX_ROWS rows the norm runs inside those matvecs (prologue);
+     * only with $LLMOPT_CUDA_FUSE_NORM=1 */
+    bool *norm_into_matvec;       /* (n_nodes) */
     /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
      * kind of kernel (prefill and decode apart), printed to stderr at release */
     bool profile;
@@ -143,7 +147,7 @@ struct cuda_state {
     const char *prof_tag;         /* set by run_linear: which path the product took */
     struct cuda_prof_row prof[CUDA_PROF_ROWS];
     int32_t n_prof;
-    uint64_t prof_steps[2];
+    uint64_t prof_steps[2], prof_seen[2];
 };
 
 /* ---- shapes ------------------------------------------------------------------------- */
@@ -218,6 +222,19 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     const float *x = node_f32(s, n->in[0]);
     float *y = node_f32(s, i);
     if (rows <= 0) return LLMOPT_OK;
+    ep.norm_w = NULL;
+    ep.norm_eps = 0.0f;
+    if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[n->in[0]]) {
+        const struct ir_node *nn = &s->g->nodes[n->in[0]]; /* the rms_norm, not run: x is its input */
+        static const char *const nmv_tag[] = {"linear.matvec+rms_norm f32", "linear.matvec+rms_norm f16",
+                                              "linear.matvec+rms_norm bf16", "linear.matvec+rms_norm q8_0",
+                                              "linear.matvec+rms_norm q4_0"};
+        ep.norm_w = node_f32(s, nn->in[1]);
+        ep.norm_eps = (float)nn->attrs.value;
+        s->prof_tag = nmv_tag[w->dtype];
+        CU_TRY(cu_matvec(s->stream, w, node_f32(s, nn->in[0]), rows, y, &ep));
+        return LLMOPT_OK;
+    }
     static const char *const mv_tag[] = {"linear.matvec f32", "linear.matvec f16", "linear.matvec bf16",
                                          "linear.matvec q8_0", "linear.matvec q4_0"};
     if (rows <= CUDA_MATVEC_MAX_ROWS && cu_matvec_ok(w)) {
@@ -390,6 +407,7 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     case IR_OP_RMS_NORM:
     case IR_OP_LAYER_NORM: {
         int64_t d = eo->dims[eo->rank - 1], rows = d ? ir_extent_numel(eo) / d : 0;
+        if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[i]) return LLMOPT_OK; /* in the matvecs */
         CU_TRY(cu_norm(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]),
                        n->n_in > 2 ? node_f32(s, n->in[2]) : NULL, node_f32(s, i), rows, d,
                        (float)n->attrs.value, n->op == IR_OP_LAYER_NORM));
@@ -646,6 +664,61 @@ static enum llmopt_status compute_constants(struct cuda_state *s, struct llmopt_
     return LLMOPT_OK;
 }
 
+/* Marks the rms_norm nodes that the matvecs of their users can compute (see
+ * norm_into_matvec): f32 weight of the row's length, every user a linear that reads
+ * the norm as x only and whose weight the matvec takes. */
+static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    s->norm_into_matvec = (bool *)calloc((size_t)g->n_nodes, sizeof(bool));
+    if (!s->norm_into_matvec) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    /* opt-in: measured slower on the H200 (every block re-reads x for the sum of
+     * squares and waits at a barrier before streaming weights), see docs/cuda.md */
+    const char *e = getenv("LLMOPT_CUDA_FUSE_NORM");
+    if (!(e && !strcmp(e, "1"))) return LLMOPT_OK;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        s->norm_into_matvec[i] = n->op == IR_OP_RMS_NORM && n->n_in == 2 && !n->constant && i != g->output &&
+                                 n->shape.rank >= 1 && g->nodes[n->in[1]].dtype == IR_DTYPE_F32 &&
+                                 (g->nodes[n->in[1]].op != IR_OP_PARAM || g->nodes[n->in[1]].weight.dtype == IR_DTYPE_F32);
+    }
+    bool *used = (bool *)calloc((size_t)g->n_nodes, sizeof(bool));
+    if (!used) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++) {
+            int32_t src = n->in[k];
+            if (!s->norm_into_matvec[src]) continue;
+            used[src] = true;
+            bool ok = n->op == IR_OP_LINEAR && k == 0 && cu_matvec_ok(&s->weight[n->in[1]]) &&
+                      s->weight[n->in[1]].cols == g->nodes[src].shape.dims[g->nodes[src].shape.rank - 1].coef;
+            for (int k2 = 1; k2 < n->n_in; k2++) ok = ok && n->in[k2] != src;
+            if (!ok) s->norm_into_matvec[src] = false;
+        }
+    }
+    /* the norm's input must stay intact until its last matvec reads it: the memory plan
+     * keeps it only as long as some node uses it, so another user must come after */
+    int32_t *last_user = (int32_t *)calloc((size_t)g->n_nodes, sizeof(int32_t));
+    if (!last_user) {
+        free(used);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) last_user[g->nodes[i].in[k]] = i;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        if (!s->norm_into_matvec[i] || !used[i]) {
+            s->norm_into_matvec[i] = false;
+            continue;
+        }
+        const struct ir_node *n = &g->nodes[i], *xn = &g->nodes[n->in[0]];
+        bool x_kept = xn->op == IR_OP_PARAM || xn->op == IR_OP_INPUT ||
+                      (xn->op != IR_OP_RESHAPE && last_user[n->in[0]] > last_user[i]);
+        s->norm_into_matvec[i] = x_kept && g->nodes[n->in[1]].op == IR_OP_PARAM;
+    }
+    free(last_user);
+    free(used);
+    return LLMOPT_OK;
+}
+
 /* Scratch sizes over every batch size up to n_max. */
 static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
@@ -719,6 +792,7 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
         if (g->inputs[k] == IR_NONE)
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: the graph lacks input '%s'", ir_input_names[k]);
     if ((st = upload_weights(s, err))) return st;
+    if ((st = plan_norm_fusion(s, err))) return st;
     if ((st = size_scratch(s, err))) return st;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
@@ -961,6 +1035,7 @@ static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_ba
 
 /* Sums the time between consecutive node events of the step just finished. */
 static void profile_collect(struct cuda_state *s, int phase) {
+    if (!s->prof_seen[phase]++) return; /* the first step of a kind: cuBLAS and module start-up */
     s->prof_steps[phase]++;
     for (int32_t k = 0; k + 1 < s->prof_n_ev; k++) {
         float ms = 0.0f;
@@ -995,7 +1070,7 @@ static void profile_print(struct cuda_state *s) {
         qsort(s->prof, (size_t)s->n_prof, sizeof s->prof[0], prof_row_cmp);
         double total = 0;
         for (int32_t r = 0; r < s->n_prof; r++) total += s->prof[r].ms[ph];
-        fprintf(stderr, "cuda profile, %s: %llu steps, %.3f ms a step (eager, event per node)\n", phase_name[ph],
+        fprintf(stderr, "cuda profile, %s: %llu steps after the first, %.3f ms a step (eager, event per node)\n", phase_name[ph],
                 (unsigned long long)s->prof_steps[ph], total / (double)s->prof_steps[ph]);
         for (int32_t r = 0; r < s->n_prof; r++) {
             const struct cuda_prof_row *p = &s->prof[r];
@@ -1086,6 +1161,7 @@ static void cuda_release(void *state) {
     if (s->stream) cudaStreamDestroy(s->stream);
     cudaGetLastError();
     free(s->extent);
+    free(s->norm_into_matvec);
     free(s->weight);
     free(s->uploads);
     mem_plan_free(&s->plan);

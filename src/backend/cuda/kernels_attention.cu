@@ -35,6 +35,7 @@ static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int
 }
 
 __global__ void kv_append_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int t = blockIdx.x;
     int row_elems = a.n_kv_heads * a.head_dim;
     int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, a.slot[t], a.pos[t]);
@@ -48,6 +49,7 @@ __global__ void kv_append_kernel(struct cu_attention a) {
 }
 
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int64_t rowoff[ATT_CHUNK]; /* element offset of each position's K/V head row */
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
 }
 
 __global__ void attention_combine_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     const int h = blockIdx.x, t = blockIdx.y, Dh = a.head_dim;
     const int64_t th = (int64_t)t * a.n_heads + h;
     const float *part = a.part + th * a.splits * (Dh + 2);
@@ -178,16 +181,20 @@ __global__ void attention_combine_kernel(struct cu_attention a) {
 #define ATT_TQ 16      /* queries per block */
 #define ATT_TK 32      /* keys per shared-memory chunk (one per lane) */
 #define ATT_TDH 128    /* largest head dim of the tiled kernel */
-#define ATT_TTHREADS 128
+#define ATT_TTHREADS 256 /* 8 warps, 2 queries each */
 
 __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu_attention a) {
-    __shared__ float qs[ATT_TQ][ATT_TDH];
-    __shared__ float ks[ATT_TK][ATT_TDH + 1]; /* +1: lanes read a column of rows */
-    __shared__ float vs[ATT_TK][ATT_TDH];
-    __shared__ float ps[ATT_TQ][ATT_TK];
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    /* 16-byte aligned rows; K rows padded by 4 floats: the 8 lanes of a quarter-warp
+     * reading 16 bytes from 8 different rows hit 8 different groups of 4 banks */
+    __shared__ __align__(16) float qs[ATT_TQ][ATT_TDH];
+    __shared__ __align__(16) float ks[ATT_TK][ATT_TDH + 4];
+    __shared__ __align__(16) float vs[ATT_TK][ATT_TDH];
+    __shared__ __align__(16) float ps[ATT_TQ][ATT_TK];
     __shared__ int32_t tpos[ATT_TQ], tslot[ATT_TQ], tfirst[ATT_TQ];
     __shared__ int32_t slots[ATT_TQ], n_slots;
-    const int h = blockIdx.y, t0 = blockIdx.x * ATT_TQ, nq = min(ATT_TQ, a.n_tok - t0);
+    /* the last tiles (most keys in a prefill) first: less tail */
+    const int h = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * ATT_TQ, nq = min(ATT_TQ, a.n_tok - t0);
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     constexpr int nw = ATT_TTHREADS / CU_WARP, QPW = ATT_TQ / nw, DPL = ATT_TDH / CU_WARP;
     const int kvh = h / (a.n_heads / a.n_kv_heads), row_elems = a.n_kv_heads * Dh;
@@ -232,15 +239,16 @@ __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu
         for (int32_t c0 = lo; c0 <= hi; c0 += ATT_TK) {
             const int cn = min(ATT_TK, hi + 1 - c0);
             const int dq = Dh / 4;
-            for (int e = threadIdx.x; e < cn * dq; e += ATT_TTHREADS) {
+            for (int e = threadIdx.x; e < ATT_TK * dq; e += ATT_TTHREADS) {
                 int j = e / dq, d4 = (e % dq) * 4;
-                int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + j) * row_elems +
-                              (int64_t)kvh * Dh + d4;
-                float4 kv = *(const float4 *)(a.k_cache + off), vv = *(const float4 *)(a.v_cache + off);
-                ks[j][d4] = kv.x;
-                ks[j][d4 + 1] = kv.y;
-                ks[j][d4 + 2] = kv.z;
-                ks[j][d4 + 3] = kv.w;
+                float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv; /* rows past the chunk: zeros */
+                if (j < cn) {
+                    int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + j) *
+                                      row_elems + (int64_t)kvh * Dh + d4;
+                    kv = *(const float4 *)(a.k_cache + off);
+                    vv = *(const float4 *)(a.v_cache + off);
+                }
+                *(float4 *)&ks[j][d4] = kv;
                 *(float4 *)&vs[j][d4] = vv;
             }
             __syncthreads();
@@ -253,10 +261,16 @@ __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu
                 live[i] = q < nq && tslot[q] == slot && lane < cn && key >= tfirst[q] && key <= tpos[q];
                 dot[i] = 0.0f;
             }
-            for (int d = 0; d < Dh; d++) { /* d in order: the reference's sum */
-                const float kd = ks[lane][d];
+            for (int d = 0; d < Dh; d += 4) { /* d in order: the reference's sum */
+                const float4 kd = *(const float4 *)&ks[lane][d];
 #pragma unroll
-                for (int i = 0; i < QPW; i++) dot[i] += qs[warp + i * nw][d] * kd;
+                for (int i = 0; i < QPW; i++) {
+                    const float4 qd = *(const float4 *)&qs[warp + i * nw][d];
+                    dot[i] += qd.x * kd.x;
+                    dot[i] += qd.y * kd.y;
+                    dot[i] += qd.z * kd.z;
+                    dot[i] += qd.w * kd.w;
+                }
             }
 #pragma unroll
             for (int i = 0; i < QPW; i++) {
@@ -271,18 +285,25 @@ __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu
 #pragma unroll
                     for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
                 }
-                ps[warp + i * nw][lane] = p;
+                ps[warp + i * nw][lane] = p; /* 0 for keys past the chunk */
             }
             __syncwarp(); /* a warp reads back only its own queries' ps rows */
-            for (int j = 0; j < cn; j++) {
-                float v[DPL];
+            for (int j = 0; j < cn; j += 4) {
+                float v[4][DPL];
 #pragma unroll
-                for (int k = 0; k < DPL; k++) v[k] = lane + k * CU_WARP < Dh ? vs[j][lane + k * CU_WARP] : 0.0f;
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int k = 0; k < DPL; k++) v[u][k] = lane + k * CU_WARP < Dh ? vs[j + u][lane + k * CU_WARP] : 0.0f;
 #pragma unroll
                 for (int i = 0; i < QPW; i++) {
-                    const float p = ps[warp + i * nw][j];
+                    const float4 p = *(const float4 *)&ps[warp + i * nw][j];
 #pragma unroll
-                    for (int k = 0; k < DPL; k++) acc[i][k] += p * v[k];
+                    for (int k = 0; k < DPL; k++) {
+                        acc[i][k] += p.x * v[0][k];
+                        acc[i][k] += p.y * v[1][k];
+                        acc[i][k] += p.z * v[2][k];
+                        acc[i][k] += p.w * v[3][k];
+                    }
                 }
             }
             __syncthreads(); /* ks, vs rewritten by the next chunk */

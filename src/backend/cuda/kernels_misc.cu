@@ -29,6 +29,7 @@ static int64_t strided_numel(const struct cu_strided *s) {
 }
 
 __global__ void unary_kernel(int op, const float *x, float *o, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e < n) o[e] = cu_unary_apply(op, x[e]);
 }
@@ -40,12 +41,14 @@ cudaError_t cu_unary(cudaStream_t st, int op, const float *x, float *o, int64_t 
 }
 
 __global__ void binary_contig_kernel(int op, const float *a, const float *b, float *o, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e < n) o[e] = cu_binary_apply(op, a[e], b[e]);
 }
 
 __global__ void binary_strided_kernel(int op, const float *a, const float *b, float *o,
                                       struct cu_strided s, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t oa, ob;
@@ -66,6 +69,7 @@ cudaError_t cu_binary(cudaStream_t st, int op, const float *a, const float *b, f
 
 __global__ void strided_copy_kernel(const float *in, int64_t base, float *o, struct cu_strided s,
                                     int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t oa, ob;
@@ -226,6 +230,7 @@ cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer,
 /* rms_norm / layer_norm: one block per row */
 __global__ void norm_kernel(const float *x, const float *w, const float *b, float *o, int64_t d,
                             float eps, bool layer) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *orow = o + (int64_t)blockIdx.x * d;
@@ -259,6 +264,7 @@ cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float
 /* rope: one thread per (row, k < d/2) */
 __global__ void rope_kernel(const float *x, const float *c, const float *s, float *o, int64_t d,
                             struct cu_strided rows, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t half = d / 2, k = e % half, r = e / half;
