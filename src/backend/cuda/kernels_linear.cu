@@ -151,18 +151,20 @@ __global__ void __launch_bounds__(MV_THREADS)
         wrow[nr] = (const uint4 *)((const uint8_t *)w.data + (size_t)(jr[nr] * K * bytes_num / bytes_den));
     }
     const int64_t step = (int64_t)CU_WARP * ksplit;
-        /* the weights do not depend on the previous kernel: the first loads go out
-         * before the dependency wait (programmatic dependent launch) */
     uint4 raw[U][NR];
-    const int64_t first = (int64_t)ks * CU_WARP + lane;
-    if (j0 < n_out)
+    auto load = [&](int64_t c0) { /* U chunks of NR rows: U * NR loads in flight */
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int64_t c = first + u * step;
+            int64_t c = c0 + u * step;
             if (c < n_chunks)
 #pragma unroll
                 for (int nr = 0; nr < NR; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
         }
+    };
+    /* the weights do not depend on the previous kernel: the first loads go out before
+     * the dependency wait (programmatic dependent launch) */
+    const int64_t first = (int64_t)ks * CU_WARP + lane;
+    if (j0 < n_out) load(first);
     cu_pdl_wait();
     __shared__ float inv_rms[RMAX], red[32];
     if constexpr (NORM) { /* the rms_norm prologue: every x row's scale, by the whole block */
@@ -176,14 +178,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     }
     if (j0 < n_out) {
         for (int64_t c0 = first; c0 < n_chunks; c0 += step * U) {
-            if (c0 != first)
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    int64_t c = c0 + u * step;
-                    if (c < n_chunks)
-#pragma unroll
-                        for (int nr = 0; nr < NR; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
-                }
+            if (c0 != first) load(c0);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int64_t c = c0 + u * step;
