@@ -175,6 +175,13 @@ enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
 enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
                                          const int32_t *tokens, int32_t n, const float **logits,
                                          struct llmopt_err *err);
+/* Like llmopt_session_append, but returns only the greedy next token: the argmax of the
+ * last token's logits (NaN counts as -inf, the lowest id wins ties: the greedy
+ * sampler's choice without penalties). Backends that can (cuda) pick it on the device
+ * and copy back only the id; the others run append and scan the logits. */
+enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_t slot,
+                                                const int32_t *tokens, int32_t n, int32_t *next_id,
+                                                struct llmopt_err *err);
 int32_t llmopt_session_seq_len(const struct llmopt_session *s, int32_t slot);
 void llmopt_session_reset(struct llmopt_session *s, int32_t slot);
 int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s);

@@ -11,6 +11,8 @@
 
 #include "base/cpu_features.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,10 +150,11 @@ void llmopt_session_free(struct llmopt_session *s) {
     free(s);
 }
 
-enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
-                                          const int32_t *tokens, const int32_t *positions,
-                                          const int32_t *slots, int32_t n_out,
-                                          const int32_t *out_rows, const float **logits,
+/* One forward: logits back (ids NULL), or only each output row's greedy id (ids set;
+ * the backend offers run_argmax). */
+static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, const int32_t *tokens,
+                                          const int32_t *positions, const int32_t *slots, int32_t n_out,
+                                          const int32_t *out_rows, const float **logits, int32_t *ids,
                                           struct llmopt_err *err) {
     if (n < 1 || n > s->n_batch)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: %d tokens, batch holds 1..%d", n,
@@ -184,14 +187,25 @@ enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
         if (st) return st;
     }
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
-    enum llmopt_status st = s->backend->run(s->plan, &b, s->kv, logits, err);
+    enum llmopt_status st = ids ? s->backend->run_argmax(s->plan, &b, s->kv, ids, err)
+                                : s->backend->run(s->plan, &b, s->kv, logits, err);
     if (st) return st;
     for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
     return LLMOPT_OK;
 }
 
-enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
-                                         const int32_t *tokens, int32_t n, const float **logits,
+enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
+                                          const int32_t *tokens, const int32_t *positions,
+                                          const int32_t *slots, int32_t n_out,
+                                          const int32_t *out_rows, const float **logits,
+                                          struct llmopt_err *err) {
+    return session_forward(s, n, tokens, positions, slots, n_out, out_rows, logits, NULL, err);
+}
+
+/* Appends in n_batch chunks; the last chunk's last row gives logits, or its greedy id
+ * when id is set. */
+static enum llmopt_status session_append(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                         int32_t n, const float **logits, int32_t *id,
                                          struct llmopt_err *err) {
     if (slot < 0 || slot >= s->n_slots)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "slot %d not in [0, %d)", slot, s->n_slots);
@@ -207,11 +221,38 @@ enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
             s->chunk_slot[t] = slot;
         }
         int32_t last = chunk - 1;
-        enum llmopt_status st = llmopt_session_forward(s, chunk, tokens + done, s->chunk_pos,
-                                                       s->chunk_slot, 1, &last, logits, err);
+        bool final = done + chunk == n;
+        enum llmopt_status st = session_forward(s, chunk, tokens + done, s->chunk_pos, s->chunk_slot, 1, &last,
+                                                logits, final ? id : NULL, err);
         if (st) return st;
         done += chunk;
     }
+    return LLMOPT_OK;
+}
+
+enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
+                                         const int32_t *tokens, int32_t n, const float **logits,
+                                         struct llmopt_err *err) {
+    return session_append(s, slot, tokens, n, logits, NULL, err);
+}
+
+enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_t slot,
+                                                const int32_t *tokens, int32_t n, int32_t *next_id,
+                                                struct llmopt_err *err) {
+    if (s->backend->run_argmax) return session_append(s, slot, tokens, n, NULL, next_id, err);
+    const float *logits = NULL;
+    enum llmopt_status st = session_append(s, slot, tokens, n, &logits, NULL, err);
+    if (st) return st;
+    int32_t best = 0, n_vocab = s->model->n_vocab;
+    float best_logit = -INFINITY;
+    for (int32_t v = 0; v < n_vocab; v++) {
+        float l = logits[v] == INFINITY ? FLT_MAX : logits[v];
+        if (l > best_logit) { /* strict: the lowest id wins ties; NaN never wins */
+            best_logit = l;
+            best = v;
+        }
+    }
+    *next_id = best;
     return LLMOPT_OK;
 }
 
