@@ -230,26 +230,52 @@ static struct tpl_node *binary(struct parser *P, enum tpl_node_kind kind, int op
     return n;
 }
 
-static struct tpl_node *parse_not(struct parser *P);
-static struct tpl_node *parse_and(struct parser *P) {
-    struct tpl_node *e = parse_not(P);
-    while (e && tok_is_name(cur(P), "and")) {
+/* One left-associative binary level: operands from `next`, joined either by the
+ * keyword `word` (node `kind`, op 0) or by one of `ops` (node `kind`, op = the token's). */
+struct binary_level {
+    struct tpl_node *(*next)(struct parser *P);
+    enum tpl_node_kind kind;
+    const char *word;
+    enum tpl_op ops[4]; /* OP_NONE after the last */
+};
+
+static bool level_joins(const struct binary_level *L, const struct tpl_token *t) {
+    if (L->word) return tok_is_name(t, L->word);
+    for (size_t k = 0; k < LLMOPT_ARRAY_LEN(L->ops) && L->ops[k] != OP_NONE; k++)
+        if (tok_is_op(t, L->ops[k])) return true;
+    return false;
+}
+
+static struct tpl_node *parse_level(struct parser *P, const struct binary_level *L) {
+    struct tpl_node *e = L->next(P);
+    while (e && level_joins(L, cur(P))) {
         const struct tpl_token *t = cur(P);
         advance(P);
-        e = binary(P, N_AND, 0, t, e, parse_not(P));
+        e = binary(P, L->kind, L->word ? 0 : (int)t->op, t, e, L->next(P));
     }
     return e;
 }
 
-static struct tpl_node *parse_or(struct parser *P) {
-    struct tpl_node *e = parse_and(P);
-    while (e && tok_is_name(cur(P), "or")) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_OR, 0, t, e, parse_and(P));
-    }
-    return e;
-}
+static struct tpl_node *parse_and(struct parser *P);
+static struct tpl_node *parse_not(struct parser *P);
+static struct tpl_node *parse_concat(struct parser *P);
+static struct tpl_node *parse_pow(struct parser *P);
+static struct tpl_node *parse_unary_filtered(struct parser *P) { return parse_unary(P, true); }
+
+/* The binary levels of the grammar above, loosest first ('not', compare and concat
+ * have parsers of their own). */
+static const struct binary_level level_or = {parse_and, N_OR, "or", {OP_NONE}};
+static const struct binary_level level_and = {parse_not, N_AND, "and", {OP_NONE}};
+static const struct binary_level level_math1 = {parse_concat, N_BINOP, NULL, {OP_ADD, OP_SUB}};
+static const struct binary_level level_math2 = {parse_pow, N_BINOP, NULL,
+                                                {OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD}};
+static const struct binary_level level_pow = {parse_unary_filtered, N_BINOP, NULL, {OP_POW}};
+
+static struct tpl_node *parse_or(struct parser *P) { return parse_level(P, &level_or); }
+static struct tpl_node *parse_and(struct parser *P) { return parse_level(P, &level_and); }
+static struct tpl_node *parse_math1(struct parser *P) { return parse_level(P, &level_math1); }
+static struct tpl_node *parse_math2(struct parser *P) { return parse_level(P, &level_math2); }
+static struct tpl_node *parse_pow(struct parser *P) { return parse_level(P, &level_pow); }
 
 static struct tpl_node *parse_compare(struct parser *P);
 static struct tpl_node *parse_not(struct parser *P) {
@@ -270,7 +296,6 @@ static struct tpl_node *parse_not(struct parser *P) {
     return parse_compare(P);
 }
 
-static struct tpl_node *parse_math1(struct parser *P);
 static struct tpl_node *parse_compare(struct parser *P) {
     const struct tpl_token *start = cur(P);
     struct tpl_node *first = parse_math1(P);
@@ -327,18 +352,6 @@ static struct tpl_node *parse_compare(struct parser *P) {
     return vec_to_args(P, &v, n) ? n : NULL;
 }
 
-static struct tpl_node *parse_concat(struct parser *P);
-static struct tpl_node *parse_math1(struct parser *P) {
-    struct tpl_node *e = parse_concat(P);
-    while (e && (tok_is_op(cur(P), OP_ADD) || tok_is_op(cur(P), OP_SUB))) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_BINOP, t->op, t, e, parse_concat(P));
-    }
-    return e;
-}
-
-static struct tpl_node *parse_math2(struct parser *P);
 static struct tpl_node *parse_concat(struct parser *P) {
     const struct tpl_token *start = cur(P);
     struct tpl_node *first = parse_math2(P);
@@ -359,28 +372,6 @@ static struct tpl_node *parse_concat(struct parser *P) {
         return NULL;
     }
     return vec_to_args(P, &v, n) ? n : NULL;
-}
-
-static struct tpl_node *parse_pow(struct parser *P);
-static struct tpl_node *parse_math2(struct parser *P) {
-    struct tpl_node *e = parse_pow(P);
-    while (e && (tok_is_op(cur(P), OP_MUL) || tok_is_op(cur(P), OP_DIV) ||
-                 tok_is_op(cur(P), OP_FLOORDIV) || tok_is_op(cur(P), OP_MOD))) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_BINOP, t->op, t, e, parse_pow(P));
-    }
-    return e;
-}
-
-static struct tpl_node *parse_pow(struct parser *P) {
-    struct tpl_node *e = parse_unary(P, true);
-    while (e && tok_is_op(cur(P), OP_POW)) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_BINOP, OP_POW, t, e, parse_unary(P, true));
-    }
-    return e;
 }
 
 static struct tpl_node *parse_unary(struct parser *P, bool with_filter) {
