@@ -560,31 +560,46 @@ static struct tpl_node *parse_postfix(struct parser *P, struct tpl_node *node) {
     return node;
 }
 
-/* A filter name (dotted names allowed) and optional call arguments; input may be
- * NULL for {% filter %} / {% set x | f %} chains. */
-static struct tpl_node *parse_filter(struct parser *P, struct tpl_node *input) {
-    const struct tpl_token *t = cur(P); /* the name */
+/* A node `kind` at `at` over `input`, named by the name token at cur(P) (consumed);
+ * `expected` says what was wanted when there is none. */
+static struct tpl_node *name_node(struct parser *P, enum tpl_node_kind kind, const struct tpl_token *at,
+                                  struct tpl_node *input, const char *expected) {
+    const struct tpl_token *t = cur(P);
     if (t->kind != TK_NAME) {
-        fail_expected(P, "a filter name");
+        fail_expected(P, expected);
         return NULL;
     }
-    struct tpl_node *n = new_node(P, N_FILTER, t);
+    struct tpl_node *n = new_node(P, kind, at);
     if (!n) return NULL;
     n->a = input;
     n->name = t->text;
     advance(P);
+    return n;
+}
+
+/* Resolves n->name through `lookup` (tpl_filter_lookup or tpl_test_lookup) into n->op;
+ * an unknown or unsupported name is an error at `t` naming `what` ("filter", "test"). */
+static bool resolve_name(struct parser *P, const struct tpl_token *t, struct tpl_node *n,
+                         int (*lookup)(struct tpl_str name, bool *known), const char *what) {
+    bool known = false;
+    n->op = lookup(n->name, &known);
+    if (n->op >= 0) return true;
+    fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, known ? "%s '%.*s' is not supported by llmopt" : "unknown %s '%.*s'",
+            what, (int)(n->name.len > 60 ? 60 : n->name.len), n->name.ptr);
+    return false;
+}
+
+/* A filter name (dotted names allowed) and optional call arguments; input may be
+ * NULL for {% filter %} / {% set x | f %} chains. */
+static struct tpl_node *parse_filter(struct parser *P, struct tpl_node *input) {
+    const struct tpl_token *t = cur(P); /* the name */
+    struct tpl_node *n = name_node(P, N_FILTER, t, input, "a filter name");
+    if (!n) return NULL;
     if (tok_is_op(cur(P), OP_DOT)) {
         fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, "dotted filter names are not supported");
         return NULL;
     }
-    bool known = false;
-    n->op = tpl_filter_lookup(n->name, &known);
-    if (n->op < 0) {
-        fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, known ? "filter '%.*s' is not supported by llmopt"
-                                                    : "unknown filter '%.*s'",
-                (int)(n->name.len > 60 ? 60 : n->name.len), n->name.ptr);
-        return NULL;
-    }
+    if (!resolve_name(P, t, n, tpl_filter_lookup, "filter")) return NULL;
     if (tok_is_op(cur(P), OP_LPAREN) && !parse_call_args(P, n)) return NULL;
     return n;
 }
@@ -597,24 +612,10 @@ static struct tpl_node *parse_test(struct parser *P, struct tpl_node *input) {
         negated = true;
         advance(P);
     }
-    const struct tpl_token *t = cur(P);
-    if (t->kind != TK_NAME) {
-        fail_expected(P, "a test name after 'is'");
-        return NULL;
-    }
-    struct tpl_node *n = new_node(P, N_TEST, is_tok);
+    const struct tpl_token *t = cur(P); /* the name */
+    struct tpl_node *n = name_node(P, N_TEST, is_tok, input, "a test name after 'is'");
     if (!n) return NULL;
-    n->a = input;
-    n->name = t->text;
-    advance(P);
-    bool known = false;
-    n->op = tpl_test_lookup(n->name, &known);
-    if (n->op < 0) {
-        fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, known ? "test '%.*s' is not supported by llmopt"
-                                                    : "unknown test '%.*s'",
-                (int)(n->name.len > 60 ? 60 : n->name.len), n->name.ptr);
-        return NULL;
-    }
+    if (!resolve_name(P, t, n, tpl_test_lookup, "test")) return NULL;
     const struct tpl_token *a = cur(P);
     if (tok_is_op(a, OP_LPAREN)) {
         if (!parse_call_args(P, n)) return NULL;
