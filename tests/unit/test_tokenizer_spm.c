@@ -1,6 +1,7 @@
 /* SentencePiece-style BPE tokenizer: exact ids against sentencepiece / llama.cpp
  * references, a naive O(n^2) merge oracle, round trips, the streaming detokenizer
  * and error paths (including malformed vocabularies built in memory). */
+#include "base/utf8.h"
 #include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
@@ -311,26 +312,6 @@ static uint32_t rng_next(uint64_t *state) {
     return (uint32_t)(*state >> 33);
 }
 
-static size_t put_code_point(char *out, uint32_t cp) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | cp >> 12);
-        out[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | cp >> 18);
-    out[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-    out[2] = (char)(0x80 | (cp >> 6 & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 /* Random valid UTF-8 (any code point but surrogates and U+2581, which decodes to a
  * space by design) round-trips; random bytes never give an invalid chunk. */
 static void test_random_text(void) {
@@ -349,7 +330,7 @@ static void test_random_text(void) {
             else if (r < 7) cp = 0x800 + rng_next(&rng) % (0x10000 - 0x800);
             else cp = 0x10000 + rng_next(&rng) % (0x110000 - 0x10000);
             if ((cp >= 0xd800 && cp <= 0xdfff) || cp == 0x2581) cp = ' ';
-            len += put_code_point(text + len, cp);
+            len += utf8_put(cp, text + len);
         }
         int32_t *ids = NULL;
         long n = encode_ids(v, text, len, round & 1, false, &ids);
