@@ -566,21 +566,20 @@ static void kv_u32(struct gguf_builder *b, const char *key, uint32_t val) {
     put_u32(b, val);
     b->n_kv++;
 }
-static void kv_i32s(struct gguf_builder *b, const char *key, const int32_t *xs, size_t n) {
+/* An array of n 4-byte elements of GGUF type `type`. */
+static void kv_array4(struct gguf_builder *b, const char *key, uint32_t type, const void *xs, size_t n) {
     put_str(b, key);
     put_u32(b, GGUF_TYPE_ARRAY);
-    put_u32(b, GGUF_TYPE_INT32);
+    put_u32(b, type);
     put_u64(b, n);
     put(b, xs, 4 * n);
     b->n_kv++;
 }
+static void kv_i32s(struct gguf_builder *b, const char *key, const int32_t *xs, size_t n) {
+    kv_array4(b, key, GGUF_TYPE_INT32, xs, n);
+}
 static void kv_f32s(struct gguf_builder *b, const char *key, const float *xs, size_t n) {
-    put_str(b, key);
-    put_u32(b, GGUF_TYPE_ARRAY);
-    put_u32(b, GGUF_TYPE_FLOAT32);
-    put_u64(b, n);
-    put(b, xs, 4 * n);
-    b->n_kv++;
+    kv_array4(b, key, GGUF_TYPE_FLOAT32, xs, n);
 }
 static const char *const tiny_tokens[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b",
                                           "ab", ("\xe2\x96\x81" "ab"), "ba"};
