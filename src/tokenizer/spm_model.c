@@ -278,13 +278,7 @@ int tok_fuzz_spm_model(const uint8_t *data, size_t size) {
     struct llmopt_err err;
     if (tok_vocab_from_spm_model(data, size, &v, &err) != LLMOPT_OK) return 0;
     static const char text[] = "Hello wörld <s> 日本 😀\n";
-    int32_t ids[128];
-    size_t n = 0;
-    if (tok_encode(v, text, sizeof text - 1, false, true, ids, 128, &n, &err) == LLMOPT_OK) {
-        char out[512];
-        size_t got;
-        (void)tok_decode(v, ids, n < 128 ? n : 128, out, sizeof out, &got, &err);
-    }
+    tok_fuzz_round_trip(v, text, sizeof text - 1);
     tok_vocab_free(v);
     return 0;
 }
