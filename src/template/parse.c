@@ -839,6 +839,16 @@ static struct tpl_node *parse_filter_chain(struct parser *P) {
 
 static struct tpl_node *parse_statement(struct parser *P);
 
+/* The body of block n (opened by t) up to its one end tag `end` ("endset", ...), then
+ * the end tag's closing '%}'; n, or NULL on an error. */
+static struct tpl_node *parse_block_body(struct parser *P, struct tpl_node *n, const struct tpl_token *t,
+                                         const char *end) {
+    const char *const ends[] = {end, NULL};
+    if (!parse_body(P, &n->body, ends, t)) return NULL;
+    advance(P);
+    return expect_block_end(P) ? n : NULL;
+}
+
 static bool parse_body(struct parser *P, struct tpl_body *body, const char *const *end_tags,
                        const struct tpl_token *opener) {
     struct node_vec v = {0};
@@ -996,10 +1006,7 @@ static struct tpl_node *parse_statement(struct parser *P) {
             if (!(n->a = parse_filter_chain(P))) return NULL;
         }
         if (!expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endset", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endset");
     }
     if (tok_is_name(t, "macro")) {
         if (!(n = new_node(P, N_MACRO, t))) return NULL;
@@ -1077,10 +1084,7 @@ static struct tpl_node *parse_statement(struct parser *P) {
         if (!(n = new_node(P, N_FILTER_BLOCK, t))) return NULL;
         advance(P);
         if (!(n->a = parse_filter_chain(P)) || !expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endfilter", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endfilter");
     }
     if (tok_is_name(t, "with")) {
         if (!(n = new_node(P, N_WITH, t))) return NULL;
@@ -1117,20 +1121,14 @@ static struct tpl_node *parse_statement(struct parser *P) {
         memcpy(n->args, vals, count * sizeof *vals);
         n->n_targets = n->n_args = count;
         if (!expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endwith", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endwith");
     }
     if (tok_is_name(t, "generation")) {
         /* transformers' AssistantTracker: marks assistant text for masks; renders its body. */
         if (!(n = new_node(P, N_SCOPE, t))) return NULL;
         advance(P);
         if (!expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endgeneration", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endgeneration");
     }
     static const char *const unsupported[] = {"include", "import", "from", "extends", "block", "call",
                                               "do", "autoescape", "trans", "pluralize", "raw", NULL};
