@@ -2,8 +2,11 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char cli_usage_text[] =
     "usage: llmopt COMMAND ...\n"
@@ -76,5 +79,43 @@ bool parse_float(const char *s, float *out) {
 const char *option_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) return NULL;
     return argv[++*i];
+}
+
+/* "CMD: OPTION needs WHAT, got 'V'" as a usage error. */
+static int bad_option_value(const char *cmd, const char *need, const char *v) {
+    char fmt[128];
+    snprintf(fmt, sizeof fmt, "%s: %s, got '%%s'", cmd, need);
+    return usage_error(fmt, v);
+}
+
+int cli_sampling_option(const char *cmd, const char *arg, const char *v, struct llmopt_sampling *s,
+                        bool *seed_given) {
+    long long n;
+    if (!strcmp(arg, "--temp")) {
+        if (!parse_float(v, &s->temperature)) return bad_option_value(cmd, "--temp needs a number", v);
+    } else if (!strcmp(arg, "--top-k")) {
+        if (!parse_long(v, INT32_MIN, INT32_MAX, &n))
+            return bad_option_value(cmd, "--top-k needs an integer", v);
+        s->top_k = (int32_t)n;
+    } else if (!strcmp(arg, "--top-p")) {
+        if (!parse_float(v, &s->top_p)) return bad_option_value(cmd, "--top-p needs a number", v);
+    } else if (!strcmp(arg, "--min-p")) {
+        if (!parse_float(v, &s->min_p)) return bad_option_value(cmd, "--min-p needs a number", v);
+    } else if (!strcmp(arg, "--repeat-penalty")) {
+        if (!parse_float(v, &s->repeat_penalty))
+            return bad_option_value(cmd, "--repeat-penalty needs a number", v);
+    } else if (!strcmp(arg, "--repeat-last-n")) {
+        if (!parse_long(v, -1, INT32_MAX, &n))
+            return bad_option_value(cmd, "--repeat-last-n needs an integer >= -1", v);
+        s->repeat_last_n = (int32_t)n;
+    } else if (!strcmp(arg, "--seed") || !strcmp(arg, "-s")) {
+        if (!parse_long(v, 0, LLONG_MAX, &n))
+            return bad_option_value(cmd, "--seed needs an integer >= 0", v);
+        s->seed = (uint64_t)n;
+        *seed_given = true;
+    } else {
+        return -1;
+    }
+    return 0;
 }
 

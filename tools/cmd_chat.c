@@ -247,7 +247,6 @@ int cmd_chat(int argc, char **argv) {
     llmopt_sampling_default(&a.sampling);
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
-        long long n;
         if (!strcmp(arg, "-v") || !strcmp(arg, "--verbose")) { a.verbose = true; continue; }
         if (arg[0] != '-' || !arg[1]) {
             if (a.model) return usage_error("chat: unexpected argument '%s'", arg);
@@ -255,6 +254,9 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         if (!(v = option_value(argc, argv, &i))) return usage_error("chat: option '%s' needs a value", arg);
+        int sr = cli_sampling_option("chat", arg, v, &a.sampling, &a.seed_given);
+        if (sr > 0) return sr;
+        if (sr == 0) continue;
         if (!strcmp(arg, "--system")) a.system = v;
         else if (!strcmp(arg, "--chat-template")) a.template_path = v;
         else if (!strcmp(arg, "--extra")) a.extra = v;
@@ -263,24 +265,6 @@ int cmd_chat(int argc, char **argv) {
             if (!parse_long(v, 1, INT32_MAX, &a.n_predict)) return usage_error("chat: -n needs a count >= 1, got '%s'", v);
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
             if (!parse_long(v, 1, 1 << 20, &a.n_ctx)) return usage_error("chat: --ctx needs 1..1048576, got '%s'", v);
-        } else if (!strcmp(arg, "--temp")) {
-            if (!parse_float(v, &a.sampling.temperature)) return usage_error("chat: --temp needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--top-k")) {
-            if (!parse_long(v, INT32_MIN, INT32_MAX, &n)) return usage_error("chat: --top-k needs an integer, got '%s'", v);
-            a.sampling.top_k = (int32_t)n;
-        } else if (!strcmp(arg, "--top-p")) {
-            if (!parse_float(v, &a.sampling.top_p)) return usage_error("chat: --top-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--min-p")) {
-            if (!parse_float(v, &a.sampling.min_p)) return usage_error("chat: --min-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-penalty")) {
-            if (!parse_float(v, &a.sampling.repeat_penalty)) return usage_error("chat: --repeat-penalty needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-last-n")) {
-            if (!parse_long(v, -1, INT32_MAX, &n)) return usage_error("chat: --repeat-last-n needs an integer >= -1, got '%s'", v);
-            a.sampling.repeat_last_n = (int32_t)n;
-        } else if (!strcmp(arg, "--seed") || !strcmp(arg, "-s")) {
-            if (!parse_long(v, 0, LLONG_MAX, &n)) return usage_error("chat: --seed needs an integer >= 0, got '%s'", v);
-            a.sampling.seed = (uint64_t)n;
-            a.seed_given = true;
         } else {
             return usage_error("chat: unknown option '%s'", arg);
         }

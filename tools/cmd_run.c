@@ -37,7 +37,6 @@ int cmd_run(int argc, char **argv) {
     llmopt_sampling_default(&a.sampling);
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
-        long long n;
         if (!strcmp(arg, "--ids")) { a.ids = true; continue; }
         if (!strcmp(arg, "-v") || !strcmp(arg, "--verbose")) { a.verbose = true; continue; }
         if (arg[0] != '-' || !arg[1]) {
@@ -46,6 +45,9 @@ int cmd_run(int argc, char **argv) {
             continue;
         }
         if (!(v = option_value(argc, argv, &i))) return usage_error("run: option '%s' needs a value", arg);
+        int sr = cli_sampling_option("run", arg, v, &a.sampling, &a.seed_given);
+        if (sr > 0) return sr;
+        if (sr == 0) continue;
         if (!strcmp(arg, "-p") || !strcmp(arg, "--prompt")) a.prompt = v;
         else if (!strcmp(arg, "--prompt-ids")) a.prompt_ids = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
@@ -54,24 +56,6 @@ int cmd_run(int argc, char **argv) {
             if (!parse_long(v, 0, INT32_MAX, &a.n_predict)) return usage_error("run: -n needs a count >= 0, got '%s'", v);
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
             if (!parse_long(v, 1, 1 << 20, &a.n_ctx)) return usage_error("run: --ctx needs 1..1048576, got '%s'", v);
-        } else if (!strcmp(arg, "--temp")) {
-            if (!parse_float(v, &a.sampling.temperature)) return usage_error("run: --temp needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--top-k")) {
-            if (!parse_long(v, INT32_MIN, INT32_MAX, &n)) return usage_error("run: --top-k needs an integer, got '%s'", v);
-            a.sampling.top_k = (int32_t)n;
-        } else if (!strcmp(arg, "--top-p")) {
-            if (!parse_float(v, &a.sampling.top_p)) return usage_error("run: --top-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--min-p")) {
-            if (!parse_float(v, &a.sampling.min_p)) return usage_error("run: --min-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-penalty")) {
-            if (!parse_float(v, &a.sampling.repeat_penalty)) return usage_error("run: --repeat-penalty needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-last-n")) {
-            if (!parse_long(v, -1, INT32_MAX, &n)) return usage_error("run: --repeat-last-n needs an integer >= -1, got '%s'", v);
-            a.sampling.repeat_last_n = (int32_t)n;
-        } else if (!strcmp(arg, "--seed") || !strcmp(arg, "-s")) {
-            if (!parse_long(v, 0, LLONG_MAX, &n)) return usage_error("run: --seed needs an integer >= 0, got '%s'", v);
-            a.sampling.seed = (uint64_t)n;
-            a.seed_given = true;
         } else {
             return usage_error("run: unknown option '%s'", arg);
         }
