@@ -202,8 +202,9 @@ static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_poo
     free(q);
     free(out);
     free(scratch);
+    double bytes = 2.0 * ctx * (double)kv->row_bytes[0];
     kv_cache_free(kv);
-    return 2.0 * ctx * (double)kv->row_bytes[0] / t / 1e9;
+    return bytes / t / 1e9;
 }
 
 static double bench_rms_norm(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, int64_t rows,

@@ -275,6 +275,9 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
 /* Positions per online-softmax step (a multiple of VLEN): scores of one chunk for all
  * heads of a group stay in L1 together with the chunk's K and V rows. */
 #define KG_ATT_CHUNK 32
+#ifndef KG_Q8_WIDEN
+#define KG_Q8_WIDEN 1
+#endif
 
 /* KV rows are byte pointers to a head's first value in the cache's element type kt
  * (enum kv_dtype; a constant after inlining). VLEN values from value d on (d a
@@ -285,6 +288,15 @@ KG_INLINE vf kg_load_kv(const uint8_t *row, int64_t d, const int kt) {
     if (kt == KV_DTYPE_F16) return v_load_f16(row + 2 * d);
     const uint8_t *blk = row + d / KV_Q8_0_BLOCK * KV_Q8_0_BLOCK_BYTES;
     return v_mul(v_load_i8((const int8_t *)(blk + 2) + d % KV_Q8_0_BLOCK), v_set1_f16(blk));
+}
+
+/* dst[0..dh) = the q8_0 row at row (dh a multiple of 32): one scale per block. */
+KG_INLINE void kg_widen_q8_0(const uint8_t *row, int64_t dh, float *dst) {
+    for (int64_t b = 0; b < dh / KV_Q8_0_BLOCK; b++, row += KV_Q8_0_BLOCK_BYTES, dst += KV_Q8_0_BLOCK) {
+        const vf scale = v_set1_f16(row);
+#pragma GCC unroll 32
+        for (int i = 0; i < KV_Q8_0_BLOCK; i += VLEN) v_store(dst + i, v_mul(v_load_i8((const int8_t *)(row + 2) + i), scale));
+    }
 }
 
 KG_INLINE vf kg_load_kv_n(const uint8_t *row, int64_t d, int n, const int kt) {
@@ -488,6 +500,12 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
     float *sc = acc + nq_pad * dh;           /* (nq_pad, ld) scores of one chunk */
     float *mx = sc + nq_pad * ld;            /* (nq_pad) running max */
     float *l = mx + nq_pad;                  /* (nq_pad) running sum */
+    float *kwide = l + nq_pad;               /* (KG_ATT_CHUNK, dh) q8_0 K rows of a chunk as f32 */
+    float *vwide = kwide + KG_ATT_CHUNK * dh; /* (KG_ATT_CHUNK, dh) same for V */
+    /* q8_0 rows are widened once per chunk, then read as f32 by every query of the
+     * group: cheaper than dequantizing in each query's dot product (measured in
+     * bench/results/kv-types-2026-11-29.md). */
+    const int rt = kt == KV_DTYPE_Q8_0 && KG_Q8_WIDEN ? KV_DTYPE_F32 : kt; /* type the inner kernels read */
     const uint8_t *krows[KG_ATT_CHUNK + VLEN], *vrows[KG_ATT_CHUNK];
     const float *qp[CPU_ATT_QBLOCK * 16 + KG_QT];
     float *accp[CPU_ATT_QBLOCK * 16 + KG_QT];
@@ -510,6 +528,13 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
         int n = p_last + 1 - j0 < KG_ATT_CHUNK ? p_last + 1 - j0 : KG_ATT_CHUNK;
         kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, kv_dtype_bytes(kt, kvh * dh), krows);
         kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, kv_dtype_bytes(kt, kvh * dh), vrows);
+        if (rt != kt)
+            for (int jj = 0; jj < n; jj++) {
+                kg_widen_q8_0(krows[jj], dh, kwide + jj * dh);
+                kg_widen_q8_0(vrows[jj], dh, vwide + jj * dh);
+                krows[jj] = (const uint8_t *)(kwide + jj * dh);
+                vrows[jj] = (const uint8_t *)(vwide + jj * dh);
+            }
         /* rows past the last position repeat it: read by the vector dots, never used */
         for (int jj = n; jj < KG_ATT_CHUNK + VLEN; jj++) krows[jj] = krows[n - 1];
         int n_padded = (n + VLEN - 1) / VLEN * VLEN;
@@ -517,7 +542,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
             for (int64_t q0 = 0; q0 < nq_pad; q0 += KG_QT)
                 for (int jj = 0; jj < n_padded; jj += KG_PT) {
                     float tile[VLEN];
-                    v_store(tile, v_mul(kg_score_tile(qp + q0, krows + jj, dh, kt), vscale));
+                    v_store(tile, v_mul(kg_score_tile(qp + q0, krows + jj, dh, rt), vscale));
                     for (int aa = 0; aa < KG_QT; aa++)
                         for (int b = 0; b < KG_PT; b++) sc[(q0 + aa) * ld + jj + b] = tile[aa * KG_PT + b];
                 }
@@ -532,7 +557,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
                 const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
                 int m = hi - lo, m_padded = (m + VLEN - 1) / VLEN * VLEN;
                 for (int jj = 0; jj < m_padded; jj += VLEN)
-                    v_store(s + jj, v_mul(kg_dots(qv, krows + lo + jj, dh, kt), vscale));
+                    v_store(s + jj, v_mul(kg_dots(qv, krows + lo + jj, dh, rt), vscale));
                 for (int jj = m; jj < m_padded; jj++) s[jj] = -INFINITY;
                 float cmax = s[0];
                 for (int jj = 1; jj < m; jj++) cmax = s[jj] > cmax ? s[jj] : cmax;
@@ -545,7 +570,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
                     mx[q] = m_new;
                 }
                 l[q] += sum;
-                kg_weighted_sum(acc + q * dh, s, vrows + lo, m, dh, kt);
+                kg_weighted_sum(acc + q * dh, s, vrows + lo, m, dh, rt);
                 continue;
             }
             /* tiled: probabilities over [0, n) with zeros outside [lo, hi) */
@@ -571,7 +596,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
             for (int64_t q = nq; q < nq_pad; q++) /* padding queries: weights 0 */
                 for (int jj = 0; jj < n; jj++) sc[q * ld + jj] = 0.0f;
             for (int64_t q0 = 0; q0 < nq_pad; q0 += KG_QT)
-                kg_weighted_sum4(accp + q0, sc + q0 * ld, ld, vrows, n, dh, kt);
+                kg_weighted_sum4(accp + q0, sc + q0 * ld, ld, vrows, n, dh, rt);
         }
     }
     for (int64_t t = t0; t < t1; t++)
