@@ -80,9 +80,6 @@ static inline vf v_reduce_lanes(const vf *a) {
 static inline vf v_load_i8(const int8_t *p) {
     return (float)*p;
 }
-static inline vf v_load_i8_n(const int8_t *p, int n) {
-    return n > 0 ? (float)*p : 0.0f;
-}
 static inline vf v_set1_f16(const uint8_t *p) {
     return v_load_f16(p);
 }

@@ -6,7 +6,7 @@
  *   v_load(p) v_load_n(p, n)      f32 loads; _n: first n < VLEN lanes, the rest 0
  *   v_load_f16(p) v_load_f16_n    f16 / bf16 values at byte pointer p, widened
  *   v_load_bf16(p) v_load_bf16_n
- *   v_load_i8(p) v_load_i8_n      int8 values at p, widened (KV cache q8_0)
+ *   v_load_i8(p)                  VLEN int8 values at p, widened (KV cache q8_0)
  *   v_set1_f16(p)                 the f16 at byte pointer p in every lane
  *   v_store(p, v) v_store_n       stores (_n: first n lanes)
  *   v_add v_sub v_mul v_div v_max lane-wise
@@ -275,22 +275,18 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
 /* Positions per online-softmax step (a multiple of VLEN): scores of one chunk for all
  * heads of a group stay in L1 together with the chunk's K and V rows. */
 #define KG_ATT_CHUNK 32
-#ifndef KG_Q8_WIDEN
-#define KG_Q8_WIDEN 1
-#endif
-
-/* KV rows are byte pointers to a head's first value in the cache's element type kt
- * (enum kv_dtype; a constant after inlining). VLEN values from value d on (d a
- * multiple of VLEN): f32 and f16 widen directly; a q8_0 vector lies inside one block
- * of 32 (VLEN divides 32), its quants widened and times the block's f16 scale. */
+/* KV rows are byte pointers to a head's first value, f32 or f16 (kt, enum kv_dtype, a
+ * constant after inlining); VLEN values from value d on, widened in registers. */
 KG_INLINE vf kg_load_kv(const uint8_t *row, int64_t d, const int kt) {
-    if (kt == KV_DTYPE_F32) return v_load((const float *)(const void *)row + d);
-    if (kt == KV_DTYPE_F16) return v_load_f16(row + 2 * d);
-    const uint8_t *blk = row + d / KV_Q8_0_BLOCK * KV_Q8_0_BLOCK_BYTES;
-    return v_mul(v_load_i8((const int8_t *)(blk + 2) + d % KV_Q8_0_BLOCK), v_set1_f16(blk));
+    return kt == KV_DTYPE_F16 ? v_load_f16(row + 2 * d) : v_load((const float *)(const void *)row + d);
 }
 
-/* dst[0..dh) = the q8_0 row at row (dh a multiple of 32): one scale per block. */
+KG_INLINE vf kg_load_kv_n(const uint8_t *row, int64_t d, int n, const int kt) {
+    return kt == KV_DTYPE_F16 ? v_load_f16_n(row + 2 * d, n) : v_load_n((const float *)(const void *)row + d, n);
+}
+
+/* dst[0..dh) = the q8_0 row at row (dh a multiple of 32; VLEN divides 32): each
+ * block's quants widened and times its f16 scale. */
 KG_INLINE void kg_widen_q8_0(const uint8_t *row, int64_t dh, float *dst) {
     for (int64_t b = 0; b < dh / KV_Q8_0_BLOCK; b++, row += KV_Q8_0_BLOCK_BYTES, dst += KV_Q8_0_BLOCK) {
         const vf scale = v_set1_f16(row);
@@ -299,12 +295,6 @@ KG_INLINE void kg_widen_q8_0(const uint8_t *row, int64_t dh, float *dst) {
     }
 }
 
-KG_INLINE vf kg_load_kv_n(const uint8_t *row, int64_t d, int n, const int kt) {
-    if (kt == KV_DTYPE_F32) return v_load_n((const float *)(const void *)row + d, n);
-    if (kt == KV_DTYPE_F16) return v_load_f16_n(row + 2 * d, n);
-    const uint8_t *blk = row + d / KV_Q8_0_BLOCK * KV_Q8_0_BLOCK_BYTES;
-    return v_mul(v_load_i8_n((const int8_t *)(blk + 2) + d % KV_Q8_0_BLOCK, n), v_set1_f16(blk));
-}
 
 /* out[j] = dot(q, rows[j]) for the VLEN rows at rows[0..VLEN): one vector of partial
  * sums per row, reduced all at once (v_reduce_lanes) rather than one horizontal sum
@@ -503,9 +493,9 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
     float *kwide = l + nq_pad;               /* (KG_ATT_CHUNK, dh) q8_0 K rows of a chunk as f32 */
     float *vwide = kwide + KG_ATT_CHUNK * dh; /* (KG_ATT_CHUNK, dh) same for V */
     /* q8_0 rows are widened once per chunk, then read as f32 by every query of the
-     * group: cheaper than dequantizing in each query's dot product (measured in
+     * group: faster than dequantizing inside each query's dot product (measured in
      * bench/results/kv-types-2026-11-29.md). */
-    const int rt = kt == KV_DTYPE_Q8_0 && KG_Q8_WIDEN ? KV_DTYPE_F32 : kt; /* type the inner kernels read */
+    const int rt = kt == KV_DTYPE_Q8_0 ? KV_DTYPE_F32 : kt; /* type the inner kernels read */
     const uint8_t *krows[KG_ATT_CHUNK + VLEN], *vrows[KG_ATT_CHUNK];
     const float *qp[CPU_ATT_QBLOCK * 16 + KG_QT];
     float *accp[CPU_ATT_QBLOCK * 16 + KG_QT];
@@ -528,7 +518,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
         int n = p_last + 1 - j0 < KG_ATT_CHUNK ? p_last + 1 - j0 : KG_ATT_CHUNK;
         kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, kv_dtype_bytes(kt, kvh * dh), krows);
         kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, kv_dtype_bytes(kt, kvh * dh), vrows);
-        if (rt != kt)
+        if (kt == KV_DTYPE_Q8_0)
             for (int jj = 0; jj < n; jj++) {
                 kg_widen_q8_0(krows[jj], dh, kwide + jj * dh);
                 kg_widen_q8_0(vrows[jj], dh, vwide + jj * dh);
