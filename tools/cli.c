@@ -14,7 +14,7 @@ const char cli_usage_text[] =
     "commands:\n"
     "  run MODEL [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "            [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ctx N] [--ids] [-v]\n"
-    "            [--prompt-ids ID,ID,...]\n"
+    "            [--prompt-ids ID,ID,...] [--kv-type f16|q8_0|f32] [--backend cpu|cpu-ref|cuda]\n"
     "      generate text from a GGUF file, a Hugging Face directory or a compiled ENGINE_DIR\n"
     "  tokenize MODEL TEXT [--no-bos] [--no-special]\n"
     "      print token ids, space-separated; MODEL: a GGUF or a Hugging Face tokenizer\n"
@@ -24,16 +24,19 @@ const char cli_usage_text[] =
     "           [--extra JSON|@FILE] [--chat-template FILE]\n"
     "      print the prompt the chat template renders, exactly (docs/templates.md)\n"
     "  chat MODEL [--system TEXT] [--chat-template FILE] [--extra JSON|@FILE] [-n N] [--temp T]\n"
-    "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--ctx N] [-v]\n"
+    "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--ctx N]\n"
+    "       [--kv-type f16|q8_0|f32] [-v]\n"
     "      interactive chat (or one message per line from a pipe); /reset, /system TEXT, /exit\n"
     "  inspect FILE.gguf                  print metadata and the tensor table\n"
     "  serve MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel N] [--ctx TOKENS]\n"
-    "        [--chat-template FILE] [--max-body BYTES] [--queue N] [--prefill-chunk N] [-t N] [-v]\n"
+    "        [--chat-template FILE] [--max-body BYTES] [--queue N] [--prefill-chunk N] [-t N]\n"
+    "        [--kv-type f16|q8_0|f32] [-v]\n"
     "      OpenAI-compatible HTTP server with continuous batching (docs/server.md)\n"
-    "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--dump-ir] [--no-passes]\n"
+    "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--kv-type T] [--dump-ir] [--no-passes]\n"
     "      bind the stock program, run the passes, plan memory, write ENGINE_DIR/model.llmopt\n"
     "  check ENGINE_DIR/model.llmopt      validate a compiled Model Program\n"
-    "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B] [--json]\n"
+    "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B]\n"
+    "        [--kv-type f16|q8_0|f32] [--json]\n"
     "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction\n"
     "  probe [-o PROFILE.json] [--quick] [-t THREADS] | --show PROFILE.json\n"
     "      measure this machine (dispatch, bandwidth, FMA and int8 peaks) into a target profile\n"
@@ -42,7 +45,9 @@ const char cli_usage_text[] =
     "  quantize IN.gguf OUT.gguf TYPE [-t THREADS]\n"
     "      convert every matrix to TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k q4_k_m q5_k_m\n"
     "\n"
-    "common options: --programs DIR (stock programs; default: the build's programs/)\n";
+    "common options: --programs DIR (stock programs; default: the build's programs/)\n"
+    "KV cache: --kv-type f16 (default; a Model Program's recorded type wins), q8_0 (blocks of 32\n"
+    "          int8, head size a multiple of 32) or f32; CUDA's device cache is always f32\n";
 
 int usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "llmopt: ");

@@ -48,6 +48,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *profile = NULL, *backend = NULL;
     long long n_prompt = 512, n_gen = 128, reps = 3, threads = 0;
     bool as_json = false;
+    enum llmopt_kv_type kv_type = LLMOPT_KV_DEFAULT;
     for (int i = 0; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--json")) as_json = true;
@@ -61,6 +62,9 @@ int cmd_bench(int argc, char **argv) {
             if (!parse_long(v, 1, 1024, &threads)) return usage_error("bench: -t needs 1..1024, got '%s'", v);
         } else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) profile = v;
         else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) backend = v;
+        else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) {
+            if (!llmopt_kv_type_parse(v, &kv_type)) return usage_error("bench: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        }
         else if (argv[i][0] == '-') return usage_error("bench: unknown option or missing value '%s'", argv[i]);
         else if (!model_path) model_path = argv[i];
         else return usage_error("bench: unexpected argument '%s'", argv[i]);
@@ -79,7 +83,8 @@ int cmd_bench(int argc, char **argv) {
     struct llmopt_session_opts so = {.n_ctx = (int32_t)(n_prompt + n_gen + 1),
                                      .n_batch = (int32_t)(n_prompt < 512 ? n_prompt : 512),
                                      .n_threads = (int32_t)threads,
-                                     .backend = backend};
+                                     .backend = backend,
+                                     .kv_type = kv_type};
     if (llmopt_session_create(model, &so, &s, &err)) goto done;
     int32_t n_vocab = llmopt_model_n_vocab(model);
     /* a deterministic prompt of ordinary ids (the content does not change the cost) */
@@ -120,11 +125,13 @@ int cmd_bench(int argc, char **argv) {
                "\"n_gen\": %lld, \"reps\": %lld, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
                "\"ttft_ms\": %.3f, \"itl_ms_p50\": %.3f, \"itl_ms_p95\": %.3f, \"itl_ms_p99\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"read_bandwidth_gbps\": %.2f, \"decode_roofline_tok_s\": %.2f, "
-               "\"roofline_fraction\": %.3f, \"kernels_per_step\": %d, \"peak_rss_mib\": %.1f}\n",
+               "\"roofline_fraction\": %.3f, \"kernels_per_step\": %d, \"peak_rss_mib\": %.1f, "
+               "\"kv_type\": \"%s\", \"kv_bytes\": %llu}\n",
                model_path, llmopt_model_program(model), backend ? backend : "cpu", threads, n_prompt, n_gen, reps,
                pp, tg, prefill_s[reps / 2] * 1e3, percentile(itl, n_itl, 50) * 1e3,
                percentile(itl, n_itl, 95) * 1e3, percentile(itl, n_itl, 99) * 1e3, (unsigned long long)bytes, bw,
-               roof, roof > 0 ? tg / roof : 0, cs.kernels_compiled, ru.ru_maxrss / 1024.0);
+               roof, roof > 0 ? tg / roof : 0, cs.kernels_compiled, ru.ru_maxrss / 1024.0,
+               llmopt_kv_type_name(llmopt_session_kv_type(s)), (unsigned long long)llmopt_session_kv_bytes(s));
     } else {
         char thr[32];
         snprintf(thr, sizeof thr, threads ? "%lld" : "auto", threads);
@@ -140,6 +147,8 @@ int cmd_bench(int argc, char **argv) {
         if (roof > 0)
             printf("roofline        %.1f GB/s measured read bandwidth -> ceiling %.1f tok/s; decode at %.0f%%\n", bw,
                    roof, 100.0 * tg / roof);
+        printf("kv cache        %s, %.1f MiB for %lld positions\n", llmopt_kv_type_name(llmopt_session_kv_type(s)),
+               (double)llmopt_session_kv_bytes(s) / (1024.0 * 1024.0), n_prompt + n_gen + 1);
         printf("peak RSS        %.1f MiB\n", ru.ru_maxrss / 1024.0);
     }
     rc = 0;

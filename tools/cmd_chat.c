@@ -24,6 +24,7 @@
 struct chat_args {
     const char *model, *system, *template_path, *programs, *extra;
     long long n_predict, n_ctx;
+    enum llmopt_kv_type kv_type;
     struct llmopt_sampling sampling;
     bool seed_given, verbose;
 };
@@ -261,6 +262,9 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(arg, "--chat-template")) a.template_path = v;
         else if (!strcmp(arg, "--extra")) a.extra = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
+        else if (!strcmp(arg, "--kv-type")) {
+            if (!llmopt_kv_type_parse(v, &a.kv_type)) return usage_error("chat: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        }
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-predict")) {
             if (!parse_long(v, 1, INT32_MAX, &a.n_predict)) return usage_error("chat: -n needs a count >= 1, got '%s'", v);
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
@@ -295,7 +299,7 @@ int cmd_chat(int argc, char **argv) {
         }
     }
     c.end_of_turn = probe_end_of_turn(c.tpl);
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx};
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .kv_type = a.kv_type};
     if (llmopt_session_create(c.model, &so, &c.sess, &err)) goto done;
     c.n_ctx = llmopt_session_n_ctx(c.sess);
     c.n_vocab = llmopt_model_n_vocab(c.model);

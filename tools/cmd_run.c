@@ -10,6 +10,7 @@
 struct run_args {
     const char *model, *prompt, *programs, *prompt_ids, *backend;
     long long n_predict, n_ctx;
+    enum llmopt_kv_type kv_type;
     struct llmopt_sampling sampling;
     bool seed_given, ids, verbose;
 };
@@ -52,6 +53,9 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(arg, "--prompt-ids")) a.prompt_ids = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
         else if (!strcmp(arg, "--backend")) a.backend = v;
+        else if (!strcmp(arg, "--kv-type")) {
+            if (!llmopt_kv_type_parse(v, &a.kv_type)) return usage_error("run: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        }
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-predict")) {
             if (!parse_long(v, 0, INT32_MAX, &a.n_predict)) return usage_error("run: -n needs a count >= 0, got '%s'", v);
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
@@ -71,7 +75,7 @@ int cmd_run(int argc, char **argv) {
     int rc = 1;
     struct llmopt_load_opts lo = {.programs_dir = a.programs, .verbose = a.verbose};
     if (llmopt_model_load(a.model, &lo, &model, &err)) goto done;
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .backend = a.backend};
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .backend = a.backend, .kv_type = a.kv_type};
     if (llmopt_session_create(model, &so, &sess, &err)) goto done;
     const char *text = a.prompt ? a.prompt : "";
     size_t len = strlen(text), n_prompt = 0, cap = len + 2;
@@ -121,13 +125,14 @@ int cmd_run(int argc, char **argv) {
     if (a.verbose || !a.ids)
         fprintf(stderr,
                 "\nllmopt: program %s; prompt %d tokens in %.1f ms (%.1f tok/s); "
-                "generated %d tokens in %.1f ms (%.1f tok/s)%s; seed %llu\n",
+                "generated %d tokens in %.1f ms (%.1f tok/s)%s; seed %llu; KV %s (%.1f MiB)\n",
                 llmopt_model_program(model), res.n_prompt, res.prefill_seconds * 1e3,
                 res.prefill_seconds > 0 ? res.n_prompt / res.prefill_seconds : 0.0,
                 res.n_generated, res.decode_seconds * 1e3,
                 res.decode_seconds > 0 ? (res.n_generated - 1) / res.decode_seconds : 0.0,
                 res.stopped_eog ? ", stopped at end of text" : "",
-                (unsigned long long)a.sampling.seed);
+                (unsigned long long)a.sampling.seed, llmopt_kv_type_name(llmopt_session_kv_type(sess)),
+                (double)llmopt_session_kv_bytes(sess) / (1024.0 * 1024.0));
     rc = 0;
 done:
     if (rc) fail(&err);

@@ -29,6 +29,7 @@
 
 struct llmopt_session {
     const struct llmopt_model *model;
+    enum llmopt_kv_type kv_type; /* what the KV cache stores (never DEFAULT) */
     const struct backend_ops *backend;
     void *plan;               /* backend state */
     struct kv_cache *kv;
@@ -52,6 +53,9 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     if (!o.n_ctx) o.n_ctx = m->ctx_train < 4096 ? m->ctx_train : 4096;
     if (!o.n_batch) o.n_batch = 256;
     if (!o.n_slots) o.n_slots = 1;
+    if ((unsigned)o.kv_type >= LLMOPT_KV_TYPE_COUNT)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: unknown KV type %d", (int)o.kv_type);
+    if (o.kv_type == LLMOPT_KV_DEFAULT) o.kv_type = m->kv_type != LLMOPT_KV_DEFAULT ? m->kv_type : LLMOPT_KV_F16;
     if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
 
     const struct backend_ops *backend = NULL;
@@ -65,6 +69,7 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         if (!cuda_device_available(why, sizeof why))
             return err_set(err, LLMOPT_ERR_UNSUPPORTED, "session: backend 'cuda': no usable device (%s)", why);
         backend = &cuda_backend_ops;
+        o.kv_type = LLMOPT_KV_F32; /* the device cache is f32 (docs/cuda.md); the host one only holds metadata */
 #else
         return err_set(err, LLMOPT_ERR_UNSUPPORTED,
                        "session: backend 'cuda' is not compiled in (this build found no nvcc)");
@@ -81,6 +86,7 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     s->n_ctx = o.n_ctx;
     s->n_batch = o.n_batch;
     s->n_slots = o.n_slots;
+    s->kv_type = o.kv_type;
     enum llmopt_status st = LLMOPT_OK;
     int32_t n_layers = m->ir.n_kv_layers;
     int32_t *row_elems = calloc((size_t)(n_layers ? n_layers : 1), sizeof *row_elems);
@@ -97,9 +103,18 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         if (n->op != IR_OP_ATTENTION) continue;
         const struct ir_shape *k = &m->ir.nodes[n->in[1]].shape;
         row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
+        if (o.kv_type == LLMOPT_KV_Q8_0 && k->dims[3].coef % KV_Q8_0_BLOCK) {
+            st = err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                         "session: --kv-type q8_0 needs a head size that is a multiple of %d, attention "
+                         "layer %d has %lld (use f16 or f32)",
+                         KV_Q8_0_BLOCK, n->attrs.kv_layer, (long long)k->dims[3].coef);
+            goto fail;
+        }
     }
     int32_t blocks_per_seq = (o.n_ctx + SESSION_BLOCK_SIZE - 1) / SESSION_BLOCK_SIZE;
-    st = kv_cache_create(n_layers, row_elems, o.n_slots, o.n_ctx, blocks_per_seq * o.n_slots,
+    enum kv_dtype dtype = o.kv_type == LLMOPT_KV_Q8_0 ? KV_DTYPE_Q8_0
+                        : o.kv_type == LLMOPT_KV_F16 ? KV_DTYPE_F16 : KV_DTYPE_F32;
+    st = kv_cache_create(n_layers, row_elems, dtype, o.n_slots, o.n_ctx, blocks_per_seq * o.n_slots,
                          SESSION_BLOCK_SIZE, &s->kv, err);
     if (st) goto fail;
     /* Conv state of each short_conv layer: L - 1 rows of C floats per slot, from its
@@ -264,6 +279,26 @@ void llmopt_session_reset(struct llmopt_session *s, int32_t slot) { kv_cache_rel
 
 int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s) {
     return kv_cache_blocks_in_use(s->kv);
+}
+
+enum llmopt_kv_type llmopt_session_kv_type(const struct llmopt_session *s) { return s->kv_type; }
+
+uint64_t llmopt_session_kv_bytes(const struct llmopt_session *s) { return (uint64_t)kv_cache_bytes(s->kv); }
+
+static const char *const kv_type_names[] = {"default", "f32", "f16", "q8_0"};
+_Static_assert(sizeof kv_type_names / sizeof *kv_type_names == LLMOPT_KV_TYPE_COUNT, "kv type names");
+
+const char *llmopt_kv_type_name(enum llmopt_kv_type t) {
+    return (unsigned)t < LLMOPT_KV_TYPE_COUNT ? kv_type_names[t] : "?";
+}
+
+bool llmopt_kv_type_parse(const char *str, enum llmopt_kv_type *out) {
+    for (int t = LLMOPT_KV_F32; t < LLMOPT_KV_TYPE_COUNT; t++)
+        if (str && !strcmp(str, kv_type_names[t])) {
+            *out = (enum llmopt_kv_type)t;
+            return true;
+        }
+    return false;
 }
 
 uint64_t llmopt_session_kernels_run(const struct llmopt_session *s) {

@@ -667,7 +667,8 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     struct llmopt_session_opts so = {
-        .n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads};
+        .n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads,
+        .kv_type = o->kv_type};
     enum llmopt_status st = llmopt_session_create(m, &so, &s->session, err);
     if (st) {
         srv_sched_free(s);
@@ -732,6 +733,10 @@ void srv_sched_free(struct srv_sched *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
+}
+
+const struct llmopt_session *srv_sched_session(const struct srv_sched *s) {
+    return s->session;
 }
 
 int32_t srv_sched_n_ctx(const struct srv_sched *s) {

@@ -202,8 +202,8 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
             row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
         }
         int32_t blocks = (int32_t)((max_ctx + 15) / 16) * n_slots;
-        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, n_slots, (int32_t)max_ctx, blocks, 16, &kv.cpu, &err) == LLMOPT_OK);
-        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, n_slots, (int32_t)max_ctx, blocks, 16, &kv.gpu, &err) == LLMOPT_OK);
+        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, blocks, 16, &kv.cpu, &err) == LLMOPT_OK);
+        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, blocks, 16, &kv.gpu, &err) == LLMOPT_OK);
     }
     if (b->g.n_conv_layers) {
         int32_t rows[8] = {0}, channels[8] = {0};
@@ -216,8 +216,8 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
         }
         int32_t none = 0;
         if (!kv.cpu) {
-            CHECK(kv_cache_create(0, &none, n_slots, (int32_t)max_ctx, 1, 16, &kv.cpu, &err) == LLMOPT_OK);
-            CHECK(kv_cache_create(0, &none, n_slots, (int32_t)max_ctx, 1, 16, &kv.gpu, &err) == LLMOPT_OK);
+            CHECK(kv_cache_create(0, &none, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, 1, 16, &kv.cpu, &err) == LLMOPT_OK);
+            CHECK(kv_cache_create(0, &none, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, 1, 16, &kv.gpu, &err) == LLMOPT_OK);
         }
         CHECK(kv_cache_add_conv_state(kv.cpu, b->g.n_conv_layers, rows, channels, &err) == LLMOPT_OK);
         CHECK(kv_cache_add_conv_state(kv.gpu, b->g.n_conv_layers, rows, channels, &err) == LLMOPT_OK);
