@@ -13,10 +13,12 @@
 #include "format/quant.h"
 #include "format/quant_k.h"
 #include "llmopt.h"
+#include "runtime/synth.h"
 #include "test.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <unistd.h>
 
 /* ---- random inputs ---------------------------------------------------------------- */
 
@@ -622,8 +624,37 @@ static void model_logits(const char *path, bool reference, int n_threads, float 
     unsetenv("LLMOPT_CPU_REF");
 }
 
+/* Files of the other block types, written for the test: a tiny-llama-shaped synth
+ * (rows of 256 and 768) as q4_k_m (q4_K + q6_K), q5_k and iq4_xs, and stories260K
+ * (rows of 64: not whole super-blocks) quantized to q5_0. NULL paths where one
+ * cannot be made (reported). */
+static void make_kq_models(char paths[4][64]) {
+    static const char *const synth_types[] = {"q4_k_m", "q5_k", "iq4_xs"};
+    struct llmopt_err err = {0};
+    struct synth_report rep;
+    for (int i = 0; i < 4; i++) {
+        snprintf(paths[i], 64, "/tmp/llmopt_kq_model_%d_%d.gguf", (int)getpid(), i);
+        enum llmopt_status st;
+        if (i < 3) {
+            struct synth_opts so = {.like = "tiny-llama", .type = synth_types[i], .out_path = paths[i],
+                                    .seed = 7 + (uint64_t)i, .threads = 1};
+            st = synth_write(&so, &rep, &err);
+        } else {
+            struct synth_quantize_opts qo = {.in_path = "../shared/models/stories260K/stories260K-F32.gguf",
+                                             .out_path = paths[i], .type = "q5_0", .threads = 1};
+            st = synth_quantize(&qo, &rep, &err);
+        }
+        if (st) {
+            fprintf(stderr, "  skip: %s: %s\n", paths[i], err.msg);
+            paths[i][0] = 0;
+        }
+    }
+}
+
 static void test_models_fast_vs_reference(void) {
-    static const struct {
+    char kq[4][64];
+    make_kq_models(kq);
+    const struct {
         const char *path;
         double tol; /* max |fast - ref| / max |ref| over each logits row */
     } models[] = {
@@ -631,6 +662,10 @@ static void test_models_fast_vs_reference(void) {
         {"../shared/models/stories260K/stories260K-Q8_0.gguf", 3e-2},
         {"../shared/models/stories260K/stories260K-Q4_0.gguf", 3e-2},
         {"tests/golden/llama_tiny/model.gguf", 1e-4},
+        {kq[0], 3e-2},
+        {kq[1], 3e-2},
+        {kq[2], 3e-2},
+        {kq[3], 3e-2},
     };
     for (size_t i = 0; i < LLMOPT_ARRAY_LEN(models); i++) {
         FILE *f = fopen(models[i].path, "rb");
@@ -660,6 +695,8 @@ static void test_models_fast_vs_reference(void) {
         free(ref);
         free(fast);
     }
+    for (int i = 0; i < 4; i++)
+        if (kq[i][0]) unlink(kq[i]);
 }
 
 TEST_MAIN(test_pool, test_quantize_same_on_every_isa, test_linear_1_thread, test_linear_2_threads,
