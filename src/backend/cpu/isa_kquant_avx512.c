@@ -138,8 +138,10 @@ static inline __attribute__((always_inline)) void kq_gemm_rc(const uint8_t *pane
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++) is[r][g] = init;
             }
+            const int n_quads = H == 2 ? 4 : 8; /* per half */
 #pragma GCC unroll 8
-            for (int q = h * (8 / H); q < (h + 1) * (8 / H); q++) {
+            for (int qq = 0; qq < n_quads; qq++) {
+                const int q = h * n_quads + qq;
                 __m512i wv[4];
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++)

@@ -199,11 +199,11 @@ KQ_INLINE void kq_tile_super(const struct cpu_qact *qa, int64_t r0, const uint8_
     const int64_t k = qa->k, nb = k / CPU_QBLOCK;
     const size_t bs = kq_block_bytes(T);
     const bool has_min = T == KQ_Q4_K || T == KQ_Q5_K;
-    __m256 acc[KQ_PASS_R][CPU_TILE_C], macc[KQ_PASS_R][CPU_TILE_C];
+    __m256 acc[KQ_PASS_R][CPU_TILE_C];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) acc[r][c] = macc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < nc; c++) acc[r][c] = _mm256_setzero_ps();
     /* scale[r][c][i]: weight scale times activation scale of sub-block i (Q6_K: of
      * 16-value half i) */
     _Alignas(32) float scale[KQ_PASS_R][CPU_TILE_C][16];
@@ -227,9 +227,11 @@ KQ_INLINE void kq_tile_super(const struct cpu_qact *qa, int64_t r0, const uint8_
                 } else {
                     _mm256_store_ps(scale[r][c], _mm256_mul_ps(sc, dx));
                 }
-                if (has_min) /* mins times dx * bsum (bsum = -128 * the block's sum) */
-                    macc[r][c] = _mm256_fmadd_ps(
-                        mn, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(kq_load(qa->bsum + at))), macc[r][c]);
+                if (has_min) /* - mins * dx * sum(qx) = mins * dx * bsum / 128, lane per sub-block */
+                    acc[r][c] = _mm256_fmadd_ps(
+                        mn, _mm256_mul_ps(_mm256_mul_ps(dx, _mm256_set1_ps(1.0f / 128.0f)),
+                                          _mm256_cvtepi32_ps(kq_load(qa->bsum + at))),
+                        acc[r][c]);
             }
         }
 #pragma GCC unroll 8
@@ -264,7 +266,7 @@ KQ_INLINE void kq_tile_super(const struct cpu_qact *qa, int64_t r0, const uint8_
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = kq_hsum(_mm256_fmadd_ps(macc[r][c], _mm256_set1_ps(1.0f / 128.0f), acc[r][c]));
+        for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = kq_hsum(acc[r][c]);
 }
 
 KQ_INLINE void kq_tile_rc(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, float *out,
