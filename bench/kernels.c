@@ -15,6 +15,7 @@
 #include "backend/cpu/pool.h"
 #include "base/fp16.h"
 #include "format/quant.h"
+#include "format/quant_k.h"
 #include "llmopt.h"
 
 #include <math.h>
@@ -66,7 +67,12 @@ static uint8_t *make_weights(enum ir_dtype t, int64_t n_out, int64_t k) {
                 memcpy(dst + 2 * i, &h, 2);
             }
         else if (t == IR_DTYPE_Q8_0) quant_quantize_row_q8_0(tmp, dst, k);
-        else quant_quantize_row_q4_0(tmp, dst, k);
+        else if (t == IR_DTYPE_Q4_0) quant_quantize_row_q4_0(tmp, dst, k);
+        else if (t == IR_DTYPE_Q4_K) quant_k_quantize_row_q4_K(tmp, dst, k);
+        else if (t == IR_DTYPE_Q5_K) quant_k_quantize_row_q5_K(tmp, dst, k);
+        else if (t == IR_DTYPE_Q6_K) quant_k_quantize_row_q6_K(tmp, dst, k);
+        else if (t == IR_DTYPE_Q5_0) quant_quantize_row_q5_0(tmp, dst, k);
+        else quant_k_quantize_row_iq4_xs(tmp, dst, k);
     }
     free(tmp);
     return w;
@@ -88,8 +94,9 @@ static bool wanted(const char *name) {
     return !only_filter || strstr(name, only_filter);
 }
 
-static const enum ir_dtype wtypes[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16, IR_DTYPE_Q8_0,
-                                       IR_DTYPE_Q4_0};
+static const enum ir_dtype wtypes[] = {IR_DTYPE_F32,  IR_DTYPE_F16,  IR_DTYPE_BF16, IR_DTYPE_Q8_0,
+                                       IR_DTYPE_Q4_0, IR_DTYPE_Q4_K, IR_DTYPE_Q5_K, IR_DTYPE_Q6_K,
+                                       IR_DTYPE_Q5_0, IR_DTYPE_IQ4_XS};
 #define N_WTYPES (int)(sizeof wtypes / sizeof wtypes[0])
 
 /* Decode: y (rows, n) = x W^T, cycling through enough weight copies to defeat the

@@ -4,7 +4,8 @@
  *
  * Errors: LLMOPT_ERR_FORMAT for malformed input (truncated, out of range, bad
  * values), LLMOPT_ERR_UNSUPPORTED for well-formed things llmopt does not read
- * (GGUF v1, tensor types other than F32/F16/BF16/Q8_0/Q4_0, arrays of arrays),
+ * (GGUF v1, tensor types other than F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K/IQ4_XS,
+ * arrays of arrays),
  * LLMOPT_ERR_LIMIT when a count or length passes a GGUF_MAX_* cap although the
  * file could hold it. Messages name the field and its file offset. */
 #include "format/gguf.h"
@@ -12,6 +13,7 @@
 #include "base/file_map.h"
 #include "base/fp16.h"
 #include "format/quant.h"
+#include "format/quant_k.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -80,7 +82,12 @@ static const struct ggml_type_info ggml_types[GGML_TYPE_COUNT] = {
     [GGML_TYPE_F32] = {"f32", 1, 4},
     [GGML_TYPE_F16] = {"f16", 1, 2},
     [GGML_TYPE_Q4_0] = {"q4_0", QK4_0, sizeof(block_q4_0)},
+    [GGML_TYPE_Q5_0] = {"q5_0", QK5_0, sizeof(block_q5_0)},
     [GGML_TYPE_Q8_0] = {"q8_0", QK8_0, sizeof(block_q8_0)},
+    [GGML_TYPE_Q4_K] = {"q4_K", QK_K, sizeof(block_q4_K)},
+    [GGML_TYPE_Q5_K] = {"q5_K", QK_K, sizeof(block_q5_K)},
+    [GGML_TYPE_Q6_K] = {"q6_K", QK_K, sizeof(block_q6_K)},
+    [GGML_TYPE_IQ4_XS] = {"iq4_xs", QK_K, sizeof(block_iq4_xs)},
     [GGML_TYPE_BF16] = {"bf16", 1, 2},
 };
 _Static_assert(LLMOPT_ARRAY_LEN(ggml_types) == GGML_TYPE_COUNT,
@@ -527,7 +534,8 @@ static enum llmopt_status read_tensor_info(struct parser *p, struct gguf_file_im
     if (!ggml_type_block(t->type, &block_elems, &block_bytes))
         return fail_at(p, LLMOPT_ERR_UNSUPPORTED, field_offset, "type",
                        "tensor type %" PRIu32
-                       " is not supported (llmopt reads f32, f16, bf16, q8_0, q4_0)",
+                       " is not supported (llmopt reads f32, f16, bf16, q8_0, q4_0, q5_0, "
+                       "q4_K, q5_K, q6_K, iq4_xs)",
                        type);
     if (t->ne[0] % block_elems)
         return fail_at(p, LLMOPT_ERR_FORMAT, field_offset, "type",

@@ -48,7 +48,12 @@ enum ggml_type {
     GGML_TYPE_F32 = 0,
     GGML_TYPE_F16 = 1,
     GGML_TYPE_Q4_0 = 2,
+    GGML_TYPE_Q5_0 = 6,
     GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_IQ4_XS = 23,
     GGML_TYPE_BF16 = 30,
     GGML_TYPE_COUNT = 40
 };

@@ -603,13 +603,11 @@ enum llmopt_status gguf_w_finish(struct gguf_w *w, struct llmopt_err *err) {
 /* ---- element types ---- */
 
 const char *gguf_w_type_name(enum ggml_type type) {
-    const char *name = ggml_type_name(type);
-    return name ? name : quant_k_type_name(type);
+    return ggml_type_name(type);
 }
 
 bool gguf_w_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *block_bytes) {
-    return ggml_type_block(type, block_elems, block_bytes) ||
-           quant_k_type_block(type, block_elems, block_bytes);
+    return ggml_type_block(type, block_elems, block_bytes);
 }
 
 size_t gguf_w_row_bytes(enum ggml_type type, int64_t n) {
@@ -621,8 +619,9 @@ size_t gguf_w_row_bytes(enum ggml_type type, int64_t n) {
 
 bool gguf_w_type_from_name(const char *name, enum ggml_type *out) {
     static const enum ggml_type known[] = {GGML_TYPE_F32,   GGML_TYPE_F16,  GGML_TYPE_BF16,
-                                           GGML_TYPE_Q8_0,  GGML_TYPE_Q4_0, QUANT_TYPE_Q4_K,
-                                           QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K};
+                                           GGML_TYPE_Q8_0,  GGML_TYPE_Q4_0, GGML_TYPE_Q4_K,
+                                           GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_0,
+                                           GGML_TYPE_IQ4_XS};
     for (size_t i = 0; i < LLMOPT_ARRAY_LEN(known); i++) {
         if (!strcasecmp(name, gguf_w_type_name(known[i]))) {
             *out = known[i];
@@ -657,15 +656,20 @@ bool gguf_w_encode_row(enum ggml_type type, const float *src, void *dst, int64_t
     case GGML_TYPE_Q4_0:
         quant_quantize_row_q4_0(src, dst, n);
         return true;
+    case GGML_TYPE_Q5_0:
+        quant_quantize_row_q5_0(src, dst, n);
+        return true;
     default:
         break;
     }
-    if (type == QUANT_TYPE_Q4_K)
+    if (type == GGML_TYPE_Q4_K)
         quant_k_quantize_row_q4_K(src, dst, n);
-    else if (type == QUANT_TYPE_Q5_K)
+    else if (type == GGML_TYPE_Q5_K)
         quant_k_quantize_row_q5_K(src, dst, n);
-    else if (type == QUANT_TYPE_Q6_K)
+    else if (type == GGML_TYPE_Q6_K)
         quant_k_quantize_row_q6_K(src, dst, n);
+    else if (type == GGML_TYPE_IQ4_XS)
+        quant_k_quantize_row_iq4_xs(src, dst, n);
     else
         return false;
     return true;
@@ -673,9 +677,6 @@ bool gguf_w_encode_row(enum ggml_type type, const float *src, void *dst, int64_t
 
 bool gguf_w_decode_row(enum ggml_type type, const void *src, float *dst, int64_t n) {
     if (n < 0 || (n && !gguf_w_row_bytes(type, n))) return false;
-    if (quant_k_type_name(type))
-        quant_k_dequantize_row(type, src, dst, n);
-    else
-        quant_dequantize_row(type, src, dst, n);
+    quant_dequantize_row(type, src, dst, n);
     return true;
 }

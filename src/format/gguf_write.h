@@ -95,7 +95,7 @@ uint32_t gguf_w_current_tensor(const struct gguf_w *w);
 enum llmopt_status gguf_w_finish(struct gguf_w *w, struct llmopt_err *err);
 
 /* ---- tensor element types the writer knows: the reader's (f32, f16, bf16, q8_0,
- * q4_0) and the K-quants (q4_K, q5_K, q6_K) ---- */
+ * q4_0, q5_0, q4_K, q5_K, q6_K, iq4_xs) ---- */
 
 const char *gguf_w_type_name(enum ggml_type type); /* NULL when unknown */
 bool gguf_w_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *block_bytes);

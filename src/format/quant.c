@@ -1,6 +1,7 @@
 #include "format/quant.h"
 
 #include "base/fp16.h"
+#include "format/quant_k.h"
 
 #include <math.h>
 #include <string.h>
@@ -42,6 +43,23 @@ static void dequantize_q4_0(const uint8_t *src, float *dst, int64_t n_blocks) {
     }
 }
 
+static void dequantize_q5_0(const uint8_t *src, float *dst, int64_t n_blocks) {
+    for (int64_t b = 0; b < n_blocks; b++) {
+        block_q5_0 blk;
+        memcpy(&blk, src + b * (int64_t)sizeof blk, sizeof blk);
+        float d = fp16_to_f32(blk.d);
+        uint32_t qh = (uint32_t)blk.qh[0] | (uint32_t)blk.qh[1] << 8 | (uint32_t)blk.qh[2] << 16 |
+                      (uint32_t)blk.qh[3] << 24;
+        float *y = dst + b * QK5_0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            int q0 = (blk.qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4;
+            int q1 = (blk.qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[j] = (float)(q0 - 16) * d;
+            y[j + QK5_0 / 2] = (float)(q1 - 16) * d;
+        }
+    }
+}
+
 void quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n) {
     const uint8_t *s = src;
     LLMOPT_ASSERT(n >= 0);
@@ -70,6 +88,16 @@ void quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int6
     case GGML_TYPE_Q4_0:
         LLMOPT_ASSERT(n % QK4_0 == 0);
         dequantize_q4_0(s, dst, n / QK4_0);
+        return;
+    case GGML_TYPE_Q5_0:
+        LLMOPT_ASSERT(n % QK5_0 == 0);
+        dequantize_q5_0(s, dst, n / QK5_0);
+        return;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+    case GGML_TYPE_IQ4_XS:
+        quant_k_dequantize_row(type, src, dst, n);
         return;
     default:
         break;
@@ -134,6 +162,35 @@ void quant_quantize_row_q4_0(const float *src, void *dst, int64_t n) {
             int q1 = clamp_to_int(v1, 0, 15);
             blk.qs[j] = (uint8_t)(q0 | (q1 << 4));
         }
+        memcpy(out + b * (int64_t)sizeof blk, &blk, sizeof blk);
+    }
+}
+
+void quant_quantize_row_q5_0(const float *src, void *dst, int64_t n) {
+    LLMOPT_ASSERT(n >= 0 && n % QK5_0 == 0);
+    uint8_t *out = dst;
+    for (int64_t b = 0; b < n / QK5_0; b++) {
+        const float *x = src + b * QK5_0;
+        /* as Q4_0: the element of largest magnitude maps to quant 0 (-16 * d) */
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK5_0; j++) {
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = max / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        block_q5_0 blk;
+        blk.d = fp16_from_f32(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            int q0 = clamp_to_int(x[j] * id + 16.5f, 0, 31);
+            int q1 = clamp_to_int(x[j + QK5_0 / 2] * id + 16.5f, 0, 31);
+            blk.qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        for (int i = 0; i < 4; i++) blk.qh[i] = (uint8_t)(qh >> (8 * i));
         memcpy(out + b * (int64_t)sizeof blk, &blk, sizeof blk);
     }
 }

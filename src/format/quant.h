@@ -14,6 +14,7 @@
 
 #define QK8_0 32
 #define QK4_0 32
+#define QK5_0 32
 
 /* Q8_0: x[i] = qs[i] * d. */
 typedef struct {
@@ -30,11 +31,22 @@ typedef struct {
 } block_q4_0;
 _Static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 must be 18 bytes");
 
+/* Q5_0: element j (j < 16) has its low 4 bits in the low nibble of qs[j], element
+ * j + 16 in the high nibble; bit i of the little-endian u32 qh is element i's fifth
+ * bit; x = (q - 16) * d. */
+typedef struct {
+    uint16_t d;            /* f16 scale */
+    uint8_t qh[4];         /* fifth bits */
+    uint8_t qs[QK5_0 / 2]; /* (16) nibble pairs */
+} block_q5_0;
+_Static_assert(sizeof(block_q5_0) == 6 + QK5_0 / 2, "block_q5_0 must be 22 bytes");
+
 /* Bytes taken by a row of n elements of type; 0 when the type is unsupported or
  * n is negative or not a multiple of the type's block size. */
 size_t quant_row_bytes(enum ggml_type type, int64_t n);
 
-/* dst[0..n) = values of the row at src (F32, F16, BF16, Q8_0, Q4_0). n must be a
+/* dst[0..n) = values of the row at src (every type gguf.h names: F32, F16, BF16,
+ * Q8_0, Q4_0, Q5_0 and quant_k.h's K types). n must be a
  * multiple of the block size and the type supported (asserted: a caller bug). src
  * needs no particular alignment. */
 void quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n);
@@ -44,5 +56,6 @@ void quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int6
  * n must be a multiple of 32; dst receives n / 32 blocks. */
 void quant_quantize_row_q8_0(const float *src, void *dst, int64_t n);
 void quant_quantize_row_q4_0(const float *src, void *dst, int64_t n);
+void quant_quantize_row_q5_0(const float *src, void *dst, int64_t n);
 
 #endif

@@ -11,26 +11,16 @@
 #include <math.h>
 #include <string.h>
 
-const char *quant_k_type_name(enum ggml_type type) {
-    if (type == QUANT_TYPE_Q4_K) return "q4_K";
-    if (type == QUANT_TYPE_Q5_K) return "q5_K";
-    if (type == QUANT_TYPE_Q6_K) return "q6_K";
-    return NULL;
+const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+bool quant_k_is_k_type(enum ggml_type type) {
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K ||
+           type == GGML_TYPE_IQ4_XS;
 }
 
-bool quant_k_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *block_bytes) {
-    uint32_t bytes;
-    if (type == QUANT_TYPE_Q4_K)
-        bytes = sizeof(block_q4_K);
-    else if (type == QUANT_TYPE_Q5_K)
-        bytes = sizeof(block_q5_K);
-    else if (type == QUANT_TYPE_Q6_K)
-        bytes = sizeof(block_q6_K);
-    else
-        return false;
-    *block_elems = QK_K;
-    *block_bytes = bytes;
-    return true;
+int quant_iq4_xs_scale(const block_iq4_xs *b, int j) {
+    return ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4);
 }
 
 void quant_k_get_scale_min(const uint8_t scales[K_SCALE_SIZE], int j, uint8_t *sc, uint8_t *mn) {
@@ -115,14 +105,32 @@ static void dequantize_q6_K(const uint8_t *src, float *dst, int64_t n_blocks) {
     }
 }
 
+static void dequantize_iq4_xs(const uint8_t *src, float *dst, int64_t n_blocks) {
+    for (int64_t b = 0; b < n_blocks; b++) {
+        block_iq4_xs blk;
+        memcpy(&blk, src + b * (int64_t)sizeof blk, sizeof blk);
+        float d = fp16_to_f32(blk.d);
+        float *y = dst + b * QK_K;
+        for (int j = 0; j < 8; j++) {
+            float dl = d * (float)(quant_iq4_xs_scale(&blk, j) - 32);
+            for (int l = 0; l < 16; l++) {
+                y[32 * j + l] = dl * (float)iq4nl_values[blk.qs[16 * j + l] & 0x0f];
+                y[32 * j + 16 + l] = dl * (float)iq4nl_values[blk.qs[16 * j + l] >> 4];
+            }
+        }
+    }
+}
+
 void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n) {
     LLMOPT_ASSERT(n >= 0 && n % QK_K == 0);
-    if (type == QUANT_TYPE_Q4_K)
+    if (type == GGML_TYPE_Q4_K)
         dequantize_q4_K(src, dst, n / QK_K);
-    else if (type == QUANT_TYPE_Q5_K)
+    else if (type == GGML_TYPE_Q5_K)
         dequantize_q5_K(src, dst, n / QK_K);
-    else if (type == QUANT_TYPE_Q6_K)
+    else if (type == GGML_TYPE_Q6_K)
         dequantize_q6_K(src, dst, n / QK_K);
+    else if (type == GGML_TYPE_IQ4_XS)
+        dequantize_iq4_xs(src, dst, n / QK_K);
     else
         LLMOPT_ASSERT(!"quant_k_dequantize_row: not a K type");
 }
@@ -321,6 +329,85 @@ void quant_k_quantize_row_q6_K(const float *src, void *dst, int64_t n) {
             int h = e / 128, g = (e % 128) / 32, l = e % 32;
             blk.ql[64 * h + l + 32 * (g & 1)] |= (uint8_t)((q & 0x0f) << (g < 2 ? 0 : 4));
             blk.qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
+        }
+        memcpy((uint8_t *)dst + b * (int64_t)sizeof blk, &blk, sizeof blk);
+    }
+}
+
+/* The index of the table entry nearest to v (the table ascends). */
+static int iq4nl_nearest(float v) {
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (v < (float)iq4nl_values[mid]) hi = mid;
+        else lo = mid;
+    }
+    return v - (float)iq4nl_values[lo] <= (float)iq4nl_values[hi] - v ? lo : hi;
+}
+
+/* x[0..32) ~= s * iq4nl_values[q]: candidate scales mapping the element of largest
+ * magnitude onto either end of the table, a little finer or coarser; for each the
+ * least-squares s given the chosen levels, keeping the one of least error. */
+static float fit_iq4nl(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < 32; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) {
+            amax = a;
+            max = x[i];
+        }
+    }
+    if (!(amax > 1e-30f) || !(amax < 1e30f)) return 0.0f;
+    double best_gain = -1.0;
+    float best_s = max / (float)iq4nl_values[0];
+    for (int side = 0; side < 2; side++)
+        for (int k = -4; k <= 4; k++) {
+            float end = side ? (float)iq4nl_values[15] : (float)iq4nl_values[0];
+            float s = max / (end * (1.0f + 0.03f * (float)k));
+            float is = 1.0f / s;
+            double sqx = 0, sqq = 0;
+            for (int i = 0; i < 32; i++) {
+                float q = (float)iq4nl_values[iq4nl_nearest(x[i] * is)];
+                sqx += (double)q * x[i];
+                sqq += (double)q * q;
+            }
+            if (!(sqq > 0)) continue;
+            double gain = sqx * sqx / sqq; /* residual = sum x^2 - gain */
+            if (gain > best_gain) {
+                best_gain = gain;
+                best_s = (float)(sqx / sqq);
+            }
+        }
+    return best_s;
+}
+
+void quant_k_quantize_row_iq4_xs(const float *src, void *dst, int64_t n) {
+    LLMOPT_ASSERT(n >= 0 && n % QK_K == 0);
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        float x[QK_K];
+        finite_copy(src + b * QK_K, x);
+        float s[8], max_abs = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            s[j] = fit_iq4nl(x + 32 * j);
+            max_abs = fmaxf(max_abs, fabsf(s[j]));
+        }
+        /* factors ls - 32 span -32..31: the largest scale maps to -32 in magnitude */
+        float d = max_abs / 32.0f;
+        float id = d > 0.0f ? 1.0f / d : 0.0f;
+        block_iq4_xs blk;
+        memset(&blk, 0, sizeof blk);
+        blk.d = fp16_from_f32(d);
+        float d_stored = fp16_to_f32(blk.d);
+        for (int j = 0; j < 8; j++) {
+            int ls = round_clamp(s[j] * id, -32, 31) + 32;
+            blk.scales_l[j / 2] |= (uint8_t)((ls & 0x0f) << (4 * (j % 2)));
+            blk.scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+            float dl = d_stored * (float)(ls - 32);
+            float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
+            for (int l = 0; l < 16; l++) {
+                int q0 = iq4nl_nearest(x[32 * j + l] * idl), q1 = iq4nl_nearest(x[32 * j + 16 + l] * idl);
+                blk.qs[16 * j + l] = (uint8_t)(q0 | (q1 << 4));
+            }
         }
         memcpy((uint8_t *)dst + b * (int64_t)sizeof blk, &blk, sizeof blk);
     }

@@ -15,7 +15,13 @@
  * x = d * scales[e / 16] * (q - 32), q in 0..63. Each 128-element half h uses
  * ql[64h ..], qh[32h ..]; element 128h + 32g + l (g < 4, l < 32) keeps its low 4 bits in
  * ql[64h + l + 32 * (g & 1)] (low nibble for g < 2, high nibble for g >= 2) and its top
- * 2 bits in bits 2g..2g+1 of qh[32h + l]. */
+ * 2 bits in bits 2g..2g+1 of qh[32h + l].
+ *
+ * IQ4_XS (same super-block of 256): 8 sub-blocks of 32, each with a 6-bit scale ls[j]
+ * (low 4 bits in nibble j % 2 of scales_l[j / 2], high 2 bits in bits 2j..2j+1 of
+ * scales_h): x = d * (ls[j] - 32) * iq4nl_values[q], q a 4-bit index into the
+ * non-linear table below. Sub-block j takes qs[16j ..]: element l < 16 in the low
+ * nibble of qs[16j + l], element 16 + l in its high nibble. */
 #ifndef LLMOPT_FORMAT_QUANT_K_H
 #define LLMOPT_FORMAT_QUANT_K_H
 
@@ -27,12 +33,6 @@
 
 #define QK_K         256
 #define K_SCALE_SIZE 12
-
-/* ggml's numbers for the K-quant tensor types (gguf.h names only the types the reader
- * reads; these are valid enum ggml_type values all the same). */
-#define QUANT_TYPE_Q4_K ((enum ggml_type)12)
-#define QUANT_TYPE_Q5_K ((enum ggml_type)13)
-#define QUANT_TYPE_Q6_K ((enum ggml_type)14)
 
 typedef struct {
     uint16_t d;                   /* f16 super-block scale of the sub-block scales */
@@ -51,6 +51,17 @@ typedef struct {
 } block_q5_K;
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must be 176 bytes");
 
+/* IQ4_XS's (and IQ4_NL's) 16 levels, ascending. */
+extern const int8_t iq4nl_values[16];
+
+typedef struct {
+    uint16_t d;               /* f16 super-block scale */
+    uint16_t scales_h;        /* high 2 bits of the 8 sub-block scales */
+    uint8_t scales_l[QK_K / 64]; /* (4) low 4 bits of the sub-block scales */
+    uint8_t qs[QK_K / 2];     /* (128) 4-bit table indices */
+} block_iq4_xs;
+_Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs must be 136 bytes");
+
 typedef struct {
     uint8_t ql[QK_K / 2];     /* (128) low 4 bits */
     uint8_t qh[QK_K / 4];     /* (64) top 2 bits */
@@ -59,15 +70,15 @@ typedef struct {
 } block_q6_K;
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must be 210 bytes");
 
-/* "q4_K" etc. for the three K types, NULL for any other type. */
-const char *quant_k_type_name(enum ggml_type type);
-/* Elements and bytes per block of a K type; false for any other type. */
-bool quant_k_type_block(enum ggml_type type, uint32_t *block_elems, uint32_t *block_bytes);
+/* The types of this file (Q4_K, Q5_K, Q6_K, IQ4_XS). */
+bool quant_k_is_k_type(enum ggml_type type);
 
 /* Unpacks sub-block j's (0..7) 6-bit scale and min from a Q4_K/Q5_K scales array. */
 void quant_k_get_scale_min(const uint8_t scales[K_SCALE_SIZE], int j, uint8_t *sc, uint8_t *mn);
+/* Sub-block j's (0..7) 6-bit scale of an IQ4_XS block (0..63; the factor is ls - 32). */
+int quant_iq4_xs_scale(const block_iq4_xs *b, int j);
 
-/* dst[0..n) = the values of a row of a K type; n a multiple of QK_K (asserted). src
+/* dst[0..n) = the values of a row of one of this file's types; n a multiple of QK_K (asserted). src
  * needs no particular alignment. */
 void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n);
 
@@ -78,5 +89,9 @@ void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, in
 void quant_k_quantize_row_q4_K(const float *src, void *dst, int64_t n);
 void quant_k_quantize_row_q5_K(const float *src, void *dst, int64_t n);
 void quant_k_quantize_row_q6_K(const float *src, void *dst, int64_t n);
+/* IQ4_XS: each sub-block's scale is fitted (a few candidates, least squares) against
+ * the non-linear table, then quantized to 6 bits against the f16 super-block scale,
+ * and every element takes the table entry nearest to it under the stored scale. */
+void quant_k_quantize_row_iq4_xs(const float *src, void *dst, int64_t n);
 
 #endif

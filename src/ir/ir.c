@@ -10,6 +10,8 @@
 static const char *const dtype_names[IR_DTYPE_COUNT] = {
     [IR_DTYPE_F32] = "f32",   [IR_DTYPE_F16] = "f16",   [IR_DTYPE_BF16] = "bf16",
     [IR_DTYPE_Q8_0] = "q8_0", [IR_DTYPE_Q4_0] = "q4_0", [IR_DTYPE_I32] = "i32",
+    [IR_DTYPE_Q4_K] = "q4_k", [IR_DTYPE_Q5_K] = "q5_k", [IR_DTYPE_Q6_K] = "q6_k",
+    [IR_DTYPE_Q5_0] = "q5_0", [IR_DTYPE_IQ4_XS] = "iq4_xs",
 };
 _Static_assert(LLMOPT_ARRAY_LEN(dtype_names) == IR_DTYPE_COUNT, "dtype names");
 
@@ -27,7 +29,16 @@ bool ir_dtype_parse(const char *name, enum ir_dtype *out) {
 }
 
 int ir_dtype_block_elems(enum ir_dtype t) {
-    return t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0 ? 32 : 1;
+    switch (t) {
+    case IR_DTYPE_Q8_0:
+    case IR_DTYPE_Q4_0:
+    case IR_DTYPE_Q5_0: return 32;
+    case IR_DTYPE_Q4_K:
+    case IR_DTYPE_Q5_K:
+    case IR_DTYPE_Q6_K:
+    case IR_DTYPE_IQ4_XS: return 256;
+    default: return 1;
+    }
 }
 
 size_t ir_dtype_row_bytes(enum ir_dtype t, int64_t n) {
@@ -38,6 +49,11 @@ size_t ir_dtype_row_bytes(enum ir_dtype t, int64_t n) {
     case IR_DTYPE_BF16: return (size_t)n * 2;
     case IR_DTYPE_Q8_0: return (size_t)(n / 32) * 34;
     case IR_DTYPE_Q4_0: return (size_t)(n / 32) * 18;
+    case IR_DTYPE_Q5_0: return (size_t)(n / 32) * 22;
+    case IR_DTYPE_Q4_K: return (size_t)(n / 256) * 144;
+    case IR_DTYPE_Q5_K: return (size_t)(n / 256) * 176;
+    case IR_DTYPE_Q6_K: return (size_t)(n / 256) * 210;
+    case IR_DTYPE_IQ4_XS: return (size_t)(n / 256) * 136;
     case IR_DTYPE_COUNT: break;
     }
     LLMOPT_ASSERT(0);

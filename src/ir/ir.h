@@ -23,11 +23,18 @@ enum ir_dtype {
     IR_DTYPE_Q8_0,
     IR_DTYPE_Q4_0,
     IR_DTYPE_I32,
+    /* llama.cpp's other block layouts (format/quant.h, format/quant_k.h) */
+    IR_DTYPE_Q4_K,
+    IR_DTYPE_Q5_K,
+    IR_DTYPE_Q6_K,
+    IR_DTYPE_Q5_0,
+    IR_DTYPE_IQ4_XS,
     IR_DTYPE_COUNT
 };
 const char *ir_dtype_name(enum ir_dtype t);
 bool ir_dtype_parse(const char *name, enum ir_dtype *out);
-/* Weight dtypes whose rows are blocks (q8_0, q4_0): elements per block. 1 otherwise. */
+/* Weight dtypes whose rows are blocks (q8_0, q4_0, q5_0: 32; q4_k, q5_k, q6_k, iq4_xs:
+ * 256): elements per block. 1 otherwise. */
 int ir_dtype_block_elems(enum ir_dtype t);
 /* Bytes per row of n elements (n a multiple of the block size). */
 size_t ir_dtype_row_bytes(enum ir_dtype t, int64_t n);

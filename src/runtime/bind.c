@@ -63,6 +63,11 @@ static enum ggml_type ggml_of_dtype(enum ir_dtype t, bool *ok) {
     case IR_DTYPE_BF16: return GGML_TYPE_BF16;
     case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
     case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
+    case IR_DTYPE_Q5_0: return GGML_TYPE_Q5_0;
+    case IR_DTYPE_Q4_K: return GGML_TYPE_Q4_K;
+    case IR_DTYPE_Q5_K: return GGML_TYPE_Q5_K;
+    case IR_DTYPE_Q6_K: return GGML_TYPE_Q6_K;
+    case IR_DTYPE_IQ4_XS: return GGML_TYPE_IQ4_XS;
     default: *ok = false; return GGML_TYPE_F32;
     }
 }

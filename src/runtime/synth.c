@@ -99,11 +99,13 @@ static const struct {
     {"bf16", GGML_TYPE_BF16, GGML_TYPE_BF16, 32},
     {"q8_0", GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 7},
     {"q4_0", GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 2},
-    {"q4_k", QUANT_TYPE_Q4_K, QUANT_TYPE_Q4_K, 14}, /* all q4_K: filed as Q4_K_S */
-    {"q5_k", QUANT_TYPE_Q5_K, QUANT_TYPE_Q5_K, 16}, /* filed as Q5_K_S */
-    {"q6_k", QUANT_TYPE_Q6_K, QUANT_TYPE_Q6_K, 18},
-    {"q4_k_m", QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, 15},
-    {"q5_k_m", QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K, 17},
+    {"q5_0", GGML_TYPE_Q5_0, GGML_TYPE_Q5_0, 8},
+    {"iq4_xs", GGML_TYPE_IQ4_XS, GGML_TYPE_IQ4_XS, 30},
+    {"q4_k", GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 14}, /* all q4_K: filed as Q4_K_S */
+    {"q5_k", GGML_TYPE_Q5_K, GGML_TYPE_Q5_K, 16}, /* filed as Q5_K_S */
+    {"q6_k", GGML_TYPE_Q6_K, GGML_TYPE_Q6_K, 18},
+    {"q4_k_m", GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 15},
+    {"q5_k_m", GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, 17},
 };
 
 bool synth_qplan_parse(const char *name, struct synth_qplan *out) {
@@ -119,7 +121,7 @@ bool synth_qplan_parse(const char *name, struct synth_qplan *out) {
 }
 
 const char *synth_qplan_names(void) {
-    return "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m";
+    return "f32, f16, bf16, q8_0, q4_0, q5_0, iq4_xs, q4_k, q5_k, q6_k, q4_k_m, q5_k_m";
 }
 
 /* "blk.12.ffn_down.weight" -> 12; -1 when the name has no layer. */
@@ -149,7 +151,12 @@ enum ggml_type synth_tensor_type(const struct synth_qplan *plan, const char *nam
             more = layer_gets_more_bits(layer, n_layers);
         if (more) type = plan->more_bits;
     }
+    /* Rows that are not a whole number of 256-element super-blocks take a 32-block type
+     * of about as many bits (as llama.cpp does), and rows that are not a whole number
+     * of those take f16. */
     uint32_t block_elems, block_bytes;
+    if (gguf_w_type_block(type, &block_elems, &block_bytes) && ne[0] % block_elems && block_elems > 32)
+        type = type == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_0 : GGML_TYPE_Q5_0;
     if (!gguf_w_type_block(type, &block_elems, &block_bytes) || ne[0] % block_elems)
         type = GGML_TYPE_F16;
     return type;

@@ -25,15 +25,17 @@ struct synth_qplan {
     uint32_t file_type;       /* general.file_type (llama_ftype numbering) */
 };
 
-/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "iq4_xs", "q4_k", "q5_k", "q6_k",
+ * "q4_k_m", "q5_k_m"
  * (case-insensitive). False when unknown. */
 bool synth_qplan_parse(const char *name, struct synth_qplan *out);
 /* Comma-separated list of the names synth_qplan_parse knows (for messages). */
 const char *synth_qplan_names(void);
 
 /* Type of a tensor under a plan: 1-D tensors are `keep` (the caller passes f32 or the
- * source type); matrices get the plan's type, or f16 when their rows (ne[0]) are not a
- * multiple of that type's block. `n_layers` is the model's layer count (for the
+ * source type); matrices get the plan's type; when their rows (ne[0]) are not a
+ * multiple of its 256-element block, q5_0 (q8_0 for q6_K) instead, and f16 when not a
+ * multiple of 32 either. `n_layers` is the model's layer count (for the
  * mixes' layer choice), `has_output` whether the file holds output.weight. */
 enum ggml_type synth_tensor_type(const struct synth_qplan *plan, const char *name, uint32_t n_dims,
                                  const uint64_t *ne, enum ggml_type keep, int n_layers,

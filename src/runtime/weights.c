@@ -58,6 +58,11 @@ static void from_gguf(const struct gguf_file *f, const struct gguf_tensor *t, st
     case GGML_TYPE_BF16: out->dtype = IR_DTYPE_BF16; break;
     case GGML_TYPE_Q8_0: out->dtype = IR_DTYPE_Q8_0; break;
     case GGML_TYPE_Q4_0: out->dtype = IR_DTYPE_Q4_0; break;
+    case GGML_TYPE_Q5_0: out->dtype = IR_DTYPE_Q5_0; break;
+    case GGML_TYPE_Q4_K: out->dtype = IR_DTYPE_Q4_K; break;
+    case GGML_TYPE_Q5_K: out->dtype = IR_DTYPE_Q5_K; break;
+    case GGML_TYPE_Q6_K: out->dtype = IR_DTYPE_Q6_K; break;
+    case GGML_TYPE_IQ4_XS: out->dtype = IR_DTYPE_IQ4_XS; break;
     default: out->dtype_known = false; break;
     }
     out->data = t->data;

@@ -11,11 +11,14 @@
 #include "backend/cpu/pool.h"
 #include "base/fp16.h"
 #include "format/quant.h"
+#include "format/quant_k.h"
 #include "llmopt.h"
+#include "runtime/synth.h"
 #include "test.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <unistd.h>
 
 /* ---- random inputs ---------------------------------------------------------------- */
 
@@ -44,6 +47,11 @@ static enum ggml_type ggml_of(enum ir_dtype t) {
     case IR_DTYPE_BF16: return GGML_TYPE_BF16;
     case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
     case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
+    case IR_DTYPE_Q4_K: return GGML_TYPE_Q4_K;
+    case IR_DTYPE_Q5_K: return GGML_TYPE_Q5_K;
+    case IR_DTYPE_Q6_K: return GGML_TYPE_Q6_K;
+    case IR_DTYPE_Q5_0: return GGML_TYPE_Q5_0;
+    case IR_DTYPE_IQ4_XS: return GGML_TYPE_IQ4_XS;
     default: return GGML_TYPE_F32;
     }
 }
@@ -72,6 +80,11 @@ static void *make_weights(enum ir_dtype t, int64_t n_out, int64_t k) {
             break;
         case IR_DTYPE_Q8_0: quant_quantize_row_q8_0(tmp, dst, k); break;
         case IR_DTYPE_Q4_0: quant_quantize_row_q4_0(tmp, dst, k); break;
+        case IR_DTYPE_Q4_K: quant_k_quantize_row_q4_K(tmp, dst, k); break;
+        case IR_DTYPE_Q5_K: quant_k_quantize_row_q5_K(tmp, dst, k); break;
+        case IR_DTYPE_Q6_K: quant_k_quantize_row_q6_K(tmp, dst, k); break;
+        case IR_DTYPE_Q5_0: quant_quantize_row_q5_0(tmp, dst, k); break;
+        case IR_DTYPE_IQ4_XS: quant_k_quantize_row_iq4_xs(tmp, dst, k); break;
         default: break;
         }
     }
@@ -242,7 +255,7 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
     fill(gate, rows * n_out, 1.0f);
     fill(res, rows * n_out, 1.0f);
     void *w = make_weights(lc->wt, n_out, k);
-    bool quant = lc->wt == IR_DTYPE_Q8_0 || lc->wt == IR_DTYPE_Q4_0;
+    bool quant = ir_dtype_block_elems(lc->wt) > 1;
     size_t scratch_bytes = cpu_linear_scratch_bytes(kern, lc->wt, rows, k, pool_threads(pool));
     void *scratch = scratch_bytes ? malloc(scratch_bytes) : NULL;
     struct cpu_linear op = {
@@ -321,8 +334,9 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
     return ok;
 }
 
-static const enum ir_dtype all_wtypes[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16, IR_DTYPE_Q8_0,
-                                           IR_DTYPE_Q4_0};
+static const enum ir_dtype all_wtypes[] = {IR_DTYPE_F32,  IR_DTYPE_F16,  IR_DTYPE_BF16, IR_DTYPE_Q8_0,
+                                           IR_DTYPE_Q4_0, IR_DTYPE_Q4_K, IR_DTYPE_Q5_K, IR_DTYPE_Q6_K,
+                                           IR_DTYPE_Q5_0, IR_DTYPE_IQ4_XS};
 static const enum ir_op acts[] = {IR_OP_INPUT, IR_OP_SILU, IR_OP_GELU_TANH, IR_OP_RELU};
 
 static void run_linear_cases(int n_threads, int n_random) {
@@ -335,12 +349,14 @@ static void run_linear_cases(int n_threads, int n_random) {
         int failures = 0;
         for (size_t t = 0; t < LLMOPT_ARRAY_LEN(all_wtypes); t++) {
             enum ir_dtype wt = all_wtypes[t];
-            bool quant = wt == IR_DTYPE_Q8_0 || wt == IR_DTYPE_Q4_0;
+            /* block types: k a multiple of the block (32, or 256 for K-quants, IQ4_XS) */
+            int64_t blk = ir_dtype_block_elems(wt);
+            bool quant = blk > 1;
             /* Every row count 1..67 once, with varying K, columns and epilogues. */
             for (int64_t rows = 1; rows <= 67 && failures < 3; rows++) {
                 struct linear_case lc = {
                     .wt = wt, .rows = rows,
-                    .k = quant ? 32 * (1 + rng_u32() % 12) : 1 + rng_u32() % 300,
+                    .k = quant ? blk * (1 + rng_u32() % (blk > 32 ? 3 : 12)) : 1 + rng_u32() % 300,
                     .n_out = 1 + rng_u32() % 37,
                     .flags = (uint32_t)(rows % 8),
                     .act = acts[rows % LLMOPT_ARRAY_LEN(acts)],
@@ -351,7 +367,7 @@ static void run_linear_cases(int n_threads, int n_random) {
             for (int i = 0; i < n_random && failures < 3; i++) {
                 struct linear_case lc = {
                     .wt = wt, .rows = 1 + rng_u32() % (i % 2 ? 20 : 90),
-                    .k = quant ? 32 * (1 + rng_u32() % 40) : 1 + rng_u32() % 1100,
+                    .k = quant ? blk * (1 + rng_u32() % (blk > 32 ? 5 : 40)) : 1 + rng_u32() % 1100,
                     .n_out = 1 + rng_u32() % 300,
                     .flags = rng_u32() % 8,
                     .act = acts[rng_u32() % LLMOPT_ARRAY_LEN(acts)],
@@ -622,8 +638,37 @@ static void model_logits(const char *path, bool reference, int n_threads, float 
     unsetenv("LLMOPT_CPU_REF");
 }
 
+/* Files of the other block types, written for the test: a tiny-llama-shaped synth
+ * (rows of 256 and 768) as q4_k_m (q4_K + q6_K), q5_k and iq4_xs, and stories260K
+ * (rows of 64: not whole super-blocks) quantized to q5_0. NULL paths where one
+ * cannot be made (reported). */
+static void make_kq_models(char paths[4][64]) {
+    static const char *const synth_types[] = {"q4_k_m", "q5_k", "iq4_xs"};
+    struct llmopt_err err = {0};
+    struct synth_report rep;
+    for (int i = 0; i < 4; i++) {
+        snprintf(paths[i], 64, "/tmp/llmopt_kq_model_%d_%d.gguf", (int)getpid(), i);
+        enum llmopt_status st;
+        if (i < 3) {
+            struct synth_opts so = {.like = "tiny-llama", .type = synth_types[i], .out_path = paths[i],
+                                    .seed = 7 + (uint64_t)i, .threads = 1};
+            st = synth_write(&so, &rep, &err);
+        } else {
+            struct synth_quantize_opts qo = {.in_path = "../shared/models/stories260K/stories260K-F32.gguf",
+                                             .out_path = paths[i], .type = "q5_0", .threads = 1};
+            st = synth_quantize(&qo, &rep, &err);
+        }
+        if (st) {
+            fprintf(stderr, "  skip: %s: %s\n", paths[i], err.msg);
+            paths[i][0] = 0;
+        }
+    }
+}
+
 static void test_models_fast_vs_reference(void) {
-    static const struct {
+    char kq[4][64];
+    make_kq_models(kq);
+    const struct {
         const char *path;
         double tol; /* max |fast - ref| / max |ref| over each logits row */
     } models[] = {
@@ -631,6 +676,10 @@ static void test_models_fast_vs_reference(void) {
         {"../shared/models/stories260K/stories260K-Q8_0.gguf", 3e-2},
         {"../shared/models/stories260K/stories260K-Q4_0.gguf", 3e-2},
         {"tests/golden/llama_tiny/model.gguf", 1e-4},
+        {kq[0], 3e-2},
+        {kq[1], 3e-2},
+        {kq[2], 3e-2},
+        {kq[3], 3e-2},
     };
     for (size_t i = 0; i < LLMOPT_ARRAY_LEN(models); i++) {
         FILE *f = fopen(models[i].path, "rb");
@@ -660,6 +709,8 @@ static void test_models_fast_vs_reference(void) {
         free(ref);
         free(fast);
     }
+    for (int i = 0; i < 4; i++)
+        if (kq[i][0]) unlink(kq[i]);
 }
 
 TEST_MAIN(test_pool, test_quantize_same_on_every_isa, test_linear_1_thread, test_linear_2_threads,

@@ -557,7 +557,9 @@ static void test_dequant_float_types(void) {
     CHECK_EQ_INT(quant_row_bytes(GGML_TYPE_F16, 172), 344);
     CHECK_EQ_INT(quant_row_bytes(GGML_TYPE_BF16, 3), 6);
     CHECK_EQ_INT(quant_row_bytes(GGML_TYPE_F32, 5), 20);
-    CHECK_EQ_INT(quant_row_bytes((enum ggml_type)12, 256), 0);
+    CHECK_EQ_INT(quant_row_bytes(GGML_TYPE_Q4_K, 256), 144);
+    CHECK_EQ_INT(quant_row_bytes(GGML_TYPE_Q4_K, 96), 0); /* not whole super-blocks */
+    CHECK_EQ_INT(quant_row_bytes((enum ggml_type)3, 32), 0); /* q4_1: not read */
 }
 
 /* The quantized stories files against the F32 one: dequantized values lie within
@@ -1016,7 +1018,9 @@ static void test_malformed(void) {
     CASE("byte size overflow", LLMOPT_ERR_FORMAT, "'a.weight'", "overflow",
          patch_u64(&s.b, s.t0_ne0, 1ull << 62);
          patch_u64(&s.b, s.t0_ne1, 1));
-    CASE("unsupported type q4_k", LLMOPT_ERR_UNSUPPORTED, "'a.weight'", "type 12",
+    CASE("unsupported type q4_1", LLMOPT_ERR_UNSUPPORTED, "'a.weight'", "type 3",
+         patch_u32(&s.b, s.t0_type, 3));
+    CASE("q4_k ne0 not /256", LLMOPT_ERR_FORMAT, "'a.weight'", "q4_K block size 256",
          patch_u32(&s.b, s.t0_type, 12));
     CASE("type 40", LLMOPT_ERR_FORMAT, "'a.weight'", "type 40", patch_u32(&s.b, s.t0_type, 40));
     CASE("q8_0 ne0 not /32", LLMOPT_ERR_FORMAT, "'a.weight'", "block size",
@@ -1090,7 +1094,8 @@ static void test_type_names(void) {
     CHECK_EQ_INT(gguf_type_size(GGUF_TYPE_STRING), 0);
     CHECK(strcmp(ggml_type_name(GGML_TYPE_Q8_0), "q8_0") == 0);
     CHECK(strcmp(ggml_type_name(GGML_TYPE_BF16), "bf16") == 0);
-    CHECK(ggml_type_name((enum ggml_type)12) == NULL);
+    CHECK(strcmp(ggml_type_name((enum ggml_type)12), "q4_K") == 0);
+    CHECK(ggml_type_name((enum ggml_type)3) == NULL); /* q4_1: not read */
     CHECK(ggml_type_name((enum ggml_type)1000) == NULL);
     uint32_t be, bb;
     CHECK(ggml_type_block(GGML_TYPE_Q4_0, &be, &bb) && be == 32 && bb == 18);

@@ -4,6 +4,7 @@
 #pragma GCC target("avx2,fma,f16c")
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kquant.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 
@@ -310,6 +311,7 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx2 = {
     .attention_block = kg_attention_block,
     .exp_row = kg_exp_row,
     .epilogue_row = kg_epilogue_row,
+    .kq = &cpu_kq_kernels_avx2,
 };
 
 #endif

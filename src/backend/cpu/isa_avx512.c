@@ -5,6 +5,7 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kquant.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 
@@ -472,6 +473,7 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx512 = {
     .gemm_tile = gemm_tile,
     .gemm_rows = gemm_rows,
     .gemm_supports = gemm_supports,
+    .kq = &cpu_kq_kernels_avx512,
 };
 
 #endif

@@ -1,6 +1,7 @@
 /* Portable kernels: the generic bodies over one-lane "vectors", plain-C integer dot
  * products for the block types, and the activation quantizer every ISA must match. */
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kquant.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 
@@ -166,4 +167,5 @@ const struct cpu_isa_kernels cpu_isa_kernels_scalar = {
     .attention_block = kg_attention_block,
     .exp_row = kg_exp_row,
     .epilogue_row = kg_epilogue_row,
+    .kq = &cpu_kq_kernels_scalar,
 };

@@ -119,13 +119,28 @@ float cpu_act_apply(enum ir_op op, float x) {
  * Q8_0/Q4_0 between 4 and 8 rows, F32/F16 between 16 and 32). */
 int cpu_gemm_min_rows = 0;
 
+bool cpu_dtype_is_kq(enum ir_dtype t) {
+    return t == IR_DTYPE_Q4_K || t == IR_DTYPE_Q5_K || t == IR_DTYPE_Q6_K || t == IR_DTYPE_Q5_0 ||
+           t == IR_DTYPE_IQ4_XS;
+}
+
 static bool weight_quantized(enum ir_dtype t) {
-    return t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0;
+    return t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0 || cpu_dtype_is_kq(t);
+}
+
+bool cpu_linear_supports(enum ir_dtype t, int64_t k) {
+    if (t == IR_DTYPE_F32 || t == IR_DTYPE_F16 || t == IR_DTYPE_BF16) return true;
+    return weight_quantized(t) && k % ir_dtype_block_elems(t) == 0;
 }
 
 static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows) {
     int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 6 : 24;
+    if (cpu_dtype_is_kq(t)) return kern->kq && kern->kq->gemm_tile && rows >= min_rows;
     return kern->gemm_tile && rows >= min_rows && kern->gemm_supports(t);
+}
+
+static size_t gemm_panel_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k) {
+    return cpu_dtype_is_kq(t) ? kern->kq->gemm_panel_bytes(t, k) : kern->gemm_panel_bytes(t, k);
 }
 
 size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows,
@@ -133,7 +148,7 @@ size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtyp
     size_t bytes = 0;
     if (weight_quantized(t)) bytes += cpu_qact_bytes(rows, k);
     if (use_gemm(kern, t, rows))
-        bytes += 64 + (size_t)(n_threads > 0 ? n_threads : 1) * align64(kern->gemm_panel_bytes(t, k));
+        bytes += 64 + (size_t)(n_threads > 0 ? n_threads : 1) * align64(gemm_panel_bytes(kern, t, k));
     return bytes;
 }
 
@@ -146,6 +161,11 @@ struct linear_ctx {
     cpu_tile_f_fn tile_f;
     cpu_tile_q_fn tile_q; /* set for block-quantized weights */
     bool gemm;
+    /* the GEMM functions for this weight type (the ISA's, or its kq table's) */
+    void (*gemm_pack)(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel);
+    void (*gemm_tile)(enum ir_dtype t, const void *panel, const float *x, const struct cpu_qact *qa,
+                      int64_t r0, int64_t k, int nr, float *out);
+    int (*gemm_rows)(enum ir_dtype t);
     uint8_t *panels;      /* (threads, panel_bytes) when gemm */
     /* Columns are handed out in chunks from this counter, so a thread the OS delays
      * (this machine is shared) does less of the op instead of holding up the rest. */
@@ -169,20 +189,19 @@ static void linear_epilogue(const struct linear_ctx *ctx, int64_t r0, int nr, in
  * and runs every activation row over it. */
 static void linear_gemm_columns(struct linear_ctx *ctx, int ith) {
     const struct cpu_linear *op = ctx->op;
-    const struct cpu_isa_kernels *kern = ctx->kern;
     uint8_t *panel = ctx->panels + (size_t)ith * ctx->panel_bytes;
-    int rstep = kern->gemm_rows(op->wtype);
+    int rstep = ctx->gemm_rows(op->wtype);
     _Alignas(64) float tile[8 * CPU_GEMM_NC];
     LLMOPT_ASSERT(rstep <= 8);
     for (;;) {
         int64_t c0 = atomic_fetch_add(&ctx->next_col, CPU_GEMM_NC);
         if (c0 >= op->n_out) break;
         int nc = op->n_out - c0 < CPU_GEMM_NC ? (int)(op->n_out - c0) : CPU_GEMM_NC;
-        kern->gemm_pack(op->wtype, (const uint8_t *)op->w + (size_t)c0 * ctx->ldw, ctx->ldw, op->k, nc,
-                        panel);
+        ctx->gemm_pack(op->wtype, (const uint8_t *)op->w + (size_t)c0 * ctx->ldw, ctx->ldw, op->k, nc,
+                       panel);
         for (int64_t r0 = 0; r0 < op->rows; r0 += rstep) {
             int nr = op->rows - r0 < rstep ? (int)(op->rows - r0) : rstep;
-            kern->gemm_tile(op->wtype, panel, op->x, &ctx->qa, r0, op->k, nr, tile);
+            ctx->gemm_tile(op->wtype, panel, op->x, &ctx->qa, r0, op->k, nr, tile);
             linear_epilogue(ctx, r0, nr, c0, nc, tile, CPU_GEMM_NC);
         }
     }
@@ -253,8 +272,14 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
     case IR_DTYPE_BF16: ctx.tile_f = kern->tile_bf16; break;
     case IR_DTYPE_Q8_0: ctx.tile_q = kern->tile_q8_0; break;
     case IR_DTYPE_Q4_0: ctx.tile_q = kern->tile_q4_0; break;
+    case IR_DTYPE_Q4_K: ctx.tile_q = kern->kq->tile_q4_k; break;
+    case IR_DTYPE_Q5_K: ctx.tile_q = kern->kq->tile_q5_k; break;
+    case IR_DTYPE_Q6_K: ctx.tile_q = kern->kq->tile_q6_k; break;
+    case IR_DTYPE_Q5_0: ctx.tile_q = kern->kq->tile_q5_0; break;
+    case IR_DTYPE_IQ4_XS: ctx.tile_q = kern->kq->tile_iq4_xs; break;
     default: LLMOPT_ASSERT(!"cpu_linear_run: unsupported weight type");
     }
+    LLMOPT_ASSERT(cpu_linear_supports(op->wtype, op->k));
     uint8_t *scratch = op->scratch;
     if (ctx.tile_q) {
         LLMOPT_ASSERT(op->k % CPU_QBLOCK == 0 && scratch);
@@ -265,7 +290,11 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
     if (use_gemm(kern, op->wtype, op->rows)) {
         LLMOPT_ASSERT(scratch);
         ctx.gemm = true;
-        ctx.panel_bytes = align64(kern->gemm_panel_bytes(op->wtype, op->k));
+        bool kq = cpu_dtype_is_kq(op->wtype);
+        ctx.gemm_pack = kq ? kern->kq->gemm_pack : kern->gemm_pack;
+        ctx.gemm_tile = kq ? kern->kq->gemm_tile : kern->gemm_tile;
+        ctx.gemm_rows = kq ? kern->kq->gemm_rows : kern->gemm_rows;
+        ctx.panel_bytes = align64(gemm_panel_bytes(kern, op->wtype, op->k));
         ctx.panels = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     }
     if (ctx.tile_q) { /* the activations, quantized once for every column */

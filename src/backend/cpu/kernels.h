@@ -7,8 +7,8 @@
  * on any x86-64 and uses what the CPU has. The drivers here (kernels.c) do the work
  * split and the epilogues and are the same for every ISA.
  *
- * Weights keep their stored type and are dequantized in registers. For Q8_0/Q4_0
- * weights the activations are quantized once per op to int8 blocks of 32 (a scale per
+ * Weights keep their stored type and are dequantized in registers. For block-quantized
+ * weights (Q8_0, Q4_0, and the K-quants etc. of cpu_kq_kernels) the activations are quantized once per op to int8 blocks of 32 (a scale per
  * block) and multiplied with integer dot products. The scalar reference kernels in
  * ref_ops.c are the oracle every kernel here is tested against. */
 #ifndef LLMOPT_BACKEND_CPU_KERNELS_H
@@ -37,7 +37,7 @@ enum cpu_isa cpu_isa_best(void);
 /* A linear's output tile: CPU_TILE_R activation rows x CPU_TILE_C weight rows. */
 #define CPU_TILE_R 4
 #define CPU_TILE_C 4
-/* Activation quantization block (Q8_0 / Q4_0 weights). */
+/* Activation quantization block (block-quantized weights). */
 #define CPU_QBLOCK 32
 
 /* Activations quantized to int8 blocks of CPU_QBLOCK: x[i] ~= qs[i] * d[i / 32], with
@@ -71,7 +71,7 @@ struct cpu_linear {
     const float *x;        /* (rows, k) */
     int64_t rows, k, n_out;
     const void *w;         /* (n_out, k) of wtype */
-    enum ir_dtype wtype;   /* F32, F16, BF16, Q8_0 or Q4_0 */
+    enum ir_dtype wtype;   /* any type cpu_linear_supports takes */
     const float *bias;     /* (n_out) or NULL */
     const float *gate;     /* (rows, n_out) or NULL */
     const float *residual; /* (rows, n_out) or NULL; may alias y */
@@ -137,6 +137,22 @@ typedef void (*cpu_tile_f_fn)(const float *x, int64_t ldx, const uint8_t *w, siz
 typedef void (*cpu_tile_q_fn)(const struct cpu_qact *qa, int64_t r0, const uint8_t *w,
                               size_t ldw, int nr, int nc, float *out);
 
+/* Weight types with llama.cpp's other block layouts, Q4_K, Q5_K, Q6_K (super-blocks
+ * of 256 with per-sub-block scales), Q5_0 and IQ4_XS: tiles over the quantized
+ * activations and a prefill GEMM, one table per ISA (kquant_*.c, isa_kquant_*.c). */
+struct cpu_kq_kernels {
+    cpu_tile_q_fn tile_q4_k, tile_q5_k, tile_q6_k, tile_q5_0, tile_iq4_xs;
+    /* Prefill GEMM over these types (the contract of cpu_isa_kernels' gemm_* below,
+     * activations always from qa); gemm_tile NULL where the ISA has none. */
+    size_t (*gemm_panel_bytes)(enum ir_dtype t, int64_t k);
+    void (*gemm_pack)(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel);
+    void (*gemm_tile)(enum ir_dtype t, const void *panel, const float *x, const struct cpu_qact *qa,
+                      int64_t r0, int64_t k, int nr, float *out);
+    int (*gemm_rows)(enum ir_dtype t);
+};
+/* t is one of cpu_kq_kernels' types. */
+bool cpu_dtype_is_kq(enum ir_dtype t);
+
 struct cpu_isa_kernels {
     enum cpu_isa isa;
     cpu_tile_f_fn tile_f32, tile_f16, tile_bf16;
@@ -168,6 +184,7 @@ struct cpu_isa_kernels {
                       int64_t r0, int64_t k, int nr, float *out);
     int (*gemm_rows)(enum ir_dtype t);
     bool (*gemm_supports)(enum ir_dtype t);
+    const struct cpu_kq_kernels *kq;
 };
 
 /* The table for isa, or NULL when this build or CPU lacks it. */
@@ -178,6 +195,10 @@ const struct cpu_isa_kernels *cpu_isa_kernels_get(enum cpu_isa isa);
 /* Activation rows from which linears use the ISA's packed GEMM; 0 (the default): by
  * weight type. The kernel lab varies it. */
 extern int cpu_gemm_min_rows;
+/* cpu_linear_run takes weights of type t with rows of k values: F32/F16/BF16 any k,
+ * the block types whole blocks (k a multiple of 32 for Q8_0/Q4_0/Q5_0, of 256 for the
+ * K types and IQ4_XS). */
+bool cpu_linear_supports(enum ir_dtype t, int64_t k);
 /* Scratch a linear of weight type t over rows x k needs on n_threads threads. */
 size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows,
                                 int64_t k, int n_threads);

@@ -59,6 +59,11 @@ static enum ggml_type weight_ggml_type(enum ir_dtype t) {
     case IR_DTYPE_BF16: return GGML_TYPE_BF16;
     case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
     case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
+    case IR_DTYPE_Q5_0: return GGML_TYPE_Q5_0;
+    case IR_DTYPE_Q4_K: return GGML_TYPE_Q4_K;
+    case IR_DTYPE_Q5_K: return GGML_TYPE_Q5_K;
+    case IR_DTYPE_Q6_K: return GGML_TYPE_Q6_K;
+    case IR_DTYPE_IQ4_XS: return GGML_TYPE_IQ4_XS;
     default: break;
     }
     LLMOPT_ASSERT(0);
@@ -429,11 +434,7 @@ static bool fast_linear_ok(const struct cpu_state *s, const struct ir_node *n) {
     enum ir_dtype t = s->g->nodes[n->in[1]].weight.dtype;
     const struct ir_extent *ex = &s->extent[n->in[0]];
     int64_t k = ex->dims[ex->rank - 1], rows = k ? ir_extent_numel(ex) / k : 0;
-    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) {
-        if (k % CPU_QBLOCK) return false;
-    } else if (t != IR_DTYPE_F32 && t != IR_DTYPE_F16 && t != IR_DTYPE_BF16) {
-        return false;
-    }
+    if (!cpu_linear_supports(t, k)) return false;
     return cpu_linear_scratch_bytes(s->kern, t, rows, k, pool_threads(s->pool)) <= s->linear_scratch_bytes;
 }
 
@@ -709,9 +710,7 @@ static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32
             struct ir_extent ex;
             ir_extent_of(&g->nodes[n->in[0]].shape, n_max, n_max, &ex);
             int64_t k = ex.dims[ex.rank - 1], rows = k ? ir_extent_numel(&ex) / k : 0;
-            bool blocks = t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0;
-            bool fast = blocks ? k % CPU_QBLOCK == 0
-                               : t == IR_DTYPE_F32 || t == IR_DTYPE_F16 || t == IR_DTYPE_BF16;
+            bool fast = cpu_linear_supports(t, k);
             size_t need = fast ? cpu_linear_scratch_bytes(s->kern, t, rows, k, pool_threads(s->pool)) : 0;
             if (need > s->linear_scratch_bytes) s->linear_scratch_bytes = need;
         } else if (n->op == IR_OP_ATTENTION) {
