@@ -382,7 +382,7 @@ int main(int argc, char **argv) {
             for (size_t s = 0; s < sizeof mv / sizeof mv[0]; s++) {
                 snprintf(name, sizeof name, "matvec %s", ir_dtype_name(wtypes[t]));
                 if ((o.quick && s == 2) || !wanted(name)) continue;
-                for (int64_t rows = 1; rows <= 4; rows *= 4)
+                for (int64_t rows = 1; rows <= 32; rows *= 4) /* 1, 4, 16: server batches */
                     printf("| matvec %s | rows %lld, k %lld, n %lld | %.1f GB/s |\n",
                            ir_dtype_name(wtypes[t]), (long long)rows, (long long)mv[s][0],
                            (long long)mv[s][1],
@@ -395,7 +395,7 @@ int main(int argc, char **argv) {
         for (int t = 0; t < N_WTYPES; t++) {
             snprintf(name, sizeof name, "matvec-hot %s", ir_dtype_name(wtypes[t]));
             if (!wanted(name)) continue;
-            for (int64_t rows = 1; rows <= 4; rows *= 2)
+            for (int64_t rows = 1; rows <= 32; rows *= 2)
                 printf("| matvec-hot %s | rows %lld, k 1024, n 256 (in L2) | %.1f GB/s |\n",
                        ir_dtype_name(wtypes[t]), (long long)rows,
                        bench_matvec(kern, pool, wtypes[t], rows, 1024, 256, reps, true));

@@ -116,7 +116,8 @@ float cpu_act_apply(enum ir_op op, float x) {
 /* Activation rows from which a linear packs weights for the GEMM micro-kernels (when
  * the ISA has them); below it the dot-product tiles read the weights as stored. 0: by
  * weight type, where the kernel lab measured the crossover (AVX-512, k 1024, n 3072:
- * Q8_0/Q4_0 between 4 and 8 rows, F32/F16 between 16 and 32). */
+ * F32/F16 between 16 and 32 rows; Q8_0/Q4_0 at 5 rows, where a tile pass of 4 rows
+ * and one of 1 cost more than the packed GEMM, k 1024, n 256 in L2). */
 int cpu_gemm_min_rows = 0;
 
 static bool weight_quantized(enum ir_dtype t) {
@@ -124,7 +125,7 @@ static bool weight_quantized(enum ir_dtype t) {
 }
 
 static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows) {
-    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 6 : 24;
+    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : 24;
     return kern->gemm_tile && rows >= min_rows && kern->gemm_supports(t);
 }
 
@@ -193,15 +194,21 @@ static void linear_gemm_columns(struct linear_ctx *ctx, int ith) {
 #define LINEAR_CHUNK_COLS 64
 #define LINEAR_CHUNK_ROWS 8
 
+/* Rows up to which the dot-product path collects a chunk's outputs before its
+ * epilogue (one call per row over 64 columns rather than one per tile of 4). */
+#define LINEAR_BUF_ROWS (2 * CPU_TILE_R)
+
 /* Decode and short batches: threads take chunks of whole column tiles.
  * One tile of CPU_TILE_C weight rows (a few KiB) stays in L1 while every activation
  * row passes over it, so each weight byte comes from memory once per op. */
-static void linear_tile_columns(struct linear_ctx *ctx, int nth) {
+static void linear_tile_columns(struct linear_ctx *ctx) {
     const struct cpu_linear *op = ctx->op;
     float tile[CPU_TILE_R * CPU_TILE_C];
-    int64_t chunk = nth > 1 ? LINEAR_CHUNK_COLS : op->n_out, cb;
-    while ((cb = atomic_fetch_add(&ctx->next_col, chunk)) < op->n_out) {
-        int64_t ce = op->n_out - cb < chunk ? op->n_out : cb + chunk;
+    _Alignas(64) float buf[LINEAR_BUF_ROWS * LINEAR_CHUNK_COLS];
+    const bool buffered = op->rows <= LINEAR_BUF_ROWS;
+    int64_t cb;
+    while ((cb = atomic_fetch_add(&ctx->next_col, LINEAR_CHUNK_COLS)) < op->n_out) {
+        int64_t ce = op->n_out - cb < LINEAR_CHUNK_COLS ? op->n_out : cb + LINEAR_CHUNK_COLS;
         for (int64_t c0 = cb; c0 < ce; c0 += CPU_TILE_C) {
             int nc = ce - c0 < CPU_TILE_C ? (int)(ce - c0) : CPU_TILE_C;
             const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * ctx->ldw;
@@ -211,9 +218,16 @@ static void linear_tile_columns(struct linear_ctx *ctx, int nth) {
                     ctx->tile_q(&ctx->qa, r0, w, ctx->ldw, nr, nc, tile);
                 else
                     ctx->tile_f(op->x + r0 * op->k, op->k, w, ctx->ldw, op->k, nr, nc, tile);
-                linear_epilogue(ctx, r0, nr, c0, nc, tile, CPU_TILE_C);
+                if (!buffered) {
+                    linear_epilogue(ctx, r0, nr, c0, nc, tile, CPU_TILE_C);
+                    continue;
+                }
+                for (int r = 0; r < nr; r++)
+                    for (int c = 0; c < nc; c++)
+                        buf[(r0 + r) * LINEAR_CHUNK_COLS + (c0 - cb) + c] = tile[r * CPU_TILE_C + c];
             }
         }
+        if (buffered) linear_epilogue(ctx, 0, (int)op->rows, cb, (int)(ce - cb), buf, LINEAR_CHUNK_COLS);
     }
 }
 
@@ -222,7 +236,7 @@ static void linear_thread(void *arg, int ith, int nth) {
     if (ctx->gemm)
         linear_gemm_columns(ctx, ith);
     else
-        linear_tile_columns(ctx, nth);
+        linear_tile_columns(ctx);
 }
 
 /* Quantizes the activations, rows taken in chunks from a counter. */
