@@ -15,17 +15,17 @@ typedef __m512 vf;
 #define VLEN 16
 #define TILE_PASS_R 4
 
+static inline vf v_round_nearest(vf v) {
+    return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline vf v_ldexp(vf p, vf n) {
+    return _mm512_scalef_ps(p, n);
+}
+#define KX_PREFIX _mm512
+#include "backend/cpu/kern_x86.h"
+
 static inline __mmask16 lane_mask(int n) {
     return (__mmask16)((1u << n) - 1u);
-}
-static inline vf v_zero(void) {
-    return _mm512_setzero_ps();
-}
-static inline vf v_set1(float f) {
-    return _mm512_set1_ps(f);
-}
-static inline vf v_load(const float *p) {
-    return _mm512_loadu_ps(p);
 }
 static inline vf v_load_n(const float *p, int n) {
     return _mm512_maskz_loadu_ps(lane_mask(n), p);
@@ -45,62 +45,17 @@ static inline vf v_load_bf16(const uint8_t *p) {
 static inline vf v_load_bf16_n(const uint8_t *p, int n) {
     return bf16_widen(_mm256_maskz_loadu_epi16(lane_mask(n), p));
 }
-static inline void v_store(float *p, vf v) {
-    _mm512_storeu_ps(p, v);
-}
 static inline void v_store_n(float *p, vf v, int n) {
     _mm512_mask_storeu_ps(p, lane_mask(n), v);
-}
-static inline vf v_add(vf a, vf b) {
-    return _mm512_add_ps(a, b);
-}
-static inline vf v_sub(vf a, vf b) {
-    return _mm512_sub_ps(a, b);
-}
-static inline vf v_mul(vf a, vf b) {
-    return _mm512_mul_ps(a, b);
-}
-static inline vf v_div(vf a, vf b) {
-    return _mm512_div_ps(a, b);
-}
-static inline vf v_max(vf a, vf b) {
-    return _mm512_max_ps(a, b);
-}
-static inline vf v_fma(vf a, vf b, vf c) {
-    return _mm512_fmadd_ps(a, b, c);
-}
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 static inline float v_hsum(vf v) {
     __m256 lo = _mm512_castps512_ps256(v);
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    return hsum256(_mm256_add_ps(lo, hi));
+    return kx_hsum256(_mm256_add_ps(lo, hi));
 }
 static inline float v_hmax(vf v) {
     return _mm512_reduce_max_ps(v);
 }
-/* e^x = 2^n * e^r as in the AVX2 file; scalef applies 2^n. */
-static inline vf v_exp(vf x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3365478515625f)),
-                      _mm512_set1_ps(88.3762626647949f));
-    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    vf p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* lane j = sum of a[j]'s lanes: fold 512 -> 256 -> 128 bits pairing vectors as the
  * width halves, then within 128-bit lanes; lane L of 128-bit lane e then holds row
  * 4e + L, which one permute puts in place. */
@@ -122,12 +77,6 @@ static inline vf v_reduce_lanes(const vf *a) {
 #include "backend/cpu/kern_generic.h"
 
 /* ---- int8 -------------------------------------------------------------------------- */
-
-static inline float f16_scale(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 static void quantize_row(const float *x, const struct cpu_qact *qa, int64_t r) {
     int64_t k = qa->k;

@@ -14,7 +14,9 @@
  *   v_reduce_lanes(vf a[VLEN])    lane j = sum of the lanes of a[j]
  *   TILE_PASS_R                   tile rows one pass keeps in registers
  *
- * Everything here is static; the including file puts the functions in its table. */
+ * Everything here is static; the including file puts the functions in its table. The
+ * x86 files share the width-independent part of the vocabulary (arithmetic, v_exp)
+ * through kern_x86.h. */
 #ifndef LLMOPT_BACKEND_CPU_KERN_GENERIC_H
 #define LLMOPT_BACKEND_CPU_KERN_GENERIC_H
 
