@@ -1,13 +1,16 @@
 /* Kernel lab: times each fast CPU kernel in isolation and prints a table.
  *
- *   build/bench_kernels [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick]
+ *   build/bench_kernels [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick] [--only NAME]
+ *                       [--gemm-min-rows N] [--one-range] [--wall]
  *   build/bench_kernels --model MODEL.gguf [-t THREADS] [-p PROMPT] [-n DECODE] [--ref]
  *
  * Matrix-vector products (decode) are bandwidth-bound: they stream a set of weight
  * copies larger than the last-level cache, so every byte comes from memory, and report
  * GB/s of weights read (compare with the machine's measured read bandwidth, `llmopt
  * probe`). Matrix-matrix products (prefill) are compute-bound and report GFLOP/s
- * (2 * rows * k * n). Each number is the median of several repeats.
+ * (2 * rows * k * n). Each number is the median of several repeats. matvec with rows > 1
+ * is a server batch of decode rows: at X GB/s for rows R against Y for rows 1 the batch
+ * costs Y / X single rows.
  *
  * --model times whole forwards through the public API: prefill tok/s and decode tok/s
  * (greedy), with the fast backend or, with --ref, the scalar reference. */
@@ -332,6 +335,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) o.quick = true;
         else if (!strcmp(argv[i], "--ref")) o.ref = true;
         else if (!strcmp(argv[i], "--wall")) o.wall = true;
+        else if (!strcmp(argv[i], "--one-range")) cpu_linear_one_range = true;
         else if (!strcmp(argv[i], "--gemm-min-rows") && i + 1 < argc) cpu_gemm_min_rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) o.only = only_filter = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) o.model = argv[++i];
@@ -348,7 +352,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick] [--only NAME]\n"
-                            "       [--gemm-min-rows N] [--wall]\n"
+                            "       [--gemm-min-rows N] [--one-range] [--wall]\n"
                             "       %s --model MODEL.gguf [-t THREADS] [-p PROMPT] [-n DECODE] [--ref]\n",
                     argv[0], argv[0]);
             return 2;

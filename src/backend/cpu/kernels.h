@@ -178,6 +178,9 @@ const struct cpu_isa_kernels *cpu_isa_kernels_get(enum cpu_isa isa);
 /* Activation rows from which linears use the ISA's packed GEMM; 0 (the default): by
  * weight type. The kernel lab varies it. */
 extern int cpu_gemm_min_rows;
+/* The dot-product path gives each thread a contiguous column range (false, the
+ * default) or lets all threads take chunks from one (true; the kernel lab compares). */
+extern bool cpu_linear_one_range;
 /* Scratch a linear of weight type t over rows x k needs on n_threads threads. */
 size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows,
                                 int64_t k, int n_threads);
