@@ -156,11 +156,11 @@ static inline __attribute__((always_inline)) void q_pair_step(const struct cpu_q
         const uint8_t *blk = w + c * ldw + b * blk_bytes;
         /* the next tile's rows into L1 and the rows 4 tiles ahead into L2: the hardware
          * prefetcher alone ramps up too slowly on these short interleaved streams, and
-         * L1 prefetches alone keep too few lines in flight (kernels lab, +10-15 % from
-         * memory on one thread) */
+         * L1 prefetches alone keep too few lines in flight (bench/ab/prefetch.c: one
+         * L2 prefetch per pair, +10-25 % from memory on one thread; a second one per
+         * pair costs more in instructions than it brings) */
         _mm_prefetch((const char *)(blk + nc * ldw), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + nc * ldw + 2 * blk_bytes - 1), _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + KG_PF_L2_TILES * nc * ldw), _MM_HINT_T1);
         _mm_prefetch((const char *)(blk + KG_PF_L2_TILES * nc * ldw + 2 * blk_bytes - 1), _MM_HINT_T1);
         wu[c] = q_pair_weights(blk, q4, one);
         dwp[c] = _mm512_permutexvar_ps(pick, dw[c]);
