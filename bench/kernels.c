@@ -1,13 +1,16 @@
 /* Kernel lab: times each fast CPU kernel in isolation and prints a table.
  *
- *   build/bench_kernels [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick]
+ *   build/bench_kernels [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick] [--only NAME]
+ *                       [--gemm-min-rows N] [--one-range] [--wall]
  *   build/bench_kernels --model MODEL.gguf [-t THREADS] [-p PROMPT] [-n DECODE] [--ref]
  *
  * Matrix-vector products (decode) are bandwidth-bound: they stream a set of weight
  * copies larger than the last-level cache, so every byte comes from memory, and report
  * GB/s of weights read (compare with the machine's measured read bandwidth, `llmopt
  * probe`). Matrix-matrix products (prefill) are compute-bound and report GFLOP/s
- * (2 * rows * k * n). Each number is the median of several repeats.
+ * (2 * rows * k * n). Each number is the median of several repeats. matvec with rows > 1
+ * is a server batch of decode rows: at X GB/s for rows R against Y for rows 1 the batch
+ * costs Y / X single rows.
  *
  * --model times whole forwards through the public API: prefill tok/s and decode tok/s
  * (greedy), with the fast backend or, with --ref, the scalar reference. */
@@ -341,6 +344,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) o.quick = true;
         else if (!strcmp(argv[i], "--ref")) o.ref = true;
         else if (!strcmp(argv[i], "--wall")) o.wall = true;
+        else if (!strcmp(argv[i], "--one-range")) cpu_linear_one_range = true;
         else if (!strcmp(argv[i], "--gemm-min-rows") && i + 1 < argc) cpu_gemm_min_rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) o.only = only_filter = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) o.model = argv[++i];
@@ -357,7 +361,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick] [--only NAME]\n"
-                            "       [--gemm-min-rows N] [--wall]\n"
+                            "       [--gemm-min-rows N] [--one-range] [--wall]\n"
                             "       %s --model MODEL.gguf [-t THREADS] [-p PROMPT] [-n DECODE] [--ref]\n",
                     argv[0], argv[0]);
             return 2;
@@ -391,7 +395,7 @@ int main(int argc, char **argv) {
             for (size_t s = 0; s < sizeof mv / sizeof mv[0]; s++) {
                 snprintf(name, sizeof name, "matvec %s", ir_dtype_name(wtypes[t]));
                 if ((o.quick && s == 2) || !wanted(name)) continue;
-                for (int64_t rows = 1; rows <= 4; rows *= 4)
+                for (int64_t rows = 1; rows <= 32; rows *= 4) /* 1, 4, 16: server batches */
                     printf("| matvec %s | rows %lld, k %lld, n %lld | %.1f GB/s |\n",
                            ir_dtype_name(wtypes[t]), (long long)rows, (long long)mv[s][0],
                            (long long)mv[s][1],
@@ -404,7 +408,7 @@ int main(int argc, char **argv) {
         for (int t = 0; t < N_WTYPES; t++) {
             snprintf(name, sizeof name, "matvec-hot %s", ir_dtype_name(wtypes[t]));
             if (!wanted(name)) continue;
-            for (int64_t rows = 1; rows <= 4; rows *= 2)
+            for (int64_t rows = 1; rows <= 32; rows *= 2)
                 printf("| matvec-hot %s | rows %lld, k 1024, n 256 (in L2) | %.1f GB/s |\n",
                        ir_dtype_name(wtypes[t]), (long long)rows,
                        bench_matvec(kern, pool, wtypes[t], rows, 1024, 256, reps, true));

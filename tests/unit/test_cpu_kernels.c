@@ -394,6 +394,9 @@ static void test_linear_1_thread(void) {
 }
 static void test_linear_2_threads(void) {
     run_linear_cases(2, 15);
+    cpu_linear_one_range = true; /* the shared-counter split the kernel lab compares */
+    run_linear_cases(2, 5);
+    cpu_linear_one_range = false;
 }
 static void test_linear_3_threads(void) {
     run_linear_cases(3, 15);

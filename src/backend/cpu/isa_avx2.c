@@ -16,15 +16,16 @@ typedef __m256 vf;
 /* 16 ymm registers: 2 x 4 accumulators + 4 weight vectors + temporaries. */
 #define TILE_PASS_R 2
 
-static inline vf v_zero(void) {
-    return _mm256_setzero_ps();
+static inline vf v_round_nearest(vf v) {
+    return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-static inline vf v_set1(float f) {
-    return _mm256_set1_ps(f);
+static inline vf v_ldexp(vf p, vf n) {
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
-static inline vf v_load(const float *p) {
-    return _mm256_loadu_ps(p);
-}
+#define KX_PREFIX _mm256
+#include "backend/cpu/kern_x86.h"
+
 static inline __m256i lane_mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
@@ -51,35 +52,11 @@ static inline vf v_load_bf16(const uint8_t *p) {
 static inline vf v_load_bf16_n(const uint8_t *p, int n) {
     return bf16_widen(load_u16_n(p, n));
 }
-static inline void v_store(float *p, vf v) {
-    _mm256_storeu_ps(p, v);
-}
 static inline void v_store_n(float *p, vf v, int n) {
     _mm256_maskstore_ps(p, lane_mask(n), v);
 }
-static inline vf v_add(vf a, vf b) {
-    return _mm256_add_ps(a, b);
-}
-static inline vf v_sub(vf a, vf b) {
-    return _mm256_sub_ps(a, b);
-}
-static inline vf v_mul(vf a, vf b) {
-    return _mm256_mul_ps(a, b);
-}
-static inline vf v_div(vf a, vf b) {
-    return _mm256_div_ps(a, b);
-}
-static inline vf v_max(vf a, vf b) {
-    return _mm256_max_ps(a, b);
-}
-static inline vf v_fma(vf a, vf b, vf c) {
-    return _mm256_fmadd_ps(a, b, c);
-}
 static inline float v_hsum(vf v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    return kx_hsum256(v);
 }
 static inline float v_hmax(vf v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -87,26 +64,6 @@ static inline float v_hmax(vf v) {
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-/* e^x = 2^n * e^r, n = round(x / ln 2), |r| <= ln2 / 2, e^r by a degree-6 polynomial
- * (Cephes' expf coefficients); ln 2 is split in two for an exact n * ln2_hi. */
-static inline vf v_exp(vf x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f)),
-                      _mm256_set1_ps(88.3762626647949f));
-    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    vf p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 /* lane j = sum of a[j]'s lanes: pairwise hadds, then the two 128-bit halves. */
 static inline vf v_reduce_lanes(const vf *a) {
     vf t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);

@@ -16,17 +16,17 @@ typedef __m512 vf;
 #define VLEN 16
 #define TILE_PASS_R 4
 
+static inline vf v_round_nearest(vf v) {
+    return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline vf v_ldexp(vf p, vf n) {
+    return _mm512_scalef_ps(p, n);
+}
+#define KX_PREFIX _mm512
+#include "backend/cpu/kern_x86.h"
+
 static inline __mmask16 lane_mask(int n) {
     return (__mmask16)((1u << n) - 1u);
-}
-static inline vf v_zero(void) {
-    return _mm512_setzero_ps();
-}
-static inline vf v_set1(float f) {
-    return _mm512_set1_ps(f);
-}
-static inline vf v_load(const float *p) {
-    return _mm512_loadu_ps(p);
 }
 static inline vf v_load_n(const float *p, int n) {
     return _mm512_maskz_loadu_ps(lane_mask(n), p);
@@ -46,62 +46,17 @@ static inline vf v_load_bf16(const uint8_t *p) {
 static inline vf v_load_bf16_n(const uint8_t *p, int n) {
     return bf16_widen(_mm256_maskz_loadu_epi16(lane_mask(n), p));
 }
-static inline void v_store(float *p, vf v) {
-    _mm512_storeu_ps(p, v);
-}
 static inline void v_store_n(float *p, vf v, int n) {
     _mm512_mask_storeu_ps(p, lane_mask(n), v);
-}
-static inline vf v_add(vf a, vf b) {
-    return _mm512_add_ps(a, b);
-}
-static inline vf v_sub(vf a, vf b) {
-    return _mm512_sub_ps(a, b);
-}
-static inline vf v_mul(vf a, vf b) {
-    return _mm512_mul_ps(a, b);
-}
-static inline vf v_div(vf a, vf b) {
-    return _mm512_div_ps(a, b);
-}
-static inline vf v_max(vf a, vf b) {
-    return _mm512_max_ps(a, b);
-}
-static inline vf v_fma(vf a, vf b, vf c) {
-    return _mm512_fmadd_ps(a, b, c);
-}
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 static inline float v_hsum(vf v) {
     __m256 lo = _mm512_castps512_ps256(v);
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    return hsum256(_mm256_add_ps(lo, hi));
+    return kx_hsum256(_mm256_add_ps(lo, hi));
 }
 static inline float v_hmax(vf v) {
     return _mm512_reduce_max_ps(v);
 }
-/* e^x = 2^n * e^r as in the AVX2 file; scalef applies 2^n. */
-static inline vf v_exp(vf x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3365478515625f)),
-                      _mm512_set1_ps(88.3762626647949f));
-    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    vf p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* lane j = sum of a[j]'s lanes: fold 512 -> 256 -> 128 bits pairing vectors as the
  * width halves, then within 128-bit lanes; lane L of 128-bit lane e then holds row
  * 4e + L, which one permute puts in place. */
@@ -135,12 +90,6 @@ static inline vf v_set1_f16(const uint8_t *p) {
 
 /* ---- int8 -------------------------------------------------------------------------- */
 
-static inline float f16_scale(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 static void quantize_row(const float *x, const struct cpu_qact *qa, int64_t r) {
     int64_t k = qa->k;
     int8_t *qs = qa->qs + r * k;
@@ -169,73 +118,118 @@ static void quantize_row(const float *x, const struct cpu_qact *qa, int64_t r) {
 
 /* Weights biased to unsigned bytes (w + 128, or 16 * nibble for Q4_0) as vpdpbusd's
  * unsigned operand; the accumulator starts at corr = -128 * quad sums of x, which
- * removes the bias exactly: sum (w + 128) x - 128 sum x = sum w x. */
+ * removes the bias exactly: sum (w + 128) x - 128 sum x = sum w x.
+ *
+ * Two blocks per 512-bit vector: lanes 0-7 hold block b's 8 quad sums, lanes 8-15
+ * block b + 1's, so the bias, vpdpbusd, int -> float conversion and scale FMA each
+ * run once per two blocks. The scales of 16 blocks come from one gather per column
+ * (and one load per row); a permute spreads a pair's two scales over the halves. */
+
+/* Weight blocks b and b + 1 of one column as unsigned bytes (the second half zero
+ * when `one`: a last, odd block). */
+static inline __attribute__((always_inline)) __m512i q_pair_weights(const uint8_t *blk, const int q4,
+                                                                    const bool one) {
+    if (q4) {
+        const __m512i high4 = _mm512_set1_epi8((char)0xf0);
+        const __m512i shift = _mm512_setr_epi32(4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0);
+        /* bytes 0..15 -> 16 * low nibbles (elements 0..15), 16..31 -> 16 * high nibbles */
+        __m256i lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+        __m512i q = one ? _mm512_zextsi256_si512(lo)
+                        : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                             _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                                 (const __m128i *)(const void *)(blk + 2 + sizeof(block_q4_0)))),
+                                             1);
+        return _mm512_and_si512(_mm512_sllv_epi32(q, shift), high4);
+    }
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+    if (one) return _mm512_zextsi256_si512(_mm256_xor_si256(lo, _mm512_castsi512_si256(flip)));
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                   _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2 + sizeof(block_q8_0))),
+                                   1);
+    return _mm512_xor_si512(q, flip);
+}
+
+/* Blocks b, b + 1 (b only when `one`) of every tile row and column; bb = b's index
+ * within its 16-block chunk, whose scales are in dw (per column) and dx (per row). */
+static inline __attribute__((always_inline)) void q_pair_step(const struct cpu_qact *qa, int64_t r0,
+                                                              const uint8_t *w, size_t ldw, int64_t b, int bb,
+                                                              const __m512 *dw, const __m512 *dx,
+                                                              __m512 (*acc)[CPU_TILE_C], const int q4,
+                                                              const int nr, const int nc, const bool one) {
+    const int64_t k = qa->k;
+    const int blk_bytes = q4 ? (int)sizeof(block_q4_0) : (int)sizeof(block_q8_0);
+    const __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(bb),
+                                          _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    __m512i wu[CPU_TILE_C];
+    __m512 dwp[CPU_TILE_C];
+#pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) {
+        const uint8_t *blk = w + c * ldw + b * blk_bytes;
+        /* the next tile's rows into L1 and the rows 4 tiles ahead into L2: the hardware
+         * prefetcher alone ramps up too slowly on these short interleaved streams, and
+         * L1 prefetches alone keep too few lines in flight (bench/ab/prefetch.c: one
+         * L2 prefetch per pair, +10-25 % from memory on one thread; a second one per
+         * pair costs more in instructions than it brings) */
+        _mm_prefetch((const char *)(blk + nc * ldw), _MM_HINT_T0);
+        _mm_prefetch((const char *)(blk + nc * ldw + 2 * blk_bytes - 1), _MM_HINT_T0);
+        _mm_prefetch((const char *)(blk + KG_PF_L2_TILES * nc * ldw + 2 * blk_bytes - 1), _MM_HINT_T1);
+        wu[c] = q_pair_weights(blk, q4, one);
+        dwp[c] = _mm512_permutexvar_ps(pick, dw[c]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        const int8_t *xp = qa->qs + (r0 + r) * k + b * CPU_QBLOCK;
+        const int32_t *cp = qa->corr + (r0 + r) * (k / 4) + b * 8;
+        __m512i xq = one ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)xp))
+                         : _mm512_loadu_si512((const void *)xp);
+        __m512i cr = one ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)cp))
+                         : _mm512_loadu_si512((const void *)cp);
+        __m512 dxp = nr == 1 ? _mm512_setzero_ps() : _mm512_permutexvar_ps(pick, dx[r]);
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) {
+            __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cr, wu[c], xq));
+            if (nr > 1) s = _mm512_mul_ps(s, dxp);
+            acc[r][c] = _mm512_fmadd_ps(s, dwp[c], acc[r][c]);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_q_rc(const struct cpu_qact *qa, int64_t r0,
                                                             const uint8_t *w, size_t ldw, float *out,
                                                             const int q4, const int nr, const int nc) {
     const int64_t k = qa->k, nb = k / CPU_QBLOCK;
     const int blk_bytes = q4 ? (int)sizeof(block_q4_0) : (int)sizeof(block_q8_0);
-    const __m256i flip = _mm256_set1_epi8((char)0x80), high4 = _mm256_set1_epi8((char)0xf0);
-    const __m256i shift = _mm256_setr_epi32(4, 4, 4, 4, 0, 0, 0, 0);
     const __m512i blk_off = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(blk_bytes));
     /* 16 * nibble: the product comes out 16x, the scale takes 1/16 back (exact) */
     const __m512 wscale = _mm512_set1_ps(q4 ? 1.0f / 16.0f : 1.0f);
-    __m256 acc[CPU_TILE_R][CPU_TILE_C];
+    __m512 acc[CPU_TILE_R][CPU_TILE_C];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) acc[r][c] = _mm256_setzero_ps();
-    /* Blocks in chunks of 16: one gather brings a column's 16 f16 scales, so the
-     * per-block work is load, bias, vpdpbusd, convert and one FMA whose scale
-     * dw * dx comes from this table as a broadcast memory operand. */
-    _Alignas(64) float scale[CPU_TILE_R][CPU_TILE_C][16];
+        for (int c = 0; c < nc; c++) acc[r][c] = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += 16) {
         int nbc = nb - b0 < 16 ? (int)(nb - b0) : 16;
         __mmask16 m = (__mmask16)((1u << nbc) - 1u);
+        __m512 dw[CPU_TILE_C], dx[CPU_TILE_R];
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) dx[r] = _mm512_maskz_loadu_ps(m, qa->d + (r0 + r) * nb + b0);
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, blk_off,
                                                     w + c * ldw + b0 * blk_bytes, 1);
-            __m512 dw = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), wscale);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++)
-                _mm512_store_ps(scale[r][c], _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(m, qa->d + (r0 + r) * nb + b0)));
+            dw[c] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), wscale);
+            if (nr == 1) dw[c] = _mm512_mul_ps(dw[c], dx[0]); /* one row: fold dx in once */
         }
-        for (int bb = 0; bb < nbc; bb++) {
-            const int64_t b = b0 + bb;
-            __m256i wu[CPU_TILE_C];
-#pragma GCC unroll 4
-            for (int c = 0; c < nc; c++) {
-                const uint8_t *blk = w + c * ldw + b * blk_bytes;
-                /* the next tile's rows, one tile ahead: the hardware prefetcher alone
-                 * ramps up too slowly on these short interleaved streams */
-                _mm_prefetch((const char *)(blk + nc * ldw), _MM_HINT_T0);
-                if (q4) {
-                    __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
-                    wu[c] = _mm256_and_si256(_mm256_sllv_epi32(q, shift), high4);
-                } else {
-                    wu[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)), flip);
-                }
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) {
-                const int64_t row = r0 + r;
-                __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(qa->qs + row * k + b * CPU_QBLOCK));
-                const int32_t *cr = qa->corr + row * (k / 4) + b * 8;
-#pragma GCC unroll 4
-                for (int c = 0; c < nc; c++) {
-                    __m256i s = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(const void *)cr), wu[c], xq);
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&scale[r][c][bb]),
-                                                acc[r][c]);
-                }
-            }
-        }
+        int bb = 0;
+        for (; bb + 2 <= nbc; bb += 2) q_pair_step(qa, r0, w, ldw, b0 + bb, bb, dw, dx, acc, q4, nr, nc, false);
+        if (bb < nbc) q_pair_step(qa, r0, w, ldw, b0 + bb, bb, dw, dx, acc, q4, nr, nc, true);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = hsum256(acc[r][c]);
+        for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = v_hsum(acc[r][c]);
 }
 
 #define Q8_CALL(R, C) tile_q_rc(qa, r0, w, ldw, out, 0, R, C)

@@ -16,7 +16,9 @@
  *   v_reduce_lanes(vf a[VLEN])    lane j = sum of the lanes of a[j]
  *   TILE_PASS_R                   tile rows one pass keeps in registers
  *
- * Everything here is static; the including file puts the functions in its table. */
+ * Everything here is static; the including file puts the functions in its table. The
+ * x86 files share the width-independent part of the vocabulary (arithmetic, v_exp)
+ * through kern_x86.h. */
 #ifndef LLMOPT_BACKEND_CPU_KERN_GENERIC_H
 #define LLMOPT_BACKEND_CPU_KERN_GENERIC_H
 
@@ -27,6 +29,10 @@
 #define KG_INLINE static inline __attribute__((always_inline))
 
 enum { KG_W_F32, KG_W_F16, KG_W_BF16 };
+
+/* Dot-product tiles prefetch weight rows this many tiles ahead into L2 (and the next
+ * tile into L1). */
+#define KG_PF_L2_TILES 4
 
 KG_INLINE vf kg_load_w(const uint8_t *w, int64_t i, const int wt) {
     if (wt == KG_W_F32) return v_load((const float *)(const void *)w + i);
@@ -55,8 +61,10 @@ KG_INLINE void kg_tile_float(const float *x, int64_t ldx, const uint8_t *w, size
         vf wv[CPU_TILE_C];
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
-            /* the next tile's rows, one tile ahead (see the int8 tiles) */
+            /* the next tile's rows into L1, the rows KG_PF_L2_TILES ahead into L2 (see
+             * the int8 tiles) */
             __builtin_prefetch(w + (c + nc) * ldw + i * (wt == KG_W_F32 ? 4 : 2));
+            __builtin_prefetch(w + (c + KG_PF_L2_TILES * nc) * ldw + i * (wt == KG_W_F32 ? 4 : 2), 0, 2);
             wv[c] = kg_load_w(w + c * ldw, i, wt);
         }
 #pragma GCC unroll 4

@@ -116,8 +116,10 @@ float cpu_act_apply(enum ir_op op, float x) {
 /* Activation rows from which a linear packs weights for the GEMM micro-kernels (when
  * the ISA has them); below it the dot-product tiles read the weights as stored. 0: by
  * weight type, where the kernel lab measured the crossover (AVX-512, k 1024, n 3072:
- * Q8_0/Q4_0 between 4 and 8 rows, F32/F16 between 16 and 32). */
+ * F32/F16 between 16 and 32 rows; Q8_0/Q4_0 at 5 rows, where a tile pass of 4 rows
+ * and one of 1 cost more than the packed GEMM, k 1024, n 256 in L2). */
 int cpu_gemm_min_rows = 0;
+bool cpu_linear_one_range = false;
 
 bool cpu_dtype_is_kq(enum ir_dtype t) {
     return t == IR_DTYPE_Q4_K || t == IR_DTYPE_Q5_K || t == IR_DTYPE_Q6_K || t == IR_DTYPE_Q5_0 ||
@@ -134,7 +136,7 @@ bool cpu_linear_supports(enum ir_dtype t, int64_t k) {
 }
 
 static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows) {
-    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 6 : 24;
+    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : 24;
     if (cpu_dtype_is_kq(t)) return kern->kq && kern->kq->gemm_tile && rows >= min_rows;
     return kern->gemm_tile && rows >= min_rows && kern->gemm_supports(t);
 }
@@ -170,6 +172,13 @@ struct linear_ctx {
     /* Columns are handed out in chunks from this counter, so a thread the OS delays
      * (this machine is shared) does less of the op instead of holding up the rest. */
     _Atomic int64_t next_col;
+    /* Dot-product path: thread i owns the i-th of n_ranges contiguous column ranges
+     * and takes its chunks in order from range_next[i], then helps with the others'
+     * ranges the same way. Each thread streams one contiguous region of weights (the
+     * tiles prefetch the next one ahead) instead of chunks interleaved with the other
+     * threads', and a thread the OS delays still loses its work to the others. */
+    int n_ranges;
+    _Atomic int64_t range_next[POOL_MAX_THREADS];
     _Atomic int64_t next_row; /* activation rows to quantize */
     size_t panel_bytes;
 };
@@ -212,27 +221,46 @@ static void linear_gemm_columns(struct linear_ctx *ctx, int ith) {
 #define LINEAR_CHUNK_COLS 64
 #define LINEAR_CHUNK_ROWS 8
 
-/* Decode and short batches: threads take chunks of whole column tiles.
- * One tile of CPU_TILE_C weight rows (a few KiB) stays in L1 while every activation
- * row passes over it, so each weight byte comes from memory once per op. */
-static void linear_tile_columns(struct linear_ctx *ctx, int nth) {
+/* Rows up to which the dot-product path collects a chunk's outputs before its
+ * epilogue (one call per row over 64 columns rather than one per tile of 4). */
+#define LINEAR_BUF_ROWS (2 * CPU_TILE_R)
+
+/* Decode and short batches, columns [cb, ce) of one chunk: one tile of CPU_TILE_C
+ * weight rows (a few KiB) stays in L1 while every activation row passes over it, so
+ * each weight byte comes from memory once per op. */
+static void linear_tile_chunk(struct linear_ctx *ctx, int64_t cb, int64_t ce, float *buf) {
     const struct cpu_linear *op = ctx->op;
     float tile[CPU_TILE_R * CPU_TILE_C];
-    int64_t chunk = nth > 1 ? LINEAR_CHUNK_COLS : op->n_out, cb;
-    while ((cb = atomic_fetch_add(&ctx->next_col, chunk)) < op->n_out) {
-        int64_t ce = op->n_out - cb < chunk ? op->n_out : cb + chunk;
-        for (int64_t c0 = cb; c0 < ce; c0 += CPU_TILE_C) {
-            int nc = ce - c0 < CPU_TILE_C ? (int)(ce - c0) : CPU_TILE_C;
-            const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * ctx->ldw;
-            for (int64_t r0 = 0; r0 < op->rows; r0 += CPU_TILE_R) {
-                int nr = op->rows - r0 < CPU_TILE_R ? (int)(op->rows - r0) : CPU_TILE_R;
-                if (ctx->tile_q)
-                    ctx->tile_q(&ctx->qa, r0, w, ctx->ldw, nr, nc, tile);
-                else
-                    ctx->tile_f(op->x + r0 * op->k, op->k, w, ctx->ldw, op->k, nr, nc, tile);
+    const bool buffered = op->rows <= LINEAR_BUF_ROWS;
+    for (int64_t c0 = cb; c0 < ce; c0 += CPU_TILE_C) {
+        int nc = ce - c0 < CPU_TILE_C ? (int)(ce - c0) : CPU_TILE_C;
+        const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * ctx->ldw;
+        for (int64_t r0 = 0; r0 < op->rows; r0 += CPU_TILE_R) {
+            int nr = op->rows - r0 < CPU_TILE_R ? (int)(op->rows - r0) : CPU_TILE_R;
+            if (ctx->tile_q)
+                ctx->tile_q(&ctx->qa, r0, w, ctx->ldw, nr, nc, tile);
+            else
+                ctx->tile_f(op->x + r0 * op->k, op->k, w, ctx->ldw, op->k, nr, nc, tile);
+            if (!buffered) {
                 linear_epilogue(ctx, r0, nr, c0, nc, tile, CPU_TILE_C);
+                continue;
             }
+            for (int r = 0; r < nr; r++)
+                for (int c = 0; c < nc; c++) buf[(r0 + r) * LINEAR_CHUNK_COLS + (c0 - cb) + c] = tile[r * CPU_TILE_C + c];
         }
+    }
+    if (buffered) linear_epilogue(ctx, 0, (int)op->rows, cb, (int)(ce - cb), buf, LINEAR_CHUNK_COLS);
+}
+
+static void linear_tile_columns(struct linear_ctx *ctx, int ith) {
+    const struct cpu_linear *op = ctx->op;
+    _Alignas(64) float buf[LINEAR_BUF_ROWS * LINEAR_CHUNK_COLS];
+    for (int j = 0; j < ctx->n_ranges; j++) {
+        int i = (ith + j) % ctx->n_ranges;
+        int64_t begin, end, cb;
+        pool_split(op->n_out, LINEAR_CHUNK_COLS, i, ctx->n_ranges, &begin, &end);
+        while ((cb = atomic_fetch_add(&ctx->range_next[i], LINEAR_CHUNK_COLS)) < end)
+            linear_tile_chunk(ctx, cb, end - cb < LINEAR_CHUNK_COLS ? end : cb + LINEAR_CHUNK_COLS, buf);
     }
 }
 
@@ -241,7 +269,7 @@ static void linear_thread(void *arg, int ith, int nth) {
     if (ctx->gemm)
         linear_gemm_columns(ctx, ith);
     else
-        linear_tile_columns(ctx, nth);
+        linear_tile_columns(ctx, ith);
 }
 
 /* Quantizes the activations, rows taken in chunks from a counter. */
@@ -302,6 +330,12 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
             for (int64_t r = 0; r < op->rows; r++) kern->quantize_row(op->x + r * op->k, &ctx.qa, r);
         else
             pool_run_shared(pool, linear_quantize_thread, &ctx);
+    }
+    ctx.n_ranges = single || cpu_linear_one_range ? 1 : pool_threads(pool);
+    for (int i = 0; i < ctx.n_ranges; i++) {
+        int64_t begin, end;
+        pool_split(op->n_out, LINEAR_CHUNK_COLS, i, ctx.n_ranges, &begin, &end);
+        atomic_init(&ctx.range_next[i], begin);
     }
     if (single)
         linear_thread(&ctx, 0, 1);

@@ -199,6 +199,9 @@ extern int cpu_gemm_min_rows;
  * the block types whole blocks (k a multiple of 32 for Q8_0/Q4_0/Q5_0, of 256 for the
  * K types and IQ4_XS). */
 bool cpu_linear_supports(enum ir_dtype t, int64_t k);
+/* The dot-product path gives each thread a contiguous column range (false, the
+ * default) or lets all threads take chunks from one (true; the kernel lab compares). */
+extern bool cpu_linear_one_range;
 /* Scratch a linear of weight type t over rows x k needs on n_threads threads. */
 size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows,
                                 int64_t k, int n_threads);
