@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+
+#include <jansson.h>
 
 const char cli_usage_text[] =
     "usage: llmopt COMMAND ...\n"
@@ -32,6 +35,13 @@ const char cli_usage_text[] =
     "  check ENGINE_DIR/model.llmopt      validate a compiled Model Program\n"
     "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B] [--json]\n"
     "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction\n"
+    "  profile MODEL [-p 128] [-n 64] [-r 3] [-t THREADS] [--profile P] [--backend cpu] [--json]\n"
+    "      decode time per op family (attention, qkv, attn_out, mlp, lm_head, norm, rope,\n"
+    "      other), kernels per token and each family's GB/s against the measured limit\n"
+    "  mem MODEL [--ctx N] [--parallel N] [--batch N] [--kv-type f32] [--no-load] [-t N] [--json]\n"
+    "      weights by type, KV cache, planned arena and their total; then the measured peak RSS\n"
+    "  perplexity MODEL -f TEXT [--ctx N] [--batch N] [--chunks N] [-t N] [--backend B] [--json]\n"
+    "      mean negative log-likelihood and perplexity over a text (llama.cpp's method)\n"
     "  probe [-o PROFILE.json] [--quick] [-t THREADS] | --show PROFILE.json\n"
     "      measure this machine (dispatch, bandwidth, FMA and int8 peaks) into a target profile\n"
     "  synth --like NAME --type TYPE -o OUT.gguf [--seed S] [--layers N] [-t THREADS] | --list\n"
@@ -78,3 +88,23 @@ const char *option_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+
+double cli_profile_read_bandwidth(const char *path) {
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    double best = 0;
+    const json_t *m = json_object_get(root, "measurements");
+    const char *keys[] = {"read_bandwidth_simd_all", "read_bandwidth_plain_all"};
+    for (int k = 0; k < 2; k++) {
+        double v = json_number_value(json_object_get(json_object_get(m, keys[k]), "best"));
+        if (v > best) best = v;
+    }
+    json_decref(root);
+    return best;
+}
+
+double cli_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -28,6 +28,12 @@ enum llmopt_status cli_template_from_text(const char *model, const char *text, s
 /* Replaces the generic "chat template" at the start of an error message with path. */
 void cli_name_template_error(struct llmopt_err *err, const char *path);
 
+/* Best all-thread read bandwidth (GB/s) of a `llmopt probe` profile; 0 when the file
+ * is unreadable or has none. */
+double cli_profile_read_bandwidth(const char *path);
+/* Monotonic clock in seconds. */
+double cli_now_s(void);
+
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
@@ -41,5 +47,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
+int cmd_mem(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 
 #endif

@@ -8,15 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
-
-#include <jansson.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -27,21 +18,6 @@ static double percentile(const double *sorted, int n, double p) {
     if (n == 0) return 0;
     int i = (int)ceil(p / 100.0 * n) - 1;
     return sorted[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
-/* Read bandwidth (GB/s) from a probe profile: the best all-thread read. */
-static double profile_bandwidth(const char *path) {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    double best = 0;
-    const json_t *m = json_object_get(root, "measurements");
-    const char *keys[] = {"read_bandwidth_simd_all", "read_bandwidth_plain_all"};
-    for (int k = 0; k < 2; k++) {
-        double v = json_number_value(json_object_get(json_object_get(m, keys[k]), "best"));
-        if (v > best) best = v;
-    }
-    json_decref(root);
-    return best;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -88,9 +64,9 @@ int cmd_bench(int argc, char **argv) {
     for (long long r = 0; r <= reps; r++) { /* r == 0 warms up */
         const float *logits;
         llmopt_session_reset(s, 0);
-        double t0 = now_s();
+        double t0 = cli_now_s();
         if (llmopt_session_append(s, 0, tokens, (int32_t)n_prompt, &logits, &err)) goto done;
-        double t1 = now_s();
+        double t1 = cli_now_s();
         int32_t tok = 1;
         double prev = t1;
         for (long long g = 0; g < n_gen; g++) {
@@ -99,7 +75,7 @@ int cmd_bench(int argc, char **argv) {
                 if (logits[v] > logits[best]) best = v;
             tok = best;
             if (llmopt_session_append(s, 0, &tok, 1, &logits, &err)) goto done;
-            double t = now_s();
+            double t = cli_now_s();
             if (r > 0) itl[n_itl++] = t - prev;
             prev = t;
         }
@@ -113,7 +89,7 @@ int cmd_bench(int argc, char **argv) {
     qsort(itl, (size_t)n_itl, sizeof(double), cmp_double);
     double pp = n_prompt / prefill_s[reps / 2], tg = n_gen / decode_s[reps / 2];
     uint64_t bytes = llmopt_model_weight_bytes_per_token(model);
-    double bw = profile ? profile_bandwidth(profile) : 0;
+    double bw = profile ? cli_profile_read_bandwidth(profile) : 0;
     double roof = bw > 0 ? bw * 1e9 / (double)bytes : 0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

@@ -3,6 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+_Static_assert(KV_CACHE_ELEM_BYTES == sizeof(**((struct kv_cache *)0)->k),
+               "KV_CACHE_ELEM_BYTES must match the element type of kv_cache.k/v");
+
+uint64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, int32_t n_blocks,
+                                int32_t block_size) {
+    uint64_t total = 0;
+    for (int32_t l = 0; l < n_layers; l++)
+        total += 2 * (uint64_t)n_blocks * (uint64_t)block_size * (uint64_t)row_elems[l] * KV_CACHE_ELEM_BYTES;
+    return total;
+}
+
 enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, int32_t n_slots,
                                    int32_t max_positions, int32_t n_blocks, int32_t block_size,
                                    struct kv_cache **out, struct llmopt_err *err) {

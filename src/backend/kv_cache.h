@@ -22,6 +22,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Bytes of one stored K or V element and its type name: the cache holds f32 rows. The
+ * one place that sizes of the cache are derived from (kv_cache_storage_bytes, llmopt
+ * mem, the profiler's bytes read); kv_cache.c checks it against its storage type. */
+#define KV_CACHE_ELEM_BYTES ((size_t)4)
+#define KV_CACHE_ELEM_TYPE "f32"
+
 struct kv_cache {
     int32_t n_layers;
     int32_t n_slots;       /* sequences that can be live at once */
@@ -47,6 +53,10 @@ enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, i
                                    int32_t max_positions, int32_t n_blocks, int32_t block_size,
                                    struct kv_cache **out, struct llmopt_err *err);
 void kv_cache_free(struct kv_cache *kv);
+/* Bytes kv_cache_create allocates for K and V of n_layers layers of row_elems[l]
+ * elements per position, n_blocks blocks of block_size positions. */
+uint64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, int32_t n_blocks,
+                                int32_t block_size);
 
 /* Adds conv state for n_layers short_conv layers (rows[l] = L - 1, channels[l] = C),
  * zeroed; once, after kv_cache_create. */

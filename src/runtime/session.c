@@ -2,6 +2,7 @@
  * forwards over them. A forward validates its batch, reserves KV blocks from the
  * preallocated pool and runs the plan: no heap allocation per step. */
 #include "runtime/model.h"
+#include "runtime/op_profile.h"
 #include "runtime/session.h"
 
 #include "backend/backend.h"
@@ -11,6 +12,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SESSION_BLOCK_SIZE 16
 #define SESSION_MAX_CTX (1 << 20)
@@ -24,11 +26,12 @@ struct llmopt_session {
     int32_t *next_pos;        /* (n_slots) scratch for batch validation */
     int32_t *chunk_pos;       /* (n_batch) */
     int32_t *chunk_slot;      /* (n_batch) */
+    struct op_profile *profile; /* per-node timing, or NULL: off */
 };
 
-enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
-                                         const struct llmopt_session_opts *opts,
-                                         struct llmopt_session **out, struct llmopt_err *err) {
+/* The options as a session uses them: defaults filled in, the batch capped. */
+static enum llmopt_status resolve_opts(const struct llmopt_model *m, const struct llmopt_session_opts *opts,
+                                       struct llmopt_session_opts *out, struct llmopt_err *err) {
     if (!m->ir.arena)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: the model was loaded vocab-only");
     struct llmopt_session_opts o = opts ? *opts : (struct llmopt_session_opts){0};
@@ -41,6 +44,43 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     if (!o.n_batch) o.n_batch = 256;
     if (!o.n_slots) o.n_slots = 1;
     if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
+    *out = o;
+    return LLMOPT_OK;
+}
+
+/* Blocks of the KV pool: every slot can hold n_ctx positions. */
+static int32_t kv_pool_blocks(const struct llmopt_session_opts *o) {
+    return (o->n_ctx + SESSION_BLOCK_SIZE - 1) / SESSION_BLOCK_SIZE * o->n_slots;
+}
+
+/* KV row width of each attention layer: Hkv * Dh of its K operand [1, Hkv, N, Dh]. */
+static void kv_row_elems(const struct ir_graph *g, int32_t *row_elems) {
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_ATTENTION) continue;
+        const struct ir_shape *k = &g->nodes[n->in[1]].shape;
+        row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
+    }
+}
+
+/* Conv state of each short_conv layer: L - 1 rows (rows[l]) of C floats (channels[l])
+ * per slot, from its kernel w [C, L] (or [C, 1, L]). */
+static void conv_state_dims(const struct ir_graph *g, int32_t n_conv, int32_t *rows, int32_t *channels) {
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_SHORT_CONV || n->attrs.kv_layer < 0 || n->attrs.kv_layer >= n_conv) continue;
+        const struct ir_shape *w = &g->nodes[n->in[1]].shape;
+        rows[n->attrs.kv_layer] = (int32_t)(w->dims[w->rank - 1].coef - 1);
+        channels[n->attrs.kv_layer] = (int32_t)w->dims[0].coef;
+    }
+}
+
+enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
+                                         const struct llmopt_session_opts *opts,
+                                         struct llmopt_session **out, struct llmopt_err *err) {
+    struct llmopt_session_opts o;
+    enum llmopt_status st = resolve_opts(m, opts, &o, err);
+    if (st) return st;
 
     const struct backend_ops *backend = NULL;
     if (!o.backend || !*o.backend || !strcmp(o.backend, "cpu")) {
@@ -69,7 +109,6 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     s->n_ctx = o.n_ctx;
     s->n_batch = o.n_batch;
     s->n_slots = o.n_slots;
-    enum llmopt_status st = LLMOPT_OK;
     int32_t n_layers = m->ir.n_kv_layers;
     int32_t *row_elems = calloc((size_t)(n_layers ? n_layers : 1), sizeof *row_elems);
     s->next_pos = calloc((size_t)o.n_slots, sizeof *s->next_pos);
@@ -79,19 +118,10 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         st = err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
         goto fail;
     }
-    /* KV row width of each attention layer: Hkv * Dh of its K operand [1, Hkv, N, Dh]. */
-    for (int32_t i = 0; i < m->ir.n_nodes; i++) {
-        const struct ir_node *n = &m->ir.nodes[i];
-        if (n->op != IR_OP_ATTENTION) continue;
-        const struct ir_shape *k = &m->ir.nodes[n->in[1]].shape;
-        row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
-    }
-    int32_t blocks_per_seq = (o.n_ctx + SESSION_BLOCK_SIZE - 1) / SESSION_BLOCK_SIZE;
-    st = kv_cache_create(n_layers, row_elems, o.n_slots, o.n_ctx, blocks_per_seq * o.n_slots,
-                         SESSION_BLOCK_SIZE, &s->kv, err);
+    kv_row_elems(&m->ir, row_elems);
+    st = kv_cache_create(n_layers, row_elems, o.n_slots, o.n_ctx, kv_pool_blocks(&o), SESSION_BLOCK_SIZE,
+                         &s->kv, err);
     if (st) goto fail;
-    /* Conv state of each short_conv layer: L - 1 rows of C floats per slot, from its
-     * kernel w [C, L] (or [C, 1, L]). */
     int32_t n_conv = ir_count_conv_layers(&m->ir);
     if (n_conv) {
         int32_t *conv_dims = calloc((size_t)n_conv * 2, sizeof *conv_dims);
@@ -99,13 +129,7 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
             st = err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
             goto fail;
         }
-        for (int32_t i = 0; i < m->ir.n_nodes; i++) {
-            const struct ir_node *n = &m->ir.nodes[i];
-            if (n->op != IR_OP_SHORT_CONV || n->attrs.kv_layer < 0 || n->attrs.kv_layer >= n_conv) continue;
-            const struct ir_shape *w = &m->ir.nodes[n->in[1]].shape;
-            conv_dims[n->attrs.kv_layer] = (int32_t)(w->dims[w->rank - 1].coef - 1);
-            conv_dims[n_conv + n->attrs.kv_layer] = (int32_t)w->dims[0].coef;
-        }
+        conv_state_dims(&m->ir, n_conv, conv_dims, conv_dims + n_conv);
         st = kv_cache_add_conv_state(s->kv, n_conv, conv_dims, conv_dims + n_conv, err);
         free(conv_dims);
         if (st) goto fail;
@@ -126,6 +150,7 @@ fail:
 void llmopt_session_free(struct llmopt_session *s) {
     if (!s) return;
     if (s->plan) s->backend->release(s->plan);
+    op_profile_free(s->profile);
     kv_cache_free(s->kv);
     free(s->next_pos);
     free(s->chunk_pos);
@@ -169,8 +194,15 @@ enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
         if (st) return st;
     }
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
+    struct timespec t0, t1;
+    if (s->profile) clock_gettime(CLOCK_MONOTONIC, &t0);
     enum llmopt_status st = s->backend->run(s->plan, &b, s->kv, logits, err);
     if (st) return st;
+    if (s->profile) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        op_profile_add_forward(s->profile, &s->model->ir, &b,
+                               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    }
     for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
     return LLMOPT_OK;
 }
@@ -218,6 +250,78 @@ uint64_t llmopt_session_kernels_run(const struct llmopt_session *s) {
 
 size_t llmopt_session_arena_bytes(const struct llmopt_session *s) {
     return s->backend->arena_bytes(s->plan);
+}
+
+enum llmopt_status llmopt_session_profile_start(struct llmopt_session *s, struct llmopt_err *err) {
+    if (!s->backend->set_node_timing)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "profile: backend '%s' cannot time nodes (use --backend cpu)",
+                       s->backend->name);
+    llmopt_session_profile_stop(s);
+    enum llmopt_status st = op_profile_create(&s->model->ir, &s->profile, err);
+    if (st) return st;
+    s->backend->set_node_timing(s->plan, s->profile->node_seconds);
+    return LLMOPT_OK;
+}
+
+void llmopt_session_profile_read(const struct llmopt_session *s, struct llmopt_profile *out) {
+    if (s->profile) op_profile_read(s->profile, &s->model->ir, out);
+    else memset(out, 0, sizeof *out);
+}
+
+void llmopt_session_profile_stop(struct llmopt_session *s) {
+    if (!s->profile) return;
+    s->backend->set_node_timing(s->plan, NULL);
+    op_profile_free(s->profile);
+    s->profile = NULL;
+}
+
+enum llmopt_status llmopt_model_memory(const struct llmopt_model *m, const struct llmopt_session_opts *opts,
+                                       struct llmopt_memory *out, struct llmopt_err *err) {
+    struct llmopt_session_opts o;
+    enum llmopt_status st = resolve_opts(m, opts, &o, err);
+    if (st) return st;
+    memset(out, 0, sizeof *out);
+    out->n_ctx = o.n_ctx;
+    out->n_batch = o.n_batch;
+    out->n_slots = o.n_slots;
+    const struct ir_graph *g = &m->ir;
+    /* Weights by stored type; a tensor bound to two parameters counts once. */
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_PARAM) continue;
+        bool seen = false;
+        for (int32_t j = 0; j < i && !seen; j++)
+            seen = g->nodes[j].op == IR_OP_PARAM && g->nodes[j].weight.data == n->weight.data;
+        if (seen) continue;
+        const char *type = ir_dtype_name(n->weight.dtype);
+        int32_t k = 0;
+        while (k < out->n_weight_types && strcmp(out->weights[k].dtype, type)) k++;
+        if (k == out->n_weight_types) {
+            LLMOPT_ASSERT(k < LLMOPT_MEM_MAX_TYPES && IR_DTYPE_COUNT <= LLMOPT_MEM_MAX_TYPES);
+            out->weights[out->n_weight_types++].dtype = type;
+        }
+        out->weights[k].tensors++;
+        out->weights[k].bytes += n->weight.n_bytes;
+        out->weight_bytes += n->weight.n_bytes;
+    }
+    out->kv_layers = g->n_kv_layers;
+    out->kv_type = KV_CACHE_ELEM_TYPE;
+    int32_t n_conv = ir_count_conv_layers(g);
+    int32_t *dims = calloc((size_t)(g->n_kv_layers + 2 * n_conv + 1), sizeof *dims);
+    if (!dims) return err_set(err, LLMOPT_ERR_NOMEM, "mem: out of memory");
+    kv_row_elems(g, dims);
+    out->kv_bytes = kv_cache_storage_bytes(g->n_kv_layers, dims, kv_pool_blocks(&o), SESSION_BLOCK_SIZE);
+    int32_t *rows = dims + g->n_kv_layers, *channels = rows + n_conv;
+    conv_state_dims(g, n_conv, rows, channels);
+    for (int32_t l = 0; l < n_conv; l++)
+        out->conv_state_bytes += (uint64_t)o.n_slots * (uint64_t)rows[l] * (uint64_t)channels[l] * sizeof(float);
+    free(dims);
+    size_t naive;
+    size_t arena;
+    llmopt_model_plan_bytes(m, o.n_batch, &arena, &naive);
+    out->arena_bytes = arena;
+    out->total_bytes = out->weight_bytes + out->kv_bytes + out->conv_state_bytes + out->arena_bytes;
+    return LLMOPT_OK;
 }
 
 int32_t session_n_ctx(const struct llmopt_session *s) { return s->n_ctx; }
