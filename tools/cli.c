@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -107,4 +108,63 @@ double cli_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_bench_opts *o) {
+    static const struct {
+        const char *flag;
+        long long lo, hi;
+    } counts[] = {{"-p", 1, 1 << 16}, {"-n", 1, 1 << 16}, {"-r", 1, 100}, {"-t", 1, 1024}};
+    long long *dst[] = {&o->n_prompt, &o->n_gen, &o->reps, &o->threads};
+    char msg[128];
+    for (int i = 0; i < argc; i++) {
+        const char *v = NULL;
+        int c = 0;
+        while (c < 4 && strcmp(argv[i], counts[c].flag)) c++;
+        if (!strcmp(argv[i], "--json")) {
+            o->json = true;
+        } else if (c < 4 && (v = option_value(argc, argv, &i))) {
+            if (!parse_long(v, counts[c].lo, counts[c].hi, dst[c])) {
+                snprintf(msg, sizeof msg, "%s: %s needs %lld..%lld, got '%%s'", cmd, counts[c].flag, counts[c].lo,
+                         counts[c].hi);
+                return usage_error(msg, v);
+            }
+        } else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) {
+            o->profile = v;
+        } else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) {
+            o->backend = v;
+        } else if (argv[i][0] == '-' || o->model) {
+            snprintf(msg, sizeof msg, "%s: %s '%%s'", cmd,
+                     argv[i][0] == '-' ? "unknown option or missing value" : "unexpected argument");
+            return usage_error(msg, argv[i]);
+        } else {
+            o->model = argv[i];
+        }
+    }
+    if (!o->model) {
+        snprintf(msg, sizeof msg, "%s: %%s", cmd);
+        return usage_error(msg, "missing MODEL");
+    }
+    return 0;
+}
+
+enum llmopt_status cli_bench_setup(const struct cli_bench_opts *o, struct llmopt_model **model,
+                                   struct llmopt_session **s, int32_t *tokens, struct llmopt_err *err) {
+    enum llmopt_status st = llmopt_model_load(o->model, NULL, model, err);
+    if (st) return st;
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)(o->n_prompt + o->n_gen + 1),
+                                     .n_batch = (int32_t)(o->n_prompt < 512 ? o->n_prompt : 512),
+                                     .n_threads = (int32_t)o->threads,
+                                     .backend = o->backend};
+    if ((st = llmopt_session_create(*model, &so, s, err))) return st;
+    int32_t n_vocab = llmopt_model_n_vocab(*model);
+    for (long long i = 0; i < o->n_prompt; i++) tokens[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));
+    return LLMOPT_OK;
+}
+
+int32_t cli_argmax(const float *logits, int32_t n) {
+    int32_t best = 0;
+    for (int32_t v = 1; v < n; v++)
+        if (logits[v] > logits[best]) best = v;
+    return best;
 }

@@ -31,6 +31,22 @@ void cli_name_template_error(struct llmopt_err *err, const char *path);
 /* Best all-thread read bandwidth (GB/s) of a `llmopt probe` profile; 0 when the file
  * is unreadable or has none. */
 double cli_profile_read_bandwidth(const char *path);
+/* Options of bench and profile: MODEL [-p N] [-n N] [-r N] [-t N] [--profile P]
+ * [--backend B] [--json]. */
+struct cli_bench_opts {
+    const char *model, *profile, *backend;
+    long long n_prompt, n_gen, reps, threads; /* the caller sets the defaults */
+    bool json;
+};
+/* Parses argv into o for command `cmd`; returns 0, or the usage exit code (printed). */
+int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_bench_opts *o);
+/* Loads o->model and a one-slot session for its prompt and generation (prompt chunks of
+ * up to 512 tokens), and fills tokens[o->n_prompt] with the prompt both commands feed:
+ * ordinary ids (the content does not change the cost). */
+enum llmopt_status cli_bench_setup(const struct cli_bench_opts *o, struct llmopt_model **model,
+                                   struct llmopt_session **s, int32_t *tokens, struct llmopt_err *err);
+/* Index of the largest of n logits (greedy choice). */
+int32_t cli_argmax(const float *logits, int32_t n);
 /* Monotonic clock in seconds. */
 double cli_now_s(void);
 

@@ -21,27 +21,12 @@ static double percentile(const double *sorted, int n, double p) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL, *profile = NULL, *backend = NULL;
-    long long n_prompt = 512, n_gen = 128, reps = 3, threads = 0;
-    bool as_json = false;
-    for (int i = 0; i < argc; i++) {
-        const char *v;
-        if (!strcmp(argv[i], "--json")) as_json = true;
-        else if (!strcmp(argv[i], "-p") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1 << 16, &n_prompt)) return usage_error("bench: -p needs 1..65536, got '%s'", v);
-        } else if (!strcmp(argv[i], "-n") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1 << 16, &n_gen)) return usage_error("bench: -n needs 1..65536, got '%s'", v);
-        } else if (!strcmp(argv[i], "-r") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 100, &reps)) return usage_error("bench: -r needs 1..100, got '%s'", v);
-        } else if (!strcmp(argv[i], "-t") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1024, &threads)) return usage_error("bench: -t needs 1..1024, got '%s'", v);
-        } else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) profile = v;
-        else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) backend = v;
-        else if (argv[i][0] == '-') return usage_error("bench: unknown option or missing value '%s'", argv[i]);
-        else if (!model_path) model_path = argv[i];
-        else return usage_error("bench: unexpected argument '%s'", argv[i]);
-    }
-    if (!model_path) return usage_error("bench: %s", "missing MODEL");
+    struct cli_bench_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 3};
+    int bad = cli_parse_bench_opts("bench", argc, argv, &o);
+    if (bad) return bad;
+    const char *model_path = o.model, *profile = o.profile, *backend = o.backend;
+    long long n_prompt = o.n_prompt, n_gen = o.n_gen, reps = o.reps, threads = o.threads;
+    bool as_json = o.json;
     struct llmopt_err err = {0};
     struct llmopt_model *model = NULL;
     struct llmopt_session *s = NULL;
@@ -51,15 +36,8 @@ int cmd_bench(int argc, char **argv) {
     double *decode_s = calloc((size_t)reps, sizeof(double));
     int32_t *tokens = malloc((size_t)n_prompt * sizeof(int32_t));
     if (!prefill_s || !itl || !decode_s || !tokens) goto done;
-    if (llmopt_model_load(model_path, NULL, &model, &err)) goto done;
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)(n_prompt + n_gen + 1),
-                                     .n_batch = (int32_t)(n_prompt < 512 ? n_prompt : 512),
-                                     .n_threads = (int32_t)threads,
-                                     .backend = backend};
-    if (llmopt_session_create(model, &so, &s, &err)) goto done;
+    if (cli_bench_setup(&o, &model, &s, tokens, &err)) goto done;
     int32_t n_vocab = llmopt_model_n_vocab(model);
-    /* a deterministic prompt of ordinary ids (the content does not change the cost) */
-    for (long long i = 0; i < n_prompt; i++) tokens[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));
     int n_itl = 0;
     for (long long r = 0; r <= reps; r++) { /* r == 0 warms up */
         const float *logits;
@@ -70,10 +48,7 @@ int cmd_bench(int argc, char **argv) {
         int32_t tok = 1;
         double prev = t1;
         for (long long g = 0; g < n_gen; g++) {
-            int32_t best = 0;
-            for (int32_t v = 1; v < n_vocab; v++)
-                if (logits[v] > logits[best]) best = v;
-            tok = best;
+            tok = cli_argmax(logits, n_vocab);
             if (llmopt_session_append(s, 0, &tok, 1, &logits, &err)) goto done;
             double t = cli_now_s();
             if (r > 0) itl[n_itl++] = t - prev;

@@ -9,27 +9,12 @@
 #include <string.h>
 
 int cmd_profile(int argc, char **argv) {
-    const char *model_path = NULL, *profile = NULL, *backend = NULL;
-    long long n_prompt = 128, n_gen = 64, threads = 0, reps = 3;
-    bool as_json = false;
-    for (int i = 0; i < argc; i++) {
-        const char *v;
-        if (!strcmp(argv[i], "--json")) as_json = true;
-        else if (!strcmp(argv[i], "-p") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1 << 16, &n_prompt)) return usage_error("profile: -p needs 1..65536, got '%s'", v);
-        } else if (!strcmp(argv[i], "-n") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1 << 16, &n_gen)) return usage_error("profile: -n needs 1..65536, got '%s'", v);
-        } else if (!strcmp(argv[i], "-r") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 100, &reps)) return usage_error("profile: -r needs 1..100, got '%s'", v);
-        } else if (!strcmp(argv[i], "-t") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1024, &threads)) return usage_error("profile: -t needs 1..1024, got '%s'", v);
-        } else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) profile = v;
-        else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) backend = v;
-        else if (argv[i][0] == '-') return usage_error("profile: unknown option or missing value '%s'", argv[i]);
-        else if (!model_path) model_path = argv[i];
-        else return usage_error("profile: unexpected argument '%s'", argv[i]);
-    }
-    if (!model_path) return usage_error("profile: %s", "missing MODEL");
+    struct cli_bench_opts o = {.n_prompt = 128, .n_gen = 64, .reps = 3};
+    int bad = cli_parse_bench_opts("profile", argc, argv, &o);
+    if (bad) return bad;
+    const char *model_path = o.model, *profile = o.profile, *backend = o.backend;
+    long long n_prompt = o.n_prompt, n_gen = o.n_gen, reps = o.reps, threads = o.threads;
+    bool as_json = o.json;
     double bw = 0;
     if (profile && !(bw = cli_profile_read_bandwidth(profile))) {
         fprintf(stderr, "llmopt: error: profile: %s holds no read bandwidth measurement (write one with llmopt probe -o)\n",
@@ -42,15 +27,8 @@ int cmd_profile(int argc, char **argv) {
     int rc = 1;
     int32_t *tokens = malloc((size_t)n_prompt * sizeof(int32_t));
     if (!tokens) goto done;
-    if (llmopt_model_load(model_path, NULL, &model, &err)) goto done;
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)(n_prompt + n_gen + 1),
-                                     .n_batch = (int32_t)(n_prompt < 512 ? n_prompt : 512),
-                                     .n_threads = (int32_t)threads,
-                                     .backend = backend};
-    if (llmopt_session_create(model, &so, &s, &err)) goto done;
+    if (cli_bench_setup(&o, &model, &s, tokens, &err)) goto done;
     int32_t n_vocab = llmopt_model_n_vocab(model);
-    /* the prompt bench uses: ordinary ids (the content does not change the cost) */
-    for (long long i = 0; i < n_prompt; i++) tokens[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));
     /* Best of reps runs (the one whose decode took least wall time): on a shared machine
      * a preempted step would otherwise charge its wait to whichever kernel it hit. */
     struct llmopt_profile p = {0}, run;
@@ -60,9 +38,7 @@ int cmd_profile(int argc, char **argv) {
         if (llmopt_session_append(s, 0, tokens, (int32_t)n_prompt, &logits, &err)) goto done;
         if (llmopt_session_profile_start(s, &err)) goto done;
         for (long long g = 0; g < n_gen; g++) {
-            int32_t tok = 0;
-            for (int32_t v = 1; v < n_vocab; v++)
-                if (logits[v] > logits[tok]) tok = v;
+            int32_t tok = cli_argmax(logits, n_vocab);
             if (llmopt_session_append(s, 0, &tok, 1, &logits, &err)) goto done;
         }
         llmopt_session_profile_read(s, &run);
