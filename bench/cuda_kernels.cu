@@ -145,7 +145,7 @@ static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs
     CHECK_CUDA(cudaMalloc(&x, (size_t)(rows * sh.k) * 4));
     CHECK_CUDA(cudaMalloc(&y, (size_t)(rows * sh.n_out) * 4));
     fill(x, rows * sh.k, 0, 3);
-    struct cu_epilogue ep = {NULL, NULL, NULL, -1};
+    struct cu_epilogue ep = {NULL, NULL, NULL, -1, NULL, 0.0f};
     if (!cu_matvec_ok(&w[0])) {
         printf("%-28s %-5s rows %d: matvec not applicable\n", sh.what, dtype_name(dtype), rows);
         return 0;
@@ -216,7 +216,7 @@ static void bench_tiled(int dtype, int64_t n_out, int64_t k, int64_t rows) {
     CHECK_CUDA(cudaMalloc(&x, (size_t)(rows * k) * 4));
     CHECK_CUDA(cudaMalloc(&y, (size_t)(rows * n_out) * 4));
     fill(x, rows * k, 0, 8);
-    struct cu_epilogue ep = {NULL, NULL, NULL, -1};
+    struct cu_epilogue ep = {NULL, NULL, NULL, -1, NULL, 0.0f};
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));
     CHECK_CUDA(cudaEventCreate(&e1));

@@ -162,24 +162,25 @@ static double bench_gemm(const struct cpu_isa_kernels *kern, struct cpu_pool *po
     return res;
 }
 
-/* Decode attention at context ctx: returns GB/s of K and V read. */
-static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, int64_t n_heads,
-                              int64_t n_kv, int64_t dh, int32_t ctx, int reps, double *us) {
+/* Decode attention at context ctx over a cache of dtype: returns GB/s of K and V read
+ * (the stored bytes). */
+static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, enum kv_dtype dtype,
+                              int64_t n_heads, int64_t n_kv, int64_t dh, int32_t ctx, int reps, double *us) {
     struct llmopt_err err = {0};
     struct kv_cache *kv = NULL;
     int32_t row = (int32_t)(n_kv * dh);
-    if (kv_cache_create(1, &row, 1, ctx + 1, (ctx + 16) / 16 + 1, 16, &kv, &err)) {
+    if (kv_cache_create(1, &row, dtype, 1, ctx + 1, (ctx + 16) / 16 + 1, 16, &kv, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 0;
     }
     kv_cache_reserve(kv, 0, ctx, &err);
-    for (int32_t p = 0; p < ctx; p++) {
-        float *kr = kv_cache_row(kv, kv->k, 0, 0, p), *vr = kv_cache_row(kv, kv->v, 0, 0, p);
-        for (int32_t e = 0; e < row; e++) {
-            kr[e] = rnd();
-            vr[e] = rnd();
+    float *vals = malloc((size_t)row * 4);
+    for (int32_t p = 0; p < ctx; p++)
+        for (int kvi = 0; kvi < 2; kvi++) {
+            for (int32_t e = 0; e < row; e++) vals[e] = rnd();
+            kv_cache_write(kv, kvi ? kv->v : kv->k, 0, 0, p, 0, vals, row);
         }
-    }
+    free(vals);
     float *q = malloc((size_t)(n_heads * dh) * 4), *out = malloc((size_t)(n_heads * dh) * 4);
     for (int64_t i = 0; i < n_heads * dh; i++) q[i] = rnd();
     int64_t per = cpu_attention_scratch_floats(n_heads, n_kv, dh);
@@ -201,8 +202,9 @@ static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_poo
     free(q);
     free(out);
     free(scratch);
+    double bytes = 2.0 * ctx * (double)kv->row_bytes[0];
     kv_cache_free(kv);
-    return 2.0 * ctx * row * 4 / t / 1e9;
+    return bytes / t / 1e9;
 }
 
 static double bench_rms_norm(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, int64_t rows,
@@ -412,11 +414,14 @@ int main(int argc, char **argv) {
                 fflush(stdout);
             }
         int32_t ctxs[] = {256, 1024, 4096};
-        for (int c = 0; c < 3 && wanted("attention"); c++) {
-            double us = 0;
-            double gbs = bench_attention(kern, pool, 16, 8, 128, ctxs[c], reps, &us);
-            printf("| attention decode | H 16, Hkv 8, Dh 128, ctx %d | %.1f GB/s (%.1f us) |\n", ctxs[c], gbs, us);
-        }
+        for (int dt = 0; dt < KV_DTYPE_COUNT && wanted("attention"); dt++)
+            for (int c = 0; c < 3; c++) {
+                double us = 0;
+                double gbs = bench_attention(kern, pool, (enum kv_dtype)dt, 16, 8, 128, ctxs[c], reps, &us);
+                printf("| attention decode kv %s | H 16, Hkv 8, Dh 128, ctx %d | %.1f GB/s (%.1f us) |\n",
+                       kv_dtype_name((enum kv_dtype)dt), ctxs[c], gbs, us);
+                fflush(stdout);
+            }
         if (wanted("rms_norm")) {
             printf("| rms_norm | rows 1, d 1024 | %.2f us |\n", bench_rms_norm(kern, pool, 1, 1024, reps));
             printf("| rms_norm | rows 256, d 1024 | %.2f us |\n", bench_rms_norm(kern, pool, 256, 1024, reps));

@@ -69,9 +69,25 @@ void llmopt_model_dump_ir(const struct llmopt_model *m, FILE *out);
  * compiled graph with its kernels and memory plan, weights file references with
  * checksums, tokenizer and generation facts, state layout and target. Passing
  * ENGINE_DIR (or the .llmopt file) to llmopt_model_load loads it without passes. */
+/* Element type of the KV cache (docs/kv-cache.md). f16 halves the bytes of f32;
+ * q8_0 (blocks of 32 int8 with an f16 scale, head size a multiple of 32) takes
+ * 34/64 = 0.53x of f32. */
+enum llmopt_kv_type {
+    LLMOPT_KV_DEFAULT, /* a Model Program's recorded type, else f16 */
+    LLMOPT_KV_F32,
+    LLMOPT_KV_F16,
+    LLMOPT_KV_Q8_0,
+    LLMOPT_KV_TYPE_COUNT
+};
+/* "default", "f32", "f16", "q8_0". */
+const char *llmopt_kv_type_name(enum llmopt_kv_type t);
+/* The type named s ("f32", "f16" or "q8_0"); false for anything else. */
+bool llmopt_kv_type_parse(const char *s, enum llmopt_kv_type *out);
+
 struct llmopt_program_opts {
     int32_t n_batch;          /* tokens per forward the plan is for; 0: 256 */
     const char *profile_path; /* target profile from `llmopt probe`, or NULL */
+    enum llmopt_kv_type kv_type; /* recorded in state_layout.kv_dtype; DEFAULT: f16 */
 };
 /* m must have been loaded from weights_path (a GGUF). */
 enum llmopt_status llmopt_program_write(const struct llmopt_model *m, const char *weights_path,
@@ -152,8 +168,12 @@ struct llmopt_session_opts {
     int32_t n_ctx;   /* positions per sequence; 0: the model's training context, capped at 4096 */
     int32_t n_batch; /* max tokens per forward (prompt chunk); 0: 256 */
     int32_t n_slots; /* sequences at once; 0: 1 */
-    int32_t n_threads; /* CPU threads for kernels; 0: every CPU this process may use */
+    int32_t n_threads; /* CPU threads for kernels; 0: every CPU this process may use, at most
+                        * one per 16 MiB of weights read per token (tiny models: 1) */
     const char *backend; /* "cpu" (NULL or "": the default), "cpu-ref" or "cuda" */
+    /* KV cache element type on the CPU backends. CUDA keeps its device cache in f32
+     * whatever this says (llmopt_session_kv_type then reports f32). */
+    enum llmopt_kv_type kv_type;
 };
 
 enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
@@ -174,9 +194,19 @@ enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
 enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
                                          const int32_t *tokens, int32_t n, const float **logits,
                                          struct llmopt_err *err);
+/* Like llmopt_session_append, but returns only the greedy next token: the argmax of the
+ * last token's logits (NaN counts as -inf, the lowest id wins ties: the greedy
+ * sampler's choice without penalties). Backends that can (cuda) pick it on the device
+ * and copy back only the id; the others run append and scan the logits. */
+enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_t slot,
+                                                const int32_t *tokens, int32_t n, int32_t *next_id,
+                                                struct llmopt_err *err);
 int32_t llmopt_session_seq_len(const struct llmopt_session *s, int32_t slot);
 void llmopt_session_reset(struct llmopt_session *s, int32_t slot);
 int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s);
+/* The KV cache's element type (never DEFAULT) and the bytes of its K and V storage. */
+enum llmopt_kv_type llmopt_session_kv_type(const struct llmopt_session *s);
+uint64_t llmopt_session_kv_bytes(const struct llmopt_session *s);
 uint64_t llmopt_session_kernels_run(const struct llmopt_session *s);
 /* Bytes of the backend's planned activation arena. */
 size_t llmopt_session_arena_bytes(const struct llmopt_session *s);

@@ -2,6 +2,8 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +17,7 @@ const char cli_usage_text[] =
     "commands:\n"
     "  run MODEL [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "            [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ctx N] [--ids] [-v]\n"
-    "            [--prompt-ids ID,ID,...]\n"
+    "            [--prompt-ids ID,ID,...] [--kv-type f16|q8_0|f32] [--backend cpu|cpu-ref|cuda]\n"
     "      generate text from a GGUF file, a Hugging Face directory or a compiled ENGINE_DIR\n"
     "  tokenize MODEL TEXT [--no-bos] [--no-special]\n"
     "      print token ids, space-separated; MODEL: a GGUF or a Hugging Face tokenizer\n"
@@ -25,21 +27,24 @@ const char cli_usage_text[] =
     "           [--extra JSON|@FILE] [--chat-template FILE]\n"
     "      print the prompt the chat template renders, exactly (docs/templates.md)\n"
     "  chat MODEL [--system TEXT] [--chat-template FILE] [--extra JSON|@FILE] [-n N] [--temp T]\n"
-    "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--ctx N] [-v]\n"
+    "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--ctx N]\n"
+    "       [--kv-type f16|q8_0|f32] [-v]\n"
     "      interactive chat (or one message per line from a pipe); /reset, /system TEXT, /exit\n"
     "  inspect FILE.gguf                  print metadata and the tensor table\n"
     "  serve MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel N] [--ctx TOKENS]\n"
-    "        [--chat-template FILE] [--max-body BYTES] [--queue N] [--prefill-chunk N] [-t N] [-v]\n"
+    "        [--chat-template FILE] [--max-body BYTES] [--queue N] [--prefill-chunk N] [-t N]\n"
+    "        [--kv-type f16|q8_0|f32] [-v]\n"
     "      OpenAI-compatible HTTP server with continuous batching (docs/server.md)\n"
-    "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--dump-ir] [--no-passes]\n"
+    "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--kv-type T] [--dump-ir] [--no-passes]\n"
     "      bind the stock program, run the passes, plan memory, write ENGINE_DIR/model.llmopt\n"
     "  check ENGINE_DIR/model.llmopt      validate a compiled Model Program\n"
-    "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B] [--json]\n"
+    "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B]\n"
+    "        [--kv-type f16|q8_0|f32] [--json]\n"
     "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction\n"
-    "  profile MODEL [-p 128] [-n 64] [-r 3] [-t THREADS] [--profile P] [--backend cpu] [--json]\n"
+    "  profile MODEL [-p 128] [-n 64] [-r 3] [-t THREADS] [--profile P] [--kv-type T] [--json]\n"
     "      decode time per op family (attention, qkv, attn_out, mlp, lm_head, norm, rope,\n"
     "      other), kernels per token and each family's GB/s against the measured limit\n"
-    "  mem MODEL [--ctx N] [--parallel N] [--batch N] [--kv-type f32] [--no-load] [-t N] [--json]\n"
+    "  mem MODEL [--ctx N] [--parallel N] [--batch N] [--kv-type T] [--no-load] [-t N] [--json]\n"
     "      weights by type, KV cache, planned arena and their total; then the measured peak RSS\n"
     "  perplexity MODEL -f TEXT [--ctx N] [--batch N] [--chunks N] [-t N] [--backend B] [--json]\n"
     "      mean negative log-likelihood and perplexity over a text (llama.cpp's method)\n"
@@ -50,7 +55,9 @@ const char cli_usage_text[] =
     "  quantize IN.gguf OUT.gguf TYPE [-t THREADS]\n"
     "      convert every matrix to TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k q4_k_m q5_k_m\n"
     "\n"
-    "common options: --programs DIR (stock programs; default: the build's programs/)\n";
+    "common options: --programs DIR (stock programs; default: the build's programs/)\n"
+    "KV cache: --kv-type f16 (default; a Model Program's recorded type wins), q8_0 (blocks of 32\n"
+    "          int8, head size a multiple of 32) or f32; CUDA's device cache is always f32\n";
 
 int usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "llmopt: ");
@@ -89,6 +96,43 @@ const char *option_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+/* "CMD: OPTION needs WHAT, got 'V'" as a usage error. */
+static int bad_option_value(const char *cmd, const char *need, const char *v) {
+    char fmt[128];
+    snprintf(fmt, sizeof fmt, "%s: %s, got '%%s'", cmd, need);
+    return usage_error(fmt, v);
+}
+
+int cli_sampling_option(const char *cmd, const char *arg, const char *v, struct llmopt_sampling *s,
+                        bool *seed_given) {
+    long long n;
+    if (!strcmp(arg, "--temp")) {
+        if (!parse_float(v, &s->temperature)) return bad_option_value(cmd, "--temp needs a number", v);
+    } else if (!strcmp(arg, "--top-k")) {
+        if (!parse_long(v, INT32_MIN, INT32_MAX, &n))
+            return bad_option_value(cmd, "--top-k needs an integer", v);
+        s->top_k = (int32_t)n;
+    } else if (!strcmp(arg, "--top-p")) {
+        if (!parse_float(v, &s->top_p)) return bad_option_value(cmd, "--top-p needs a number", v);
+    } else if (!strcmp(arg, "--min-p")) {
+        if (!parse_float(v, &s->min_p)) return bad_option_value(cmd, "--min-p needs a number", v);
+    } else if (!strcmp(arg, "--repeat-penalty")) {
+        if (!parse_float(v, &s->repeat_penalty))
+            return bad_option_value(cmd, "--repeat-penalty needs a number", v);
+    } else if (!strcmp(arg, "--repeat-last-n")) {
+        if (!parse_long(v, -1, INT32_MAX, &n))
+            return bad_option_value(cmd, "--repeat-last-n needs an integer >= -1", v);
+        s->repeat_last_n = (int32_t)n;
+    } else if (!strcmp(arg, "--seed") || !strcmp(arg, "-s")) {
+        if (!parse_long(v, 0, LLONG_MAX, &n))
+            return bad_option_value(cmd, "--seed needs an integer >= 0", v);
+        s->seed = (uint64_t)n;
+        *seed_given = true;
+    } else {
+        return -1;
+    }
+    return 0;
+}
 
 double cli_profile_read_bandwidth(const char *path) {
     json_error_t jerr;
@@ -133,6 +177,8 @@ int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_benc
             o->profile = v;
         } else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) {
             o->backend = v;
+        } else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) {
+            if (!llmopt_kv_type_parse(v, &o->kv_type)) return bad_option_value(cmd, "--kv-type needs f16, q8_0 or f32", v);
         } else if (argv[i][0] == '-' || o->model) {
             snprintf(msg, sizeof msg, "%s: %s '%%s'", cmd,
                      argv[i][0] == '-' ? "unknown option or missing value" : "unexpected argument");
@@ -155,7 +201,8 @@ enum llmopt_status cli_bench_setup(const struct cli_bench_opts *o, struct llmopt
     struct llmopt_session_opts so = {.n_ctx = (int32_t)(o->n_prompt + o->n_gen + 1),
                                      .n_batch = (int32_t)(o->n_prompt < 512 ? o->n_prompt : 512),
                                      .n_threads = (int32_t)o->threads,
-                                     .backend = o->backend};
+                                     .backend = o->backend,
+                                     .kv_type = o->kv_type};
     if ((st = llmopt_session_create(*model, &so, s, err))) return st;
     int32_t n_vocab = llmopt_model_n_vocab(*model);
     for (long long i = 0; i < o->n_prompt; i++) tokens[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));

@@ -19,6 +19,12 @@ bool parse_long(const char *s, long long lo, long long hi, long long *out);
 bool parse_float(const char *s, float *out);
 /* Value of option argv[*i] (advancing *i), or NULL when missing. */
 const char *option_value(int argc, char **argv, int *i);
+/* The sampling options of run and chat: --temp, --top-k, --top-p, --min-p,
+ * --repeat-penalty, --repeat-last-n and --seed/-s (which sets *seed_given). Returns 0
+ * when arg (with value v) is one of them, stored in *s; -1 when it is none of them;
+ * else usage_error's exit code for a bad value, the message prefixed with cmd. */
+int cli_sampling_option(const char *cmd, const char *arg, const char *v, struct llmopt_sampling *s,
+                        bool *seed_given);
 
 /* Reads a whole file ("-": stdin) into a NUL-terminated malloc'd buffer (tools/cmd_template.c). */
 char *cli_read_file(const char *path, size_t *len, struct llmopt_err *err);
@@ -32,10 +38,11 @@ void cli_name_template_error(struct llmopt_err *err, const char *path);
  * is unreadable or has none. */
 double cli_profile_read_bandwidth(const char *path);
 /* Options of bench and profile: MODEL [-p N] [-n N] [-r N] [-t N] [--profile P]
- * [--backend B] [--json]. */
+ * [--backend B] [--kv-type T] [--json]. */
 struct cli_bench_opts {
     const char *model, *profile, *backend;
     long long n_prompt, n_gen, reps, threads; /* the caller sets the defaults */
+    enum llmopt_kv_type kv_type;
     bool json;
 };
 /* Parses argv into o for command `cmd`; returns 0, or the usage exit code (printed). */

@@ -37,19 +37,17 @@ int cmd_bench(int argc, char **argv) {
     int32_t *tokens = malloc((size_t)n_prompt * sizeof(int32_t));
     if (!prefill_s || !itl || !decode_s || !tokens) goto done;
     if (cli_bench_setup(&o, &model, &s, tokens, &err)) goto done;
-    int32_t n_vocab = llmopt_model_n_vocab(model);
     int n_itl = 0;
     for (long long r = 0; r <= reps; r++) { /* r == 0 warms up */
-        const float *logits;
         llmopt_session_reset(s, 0);
         double t0 = cli_now_s();
-        if (llmopt_session_append(s, 0, tokens, (int32_t)n_prompt, &logits, &err)) goto done;
-        double t1 = cli_now_s();
         int32_t tok = 1;
+        /* greedy decode: the backend picks the argmax (on the device for cuda) */
+        if (llmopt_session_append_greedy(s, 0, tokens, (int32_t)n_prompt, &tok, &err)) goto done;
+        double t1 = cli_now_s();
         double prev = t1;
         for (long long g = 0; g < n_gen; g++) {
-            tok = cli_argmax(logits, n_vocab);
-            if (llmopt_session_append(s, 0, &tok, 1, &logits, &err)) goto done;
+            if (llmopt_session_append_greedy(s, 0, &tok, 1, &tok, &err)) goto done;
             double t = cli_now_s();
             if (r > 0) itl[n_itl++] = t - prev;
             prev = t;
@@ -75,14 +73,16 @@ int cmd_bench(int argc, char **argv) {
                "\"n_gen\": %lld, \"reps\": %lld, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
                "\"ttft_ms\": %.3f, \"itl_ms_p50\": %.3f, \"itl_ms_p95\": %.3f, \"itl_ms_p99\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"read_bandwidth_gbps\": %.2f, \"decode_roofline_tok_s\": %.2f, "
-               "\"roofline_fraction\": %.3f, \"kernels_per_step\": %d, \"peak_rss_mib\": %.1f}\n",
+               "\"roofline_fraction\": %.3f, \"kernels_per_step\": %d, \"peak_rss_mib\": %.1f, "
+               "\"kv_type\": \"%s\", \"kv_bytes\": %llu}\n",
                model_path, llmopt_model_program(model), backend ? backend : "cpu", threads, n_prompt, n_gen, reps,
                pp, tg, prefill_s[reps / 2] * 1e3, percentile(itl, n_itl, 50) * 1e3,
                percentile(itl, n_itl, 95) * 1e3, percentile(itl, n_itl, 99) * 1e3, (unsigned long long)bytes, bw,
-               roof, roof > 0 ? tg / roof : 0, cs.kernels_compiled, ru.ru_maxrss / 1024.0);
+               roof, roof > 0 ? tg / roof : 0, cs.kernels_compiled, ru.ru_maxrss / 1024.0,
+               llmopt_kv_type_name(llmopt_session_kv_type(s)), (unsigned long long)llmopt_session_kv_bytes(s));
     } else {
         char thr[32];
-        snprintf(thr, sizeof thr, threads ? "%lld" : "all", threads);
+        snprintf(thr, sizeof thr, threads ? "%lld" : "auto", threads);
         printf("model           %s (program %s, backend %s, threads %s)\n", model_path, llmopt_model_program(model),
                backend ? backend : "cpu", thr);
         printf("prefill         %lld tokens: %.1f tok/s (median of %lld; time to first token %.1f ms)\n", n_prompt,
@@ -95,6 +95,8 @@ int cmd_bench(int argc, char **argv) {
         if (roof > 0)
             printf("roofline        %.1f GB/s measured read bandwidth -> ceiling %.1f tok/s; decode at %.0f%%\n", bw,
                    roof, 100.0 * tg / roof);
+        printf("kv cache        %s, %.1f MiB for %lld positions\n", llmopt_kv_type_name(llmopt_session_kv_type(s)),
+               (double)llmopt_session_kv_bytes(s) / (1024.0 * 1024.0), n_prompt + n_gen + 1);
         printf("peak RSS        %.1f MiB\n", ru.ru_maxrss / 1024.0);
     }
     rc = 0;

@@ -24,6 +24,7 @@
 struct chat_args {
     const char *model, *system, *template_path, *programs, *extra;
     long long n_predict, n_ctx;
+    enum llmopt_kv_type kv_type;
     struct llmopt_sampling sampling;
     bool seed_given, verbose;
 };
@@ -241,7 +242,6 @@ int cmd_chat(int argc, char **argv) {
     llmopt_sampling_default(&a.sampling);
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
-        long long n;
         if (!strcmp(arg, "-v") || !strcmp(arg, "--verbose")) { a.verbose = true; continue; }
         if (arg[0] != '-' || !arg[1]) {
             if (a.model) return usage_error("chat: unexpected argument '%s'", arg);
@@ -249,32 +249,20 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         if (!(v = option_value(argc, argv, &i))) return usage_error("chat: option '%s' needs a value", arg);
+        int sr = cli_sampling_option("chat", arg, v, &a.sampling, &a.seed_given);
+        if (sr > 0) return sr;
+        if (sr == 0) continue;
         if (!strcmp(arg, "--system")) a.system = v;
         else if (!strcmp(arg, "--chat-template")) a.template_path = v;
         else if (!strcmp(arg, "--extra")) a.extra = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
+        else if (!strcmp(arg, "--kv-type")) {
+            if (!llmopt_kv_type_parse(v, &a.kv_type)) return usage_error("chat: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        }
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-predict")) {
             if (!parse_long(v, 1, INT32_MAX, &a.n_predict)) return usage_error("chat: -n needs a count >= 1, got '%s'", v);
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
             if (!parse_long(v, 1, 1 << 20, &a.n_ctx)) return usage_error("chat: --ctx needs 1..1048576, got '%s'", v);
-        } else if (!strcmp(arg, "--temp")) {
-            if (!parse_float(v, &a.sampling.temperature)) return usage_error("chat: --temp needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--top-k")) {
-            if (!parse_long(v, INT32_MIN, INT32_MAX, &n)) return usage_error("chat: --top-k needs an integer, got '%s'", v);
-            a.sampling.top_k = (int32_t)n;
-        } else if (!strcmp(arg, "--top-p")) {
-            if (!parse_float(v, &a.sampling.top_p)) return usage_error("chat: --top-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--min-p")) {
-            if (!parse_float(v, &a.sampling.min_p)) return usage_error("chat: --min-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-penalty")) {
-            if (!parse_float(v, &a.sampling.repeat_penalty)) return usage_error("chat: --repeat-penalty needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-last-n")) {
-            if (!parse_long(v, -1, INT32_MAX, &n)) return usage_error("chat: --repeat-last-n needs an integer >= -1, got '%s'", v);
-            a.sampling.repeat_last_n = (int32_t)n;
-        } else if (!strcmp(arg, "--seed") || !strcmp(arg, "-s")) {
-            if (!parse_long(v, 0, LLONG_MAX, &n)) return usage_error("chat: --seed needs an integer >= 0, got '%s'", v);
-            a.sampling.seed = (uint64_t)n;
-            a.seed_given = true;
         } else {
             return usage_error("chat: unknown option '%s'", arg);
         }
@@ -305,7 +293,7 @@ int cmd_chat(int argc, char **argv) {
         }
     }
     c.end_of_turn = probe_end_of_turn(c.tpl);
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx};
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .kv_type = a.kv_type};
     if (llmopt_session_create(c.model, &so, &c.sess, &err)) goto done;
     c.n_ctx = llmopt_session_n_ctx(c.sess);
     c.n_vocab = llmopt_model_n_vocab(c.model);

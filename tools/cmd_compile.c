@@ -11,6 +11,7 @@ int cmd_compile(int argc, char **argv) {
     const char *model_path = NULL, *programs = NULL, *out_dir = NULL, *profile = NULL;
     bool dump_ir = false, no_passes = false;
     long long n_batch = 256;
+    enum llmopt_kv_type kv_type = LLMOPT_KV_F16;
     for (int i = 0; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--dump-ir")) dump_ir = true;
@@ -18,6 +19,9 @@ int cmd_compile(int argc, char **argv) {
         else if (!strcmp(argv[i], "--programs") && (v = option_value(argc, argv, &i))) programs = v;
         else if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && (v = option_value(argc, argv, &i))) out_dir = v;
         else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) profile = v;
+        else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) {
+            if (!llmopt_kv_type_parse(v, &kv_type)) return usage_error("compile: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        }
         else if (!strcmp(argv[i], "--batch") && (v = option_value(argc, argv, &i))) {
             if (!parse_long(v, 1, 1 << 16, &n_batch)) return usage_error("compile: --batch needs 1..65536, got '%s'", v);
         } else if (argv[i][0] == '-') return usage_error("compile: unknown option or missing value '%s'", argv[i]);
@@ -47,7 +51,7 @@ int cmd_compile(int argc, char **argv) {
             rc = fail(&err);
         } else {
             snprintf(path, sizeof path, "%s/model.llmopt", out_dir);
-            struct llmopt_program_opts po = {.n_batch = (int32_t)n_batch, .profile_path = profile};
+            struct llmopt_program_opts po = {.n_batch = (int32_t)n_batch, .profile_path = profile, .kv_type = kv_type};
             if (llmopt_program_write(model, model_path, &po, path, &err)) rc = fail(&err);
             else fprintf(stderr, "llmopt: wrote %s\n", path);
         }

@@ -11,7 +11,8 @@
 static double mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
 int cmd_mem(int argc, char **argv) {
-    const char *model_path = NULL, *kv_type = "f32", *backend = NULL;
+    const char *model_path = NULL, *backend = NULL;
+    enum llmopt_kv_type kv_type = LLMOPT_KV_DEFAULT;
     long long ctx = 0, parallel = 1, batch = 0, threads = 0;
     bool no_load = false, as_json = false;
     for (int i = 0; i < argc; i++) {
@@ -26,7 +27,9 @@ int cmd_mem(int argc, char **argv) {
             if (!parse_long(v, 1, 1 << 16, &batch)) return usage_error("mem: --batch needs 1..65536, got '%s'", v);
         } else if (!strcmp(argv[i], "-t") && (v = option_value(argc, argv, &i))) {
             if (!parse_long(v, 1, 1024, &threads)) return usage_error("mem: -t needs 1..1024, got '%s'", v);
-        } else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) kv_type = v;
+        } else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) {
+            if (!llmopt_kv_type_parse(v, &kv_type)) return usage_error("mem: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        }
         else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) backend = v;
         else if (argv[i][0] == '-') return usage_error("mem: unknown option or missing value '%s'", argv[i]);
         else if (!model_path) model_path = argv[i];
@@ -43,14 +46,9 @@ int cmd_mem(int argc, char **argv) {
     int rc = 1;
     if (llmopt_model_load(model_path, NULL, &model, &err)) goto done;
     struct llmopt_session_opts so = {.n_ctx = (int32_t)ctx, .n_batch = (int32_t)batch, .n_slots = (int32_t)parallel,
-                                     .n_threads = (int32_t)threads, .backend = backend};
+                                     .n_threads = (int32_t)threads, .backend = backend, .kv_type = kv_type};
     struct llmopt_memory mem;
     if (llmopt_model_memory(model, &so, &mem, &err)) goto done;
-    if (strcmp(kv_type, mem.kv_type)) {
-        fprintf(stderr, "llmopt: error: mem: --kv-type %s: this build's KV cache stores %s only\n", kv_type,
-                mem.kv_type);
-        goto done;
-    }
     double rss = 0;
     int32_t n_run = 0;
     if (!no_load) {

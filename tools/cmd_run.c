@@ -10,6 +10,7 @@
 struct run_args {
     const char *model, *prompt, *programs, *prompt_ids, *backend;
     long long n_predict, n_ctx;
+    enum llmopt_kv_type kv_type;
     struct llmopt_sampling sampling;
     bool seed_given, ids, verbose;
 };
@@ -37,7 +38,6 @@ int cmd_run(int argc, char **argv) {
     llmopt_sampling_default(&a.sampling);
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
-        long long n;
         if (!strcmp(arg, "--ids")) { a.ids = true; continue; }
         if (!strcmp(arg, "-v") || !strcmp(arg, "--verbose")) { a.verbose = true; continue; }
         if (arg[0] != '-' || !arg[1]) {
@@ -46,32 +46,20 @@ int cmd_run(int argc, char **argv) {
             continue;
         }
         if (!(v = option_value(argc, argv, &i))) return usage_error("run: option '%s' needs a value", arg);
+        int sr = cli_sampling_option("run", arg, v, &a.sampling, &a.seed_given);
+        if (sr > 0) return sr;
+        if (sr == 0) continue;
         if (!strcmp(arg, "-p") || !strcmp(arg, "--prompt")) a.prompt = v;
         else if (!strcmp(arg, "--prompt-ids")) a.prompt_ids = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
         else if (!strcmp(arg, "--backend")) a.backend = v;
+        else if (!strcmp(arg, "--kv-type")) {
+            if (!llmopt_kv_type_parse(v, &a.kv_type)) return usage_error("run: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        }
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-predict")) {
             if (!parse_long(v, 0, INT32_MAX, &a.n_predict)) return usage_error("run: -n needs a count >= 0, got '%s'", v);
         } else if (!strcmp(arg, "--ctx") || !strcmp(arg, "-c")) {
             if (!parse_long(v, 1, 1 << 20, &a.n_ctx)) return usage_error("run: --ctx needs 1..1048576, got '%s'", v);
-        } else if (!strcmp(arg, "--temp")) {
-            if (!parse_float(v, &a.sampling.temperature)) return usage_error("run: --temp needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--top-k")) {
-            if (!parse_long(v, INT32_MIN, INT32_MAX, &n)) return usage_error("run: --top-k needs an integer, got '%s'", v);
-            a.sampling.top_k = (int32_t)n;
-        } else if (!strcmp(arg, "--top-p")) {
-            if (!parse_float(v, &a.sampling.top_p)) return usage_error("run: --top-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--min-p")) {
-            if (!parse_float(v, &a.sampling.min_p)) return usage_error("run: --min-p needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-penalty")) {
-            if (!parse_float(v, &a.sampling.repeat_penalty)) return usage_error("run: --repeat-penalty needs a number, got '%s'", v);
-        } else if (!strcmp(arg, "--repeat-last-n")) {
-            if (!parse_long(v, -1, INT32_MAX, &n)) return usage_error("run: --repeat-last-n needs an integer >= -1, got '%s'", v);
-            a.sampling.repeat_last_n = (int32_t)n;
-        } else if (!strcmp(arg, "--seed") || !strcmp(arg, "-s")) {
-            if (!parse_long(v, 0, LLONG_MAX, &n)) return usage_error("run: --seed needs an integer >= 0, got '%s'", v);
-            a.sampling.seed = (uint64_t)n;
-            a.seed_given = true;
         } else {
             return usage_error("run: unknown option '%s'", arg);
         }
@@ -87,7 +75,7 @@ int cmd_run(int argc, char **argv) {
     int rc = 1;
     struct llmopt_load_opts lo = {.programs_dir = a.programs, .verbose = a.verbose};
     if (llmopt_model_load(a.model, &lo, &model, &err)) goto done;
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .backend = a.backend};
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .backend = a.backend, .kv_type = a.kv_type};
     if (llmopt_session_create(model, &so, &sess, &err)) goto done;
     const char *text = a.prompt ? a.prompt : "";
     size_t len = strlen(text), n_prompt = 0, cap = len + 2;
@@ -137,13 +125,14 @@ int cmd_run(int argc, char **argv) {
     if (a.verbose || !a.ids)
         fprintf(stderr,
                 "\nllmopt: program %s; prompt %d tokens in %.1f ms (%.1f tok/s); "
-                "generated %d tokens in %.1f ms (%.1f tok/s)%s; seed %llu\n",
+                "generated %d tokens in %.1f ms (%.1f tok/s)%s; seed %llu; KV %s (%.1f MiB)\n",
                 llmopt_model_program(model), res.n_prompt, res.prefill_seconds * 1e3,
                 res.prefill_seconds > 0 ? res.n_prompt / res.prefill_seconds : 0.0,
                 res.n_generated, res.decode_seconds * 1e3,
                 res.decode_seconds > 0 ? (res.n_generated - 1) / res.decode_seconds : 0.0,
                 res.stopped_eog ? ", stopped at end of text" : "",
-                (unsigned long long)a.sampling.seed);
+                (unsigned long long)a.sampling.seed, llmopt_kv_type_name(llmopt_session_kv_type(sess)),
+                (double)llmopt_session_kv_bytes(sess) / (1024.0 * 1024.0));
     rc = 0;
 done:
     if (rc) fail(&err);

@@ -63,8 +63,11 @@ int cmd_serve(int argc, char **argv) {
             o.prefill_chunk = (int32_t)n;
         } else if (!strcmp(arg, "--threads") || !strcmp(arg, "-t")) {
             if (!parse_long(v, 0, 4096, &n))
-                return usage_error("serve: --threads needs 0..4096 (0: every CPU), got '%s'", v);
+                return usage_error("serve: --threads needs 0..4096 (0: auto), got '%s'", v);
             o.n_threads = (int32_t)n;
+        } else if (!strcmp(arg, "--kv-type")) {
+            if (!llmopt_kv_type_parse(v, &o.kv_type))
+                return usage_error("serve: --kv-type needs f16, q8_0 or f32, got '%s'", v);
         } else if (!strcmp(arg, "--programs")) {
             o.programs_dir = v;
         } else {

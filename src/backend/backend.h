@@ -35,6 +35,12 @@ struct backend_ops {
     /* Runs one batch; *logits points at (M, vocab) floats valid until the next run. */
     enum llmopt_status (*run)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
                               const float **logits, struct llmopt_err *err);
+    /* Optional (NULL where not offered): runs the batch like run, but hands back only the
+     * greedy choice of each output row, ids[j] = argmax of logits row j (NaN counts as
+     * -inf, +inf as FLT_MAX, the lowest id wins ties: sampler_greedy's rule), so the
+     * logits need not leave the device. */
+    enum llmopt_status (*run_argmax)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
+                                     int32_t *ids, struct llmopt_err *err);
     void (*stats)(void *state, struct backend_stats *out);
     size_t (*arena_bytes)(void *state);
     void (*release)(void *state);

@@ -1,26 +1,35 @@
 #include "backend/kv_cache.h"
 
+#include "base/fp16.h"
+#include "format/quant.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-_Static_assert(KV_CACHE_ELEM_BYTES == sizeof(**((struct kv_cache *)0)->k),
-               "KV_CACHE_ELEM_BYTES must match the element type of kv_cache.k/v");
+_Static_assert(sizeof(block_q8_0) == KV_Q8_0_BLOCK_BYTES && QK8_0 == KV_Q8_0_BLOCK,
+               "q8_0 KV rows use ggml's block_q8_0");
 
-uint64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, int32_t n_blocks,
-                                int32_t block_size) {
-    uint64_t total = 0;
-    for (int32_t l = 0; l < n_layers; l++)
-        total += 2 * (uint64_t)n_blocks * (uint64_t)block_size * (uint64_t)row_elems[l] * KV_CACHE_ELEM_BYTES;
-    return total;
+static const char *const kv_dtype_names[] = {"f32", "f16", "q8_0"};
+_Static_assert(sizeof kv_dtype_names / sizeof *kv_dtype_names == KV_DTYPE_COUNT, "kv_dtype names");
+
+const char *kv_dtype_name(enum kv_dtype t) {
+    return (unsigned)t < KV_DTYPE_COUNT ? kv_dtype_names[t] : "?";
 }
 
-enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, int32_t n_slots,
-                                   int32_t max_positions, int32_t n_blocks, int32_t block_size,
-                                   struct kv_cache **out, struct llmopt_err *err) {
+enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, enum kv_dtype dtype,
+                                   int32_t n_slots, int32_t max_positions, int32_t n_blocks,
+                                   int32_t block_size, struct kv_cache **out, struct llmopt_err *err) {
     if (n_layers < 0 || n_slots < 1 || max_positions < 1 || n_blocks < 1 || block_size < 1)
         return err_set(err, LLMOPT_ERR_INVALID_ARG,
                        "kv cache: bad sizes (layers %d, slots %d, positions %d, blocks %d x %d)",
                        n_layers, n_slots, max_positions, n_blocks, block_size);
+    if ((unsigned)dtype >= KV_DTYPE_COUNT)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "kv cache: unknown element type %d", (int)dtype);
+    for (int32_t l = 0; l < n_layers; l++)
+        if (row_elems[l] < 1 || (dtype == KV_DTYPE_Q8_0 && row_elems[l] % KV_Q8_0_BLOCK))
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "kv cache: layer %d rows of %d values (q8_0 needs a multiple of %d)", l,
+                           row_elems[l], KV_Q8_0_BLOCK);
     struct kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return err_set(err, LLMOPT_ERR_NOMEM, "kv cache: out of memory");
     kv->n_layers = n_layers;
@@ -28,22 +37,25 @@ enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, i
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->max_positions = max_positions;
+    kv->dtype = dtype;
     kv->max_blocks_per_slot = (max_positions + block_size - 1) / block_size;
     kv->row_elems = calloc((size_t)(n_layers ? n_layers : 1), sizeof *kv->row_elems);
+    kv->row_bytes = calloc((size_t)(n_layers ? n_layers : 1), sizeof *kv->row_bytes);
     kv->k = calloc((size_t)(n_layers ? n_layers : 1), sizeof *kv->k);
     kv->v = calloc((size_t)(n_layers ? n_layers : 1), sizeof *kv->v);
     kv->block_table = malloc((size_t)n_slots * (size_t)kv->max_blocks_per_slot * sizeof(int32_t));
     kv->slot_len = calloc((size_t)n_slots, sizeof(int32_t));
     kv->slot_blocks = calloc((size_t)n_slots, sizeof(int32_t));
     kv->free_blocks = malloc((size_t)n_blocks * sizeof(int32_t));
-    if (!kv->row_elems || !kv->k || !kv->v || !kv->block_table || !kv->slot_len ||
+    if (!kv->row_elems || !kv->row_bytes || !kv->k || !kv->v || !kv->block_table || !kv->slot_len ||
         !kv->slot_blocks || !kv->free_blocks)
         goto oom;
     for (int32_t l = 0; l < n_layers; l++) {
         kv->row_elems[l] = row_elems[l];
-        size_t n = (size_t)n_blocks * (size_t)block_size * (size_t)row_elems[l];
-        kv->k[l] = calloc(n, sizeof(float));
-        kv->v[l] = calloc(n, sizeof(float));
+        kv->row_bytes[l] = kv_dtype_bytes(dtype, row_elems[l]);
+        size_t n = (size_t)n_blocks * (size_t)block_size * (size_t)kv->row_bytes[l];
+        kv->k[l] = calloc(n, 1);
+        kv->v[l] = calloc(n, 1);
         if (!kv->k[l] || !kv->v[l]) goto oom;
     }
     for (int64_t i = 0; i < (int64_t)n_slots * kv->max_blocks_per_slot; i++) kv->block_table[i] = -1;
@@ -97,6 +109,7 @@ void kv_cache_free(struct kv_cache *kv) {
     free(kv->k);
     free(kv->v);
     free(kv->row_elems);
+    free(kv->row_bytes);
     free(kv->block_table);
     free(kv->slot_len);
     free(kv->slot_blocks);
@@ -139,3 +152,44 @@ void kv_cache_release(struct kv_cache *kv, int32_t slot) {
 }
 
 int32_t kv_cache_blocks_in_use(const struct kv_cache *kv) { return kv->n_blocks - kv->n_free; }
+
+int64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, enum kv_dtype dtype,
+                               int32_t n_blocks, int32_t block_size) {
+    int64_t bytes = 0;
+    for (int32_t l = 0; l < n_layers; l++)
+        bytes += 2 * (int64_t)n_blocks * block_size * kv_dtype_bytes(dtype, row_elems[l]);
+    return bytes;
+}
+
+int64_t kv_cache_bytes(const struct kv_cache *kv) {
+    return kv_cache_storage_bytes(kv->n_layers, kv->row_elems, kv->dtype, kv->n_blocks, kv->block_size);
+}
+
+void kv_cache_write(const struct kv_cache *kv, uint8_t *const *store, int32_t layer, int32_t slot,
+                    int32_t pos, int64_t col, const float *src, int64_t n) {
+    uint8_t *dst = kv_cache_row(kv, store, layer, slot, pos) + kv_dtype_bytes(kv->dtype, col);
+    switch (kv->dtype) {
+    case KV_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); return;
+    case KV_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = fp16_from_f32(src[i]);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+        return;
+    case KV_DTYPE_Q8_0:
+        LLMOPT_ASSERT(col % KV_Q8_0_BLOCK == 0 && n % KV_Q8_0_BLOCK == 0);
+        quant_quantize_row_q8_0(src, dst, n);
+        return;
+    case KV_DTYPE_COUNT: break;
+    }
+    LLMOPT_ASSERT(!"kv_cache_write: bad dtype");
+}
+
+void kv_cache_read(const struct kv_cache *kv, uint8_t *const *store, int32_t layer, int32_t slot,
+                   int32_t pos, int64_t col, float *dst, int64_t n) {
+    static const enum ggml_type as_ggml[KV_DTYPE_COUNT] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0};
+    LLMOPT_ASSERT((unsigned)kv->dtype < KV_DTYPE_COUNT);
+    LLMOPT_ASSERT(kv->dtype != KV_DTYPE_Q8_0 || (col % KV_Q8_0_BLOCK == 0 && n % KV_Q8_0_BLOCK == 0));
+    quant_dequantize_row(as_ggml[kv->dtype], kv_cache_row(kv, store, layer, slot, pos) + kv_dtype_bytes(kv->dtype, col),
+                         dst, n);
+}

@@ -8,6 +8,13 @@
  * KV heads and head size. Storage is allocated once at creation: reserving blocks
  * during a step never touches the heap.
  *
+ * Element type (kv_dtype): rows are stored as f32, f16 (IEEE half, rounded to
+ * nearest even on write) or q8_0 (ggml's block_q8_0: 32 int8 quants and an f16
+ * scale per block, format/quant.h). Writers convert with kv_cache_write; attention
+ * kernels read the stored type directly (dequantizing in registers), the reference
+ * path through kv_cache_read. For q8_0 every head must start on a block: head_dim a
+ * multiple of 32 (the session checks it).
+ *
  * Conv state (kv_cache_add_conv_state): for each short_conv layer and slot, the last
  * L-1 inputs of the sequence, L the layer's kernel size; row (pos % (L-1)) holds the
  * input at position pos. A short_conv kernel reads the rows of positions before its
@@ -22,11 +29,20 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Bytes of one stored K or V element and its type name: the cache holds f32 rows. The
- * one place that sizes of the cache are derived from (kv_cache_storage_bytes, llmopt
- * mem, the profiler's bytes read); kv_cache.c checks it against its storage type. */
-#define KV_CACHE_ELEM_BYTES ((size_t)4)
-#define KV_CACHE_ELEM_TYPE "f32"
+enum kv_dtype {
+    KV_DTYPE_F32,
+    KV_DTYPE_F16,
+    KV_DTYPE_Q8_0,
+    KV_DTYPE_COUNT
+};
+#define KV_Q8_0_BLOCK 32       /* values per q8_0 block */
+#define KV_Q8_0_BLOCK_BYTES 34 /* f16 scale + 32 int8 (sizeof(block_q8_0)) */
+/* "f32", "f16", "q8_0". */
+const char *kv_dtype_name(enum kv_dtype t);
+/* Bytes of n values of type t (n a multiple of KV_Q8_0_BLOCK for q8_0). */
+static inline int64_t kv_dtype_bytes(enum kv_dtype t, int64_t n) {
+    return t == KV_DTYPE_F32 ? n * 4 : t == KV_DTYPE_F16 ? n * 2 : n / KV_Q8_0_BLOCK * KV_Q8_0_BLOCK_BYTES;
+}
 
 struct kv_cache {
     int32_t n_layers;
@@ -35,9 +51,11 @@ struct kv_cache {
     int32_t n_blocks;      /* total blocks */
     int32_t max_positions; /* per sequence */
     int32_t max_blocks_per_slot;
+    enum kv_dtype dtype;   /* element type of k and v */
     int32_t *row_elems;    /* (n_layers) Hkv * Dh */
-    float **k;             /* (n_layers) each (n_blocks, block_size, row_elems[l]) */
-    float **v;             /* (n_layers) same */
+    int64_t *row_bytes;    /* (n_layers) kv_dtype_bytes(dtype, row_elems[l]) */
+    uint8_t **k;           /* (n_layers) each (n_blocks, block_size, row_bytes[l]) */
+    uint8_t **v;           /* (n_layers) same */
     int32_t *block_table;  /* (n_slots, max_blocks_per_slot); -1 = none */
     int32_t *slot_len;     /* (n_slots) positions written so far */
     int32_t *slot_blocks;  /* (n_slots) blocks held */
@@ -49,14 +67,18 @@ struct kv_cache {
     float **conv;            /* (n_conv_layers) each (n_slots, conv_rows[l], conv_channels[l]) */
 };
 
-enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, int32_t n_slots,
-                                   int32_t max_positions, int32_t n_blocks, int32_t block_size,
-                                   struct kv_cache **out, struct llmopt_err *err);
+/* row_elems: (n_layers) values per KV row, multiples of KV_Q8_0_BLOCK for q8_0. */
+enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, enum kv_dtype dtype,
+                                   int32_t n_slots, int32_t max_positions, int32_t n_blocks,
+                                   int32_t block_size, struct kv_cache **out, struct llmopt_err *err);
+/* Bytes of K and V storage together (what the cache costs in memory). */
+int64_t kv_cache_bytes(const struct kv_cache *kv);
 void kv_cache_free(struct kv_cache *kv);
 /* Bytes kv_cache_create allocates for K and V of n_layers layers of row_elems[l]
- * elements per position, n_blocks blocks of block_size positions. */
-uint64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, int32_t n_blocks,
-                                int32_t block_size);
+ * values of dtype per position, n_blocks blocks of block_size positions (llmopt mem
+ * sizes a cache with it before creating one). */
+int64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, enum kv_dtype dtype,
+                               int32_t n_blocks, int32_t block_size);
 
 /* Adds conv state for n_layers short_conv layers (rows[l] = L - 1, channels[l] = C),
  * zeroed; once, after kv_cache_create. */
@@ -71,13 +93,21 @@ enum llmopt_status kv_cache_reserve(struct kv_cache *kv, int32_t slot, int32_t n
 void kv_cache_release(struct kv_cache *kv, int32_t slot);
 int32_t kv_cache_blocks_in_use(const struct kv_cache *kv);
 
-/* Row (row_elems[layer] floats) for (slot, pos); the block must be reserved. */
-static inline float *kv_cache_row(const struct kv_cache *kv, float *const *store, int32_t layer,
-                                  int32_t slot, int32_t pos) {
+/* Row (row_bytes[layer] bytes of dtype) for (slot, pos); the block must be reserved. */
+static inline uint8_t *kv_cache_row(const struct kv_cache *kv, uint8_t *const *store, int32_t layer,
+                                    int32_t slot, int32_t pos) {
     int32_t block = kv->block_table[(int64_t)slot * kv->max_blocks_per_slot + pos / kv->block_size];
     int64_t row = (int64_t)block * kv->block_size + pos % kv->block_size;
-    return store[layer] + row * kv->row_elems[layer];
+    return store[layer] + row * kv->row_bytes[layer];
 }
+/* Values [col, col + n) of row (slot, pos) = src converted to dtype (f16: round to
+ * nearest even; q8_0: per block, col and n multiples of KV_Q8_0_BLOCK). */
+void kv_cache_write(const struct kv_cache *kv, uint8_t *const *store, int32_t layer, int32_t slot,
+                    int32_t pos, int64_t col, const float *src, int64_t n);
+/* dst[0..n) = values [col, col + n) of row (slot, pos), widened to f32 (same
+ * alignment rule as kv_cache_write). */
+void kv_cache_read(const struct kv_cache *kv, uint8_t *const *store, int32_t layer, int32_t slot,
+                   int32_t pos, int64_t col, float *dst, int64_t n);
 
 /* Conv-state row (conv_channels[layer] floats) of position pos >= 0 of slot. */
 static inline float *kv_cache_conv_row(const struct kv_cache *kv, int32_t layer, int32_t slot, int32_t pos) {

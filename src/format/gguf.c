@@ -407,19 +407,30 @@ static enum llmopt_status read_kv_value(struct parser *p, struct gguf_kv *kv) {
     return LLMOPT_OK;
 }
 
+/* A kv key or a tensor name (`field`: "key" or "name"), refused when empty; *offset
+ * gets where it starts and name an escaped copy for messages. */
+static enum llmopt_status read_name(struct parser *p, const char *field, struct gguf_str *out,
+                                   uint64_t *offset, char name[GGUF_MSG_NAME_MAX]) {
+    *offset = p->pos;
+    enum llmopt_status st = read_str(p, field, out);
+    if (st != LLMOPT_OK)
+        return st;
+    if (out->len == 0)
+        return fail_at(p, LLMOPT_ERR_FORMAT, *offset, field, "%s is empty", field);
+    escape_str(name, GGUF_MSG_NAME_MAX, out->ptr, out->len);
+    return LLMOPT_OK;
+}
+
 static enum llmopt_status read_kvs(struct parser *p, struct gguf_file_impl *f) {
     struct gguf_file *g = &f->pub;
     for (uint64_t i = 0; i < g->n_kv; i++) {
         struct gguf_kv *kv = &g->kv[i];
         set_where(p, "kv #%" PRIu64, i);
-        uint64_t key_offset = p->pos;
-        enum llmopt_status st = read_str(p, "key", &kv->key);
+        uint64_t key_offset;
+        char name[GGUF_MSG_NAME_MAX];
+        enum llmopt_status st = read_name(p, "key", &kv->key, &key_offset, name);
         if (st != LLMOPT_OK)
             return st;
-        if (kv->key.len == 0)
-            return fail_at(p, LLMOPT_ERR_FORMAT, key_offset, "key", "key is empty");
-        char name[GGUF_MSG_NAME_MAX];
-        escape_str(name, sizeof name, kv->key.ptr, kv->key.len);
         set_where(p, "kv #%" PRIu64 " '%s'", i, name);
         const struct gguf_str *prev = name_set_insert(&f->kv_names, &kv->key);
         if (prev)
@@ -459,14 +470,11 @@ static enum llmopt_status read_tensor_info(struct parser *p, struct gguf_file_im
     struct gguf_file *g = &f->pub;
     struct gguf_tensor *t = &g->tensors[i];
     set_where(p, "tensor #%" PRIu64, i);
-    uint64_t name_offset = p->pos;
-    enum llmopt_status st = read_str(p, "name", &t->name);
+    uint64_t name_offset;
+    char name[GGUF_MSG_NAME_MAX];
+    enum llmopt_status st = read_name(p, "name", &t->name, &name_offset, name);
     if (st != LLMOPT_OK)
         return st;
-    if (t->name.len == 0)
-        return fail_at(p, LLMOPT_ERR_FORMAT, name_offset, "name", "name is empty");
-    char name[GGUF_MSG_NAME_MAX];
-    escape_str(name, sizeof name, t->name.ptr, t->name.len);
     set_where(p, "tensor '%s' (#%" PRIu64 ")", name, i);
     const struct gguf_str *prev = name_set_insert(&f->tensor_names, &t->name);
     if (prev)

@@ -536,6 +536,39 @@ enum llmopt_status model_bind_tensor(struct llmopt_model *m, const char *pname,
     return LLMOPT_OK;
 }
 
+/* A map entry's tensor names: [0] "tensor", [1] "fallback" (NULL when absent). */
+static void param_tensor_names(const json_t *spec, const char *names[2]) {
+    names[0] = json_string_value(json_object_get(spec, "tensor"));
+    names[1] = json_string_value(json_object_get(spec, "fallback"));
+}
+
+/* What find_param_tensor found. Not to be copied: t.name points into name. */
+struct param_lookup {
+    struct weights_tensor t;   /* when found */
+    char name[BIND_NAME_MAX];  /* the name looked up last */
+    char first[BIND_NAME_MAX]; /* names[0] as substituted ("" when absent or bad) */
+    const char *bad;           /* the first name tried that does not substitute, or NULL */
+};
+
+/* Looks up the tensor a map entry binds at `layer` (-1: not per layer): names[0], else
+ * names[1]. */
+static bool find_param_tensor(const struct binder *b, const char *const names[2], int layer,
+                              struct param_lookup *L) {
+    bool found = false;
+    L->first[0] = 0;
+    L->bad = NULL;
+    for (int k = 0; k < 2 && !found; k++) {
+        if (!names[k]) continue;
+        if (!ir_substitute_layer(names[k], layer, L->name, sizeof L->name)) {
+            if (!L->bad) L->bad = names[k];
+            continue;
+        }
+        if (k == 0) snprintf(L->first, sizeof L->first, "%s", L->name);
+        found = weights_find(&b->m->weights, L->name, &L->t);
+    }
+    return found;
+}
+
 static enum llmopt_status bind_param(void *ctx, const char *tmpl, int layer,
                                      const struct ir_shape *shape, struct ir_weight *out,
                                      struct llmopt_err *err) {
@@ -546,27 +579,19 @@ static enum llmopt_status bind_param(void *ctx, const char *tmpl, int layer,
     const json_t *spec = json_object_get(b->params_map, tmpl);
     if (!json_is_object(spec))
         return err_set(err, LLMOPT_ERR_FORMAT, "map has no entry for param '%s'", tmpl);
-    const char *names[2] = {json_string_value(json_object_get(spec, "tensor")),
-                            json_string_value(json_object_get(spec, "fallback"))};
-    struct weights_tensor t;
-    bool found = false;
-    char tname[BIND_NAME_MAX];
-    for (int k = 0; k < 2 && !found; k++) {
-        if (!names[k]) continue;
-        if (!ir_substitute_layer(names[k], layer, tname, sizeof tname))
-            return err_set(err, LLMOPT_ERR_FORMAT, "map: bad tensor name '%s'", names[k]);
-        found = weights_find(&m->weights, tname, &t);
-    }
+    const char *names[2];
+    param_tensor_names(spec, names);
+    struct param_lookup L;
+    bool found = find_param_tensor(b, names, layer, &L);
+    if (L.bad) return err_set(err, LLMOPT_ERR_FORMAT, "map: bad tensor name '%s'", L.bad);
     if (!found)
         return err_set(err, LLMOPT_ERR_BIND, "tensor '%s' (for param '%s') is missing%s", names[0] ? names[0] : "?",
                        pname, names[1] ? " and so is its fallback" : "");
-    enum llmopt_status st = model_bind_tensor(m, pname, &t, shape, json_object_get(spec, "transform"), out, err);
-    if (!st && t.index >= 0) b->tensor_used[t.index] = true;
+    enum llmopt_status st = model_bind_tensor(m, pname, &L.t, shape, json_object_get(spec, "transform"), out, err);
+    if (!st && L.t.index >= 0) b->tensor_used[L.t.index] = true;
     return st;
 }
 
-/* Lists up to 8 tensors the map names that the file lacks (layers 0..n_layers-1),
- * so a refusal says everything that did not bind, not only the first. */
 /* Whether body `body` (a JSON node list) reads value `name`. */
 static bool body_reads(const json_t *body, const char *name) {
     size_t i, k;
@@ -604,6 +629,9 @@ static const json_t **layer_bodies(struct binder *b, int n_layers) {
     return out;
 }
 
+/* Counts the tensors the map names that the file lacks (layers 0..n_layers-1) and
+ * lists the first 3, so a refusal says everything that did not bind, not only the
+ * first. Names that do not substitute are left to bind_param to report. */
 static enum llmopt_status check_tensors_present(struct binder *b, int n_layers,
                                                 struct llmopt_err *err) {
     char missing[700] = "";
@@ -612,25 +640,17 @@ static enum llmopt_status check_tensors_present(struct binder *b, int n_layers,
     json_t *spec;
     const json_t **bodies = layer_bodies(b, n_layers);
     json_object_foreach((json_t *)b->params_map, pname, spec) {
-        const char *names[2] = {json_string_value(json_object_get(spec, "tensor")),
-                                json_string_value(json_object_get(spec, "fallback"))};
+        const char *names[2];
+        param_tensor_names(spec, names);
         bool per_layer = names[0] && strstr(names[0], "{i}");
         for (int layer = 0; layer < (per_layer ? n_layers : 1); layer++) {
             /* a param of one layer kind binds only on the layers of that kind */
             if (per_layer && bodies && !body_reads(bodies[layer], pname)) continue;
-            char tname[BIND_NAME_MAX], first[BIND_NAME_MAX] = "";
-            bool found = false;
-            for (int k = 0; k < 2 && !found; k++) {
-                if (!names[k] || !ir_substitute_layer(names[k], per_layer ? layer : -1, tname, sizeof tname))
-                    continue;
-                if (k == 0) snprintf(first, sizeof first, "%s", tname);
-                struct weights_tensor t;
-                found = weights_find(&b->m->weights, tname, &t);
-            }
-            if (found) continue;
+            struct param_lookup L;
+            if (find_param_tensor(b, names, per_layer ? layer : -1, &L)) continue;
             if (n_missing++ < 3)
                 snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%.60s'",
-                         n_missing > 1 ? ", " : "", first);
+                         n_missing > 1 ? ", " : "", L.first);
         }
     }
     free(bodies);

@@ -70,15 +70,24 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
     memcpy(history, prompt, (size_t)n_prompt * sizeof *history);
     int32_t n_hist = n_prompt;
     llmopt_session_reset(s, slot);
+    /* greedy without penalties needs only the argmax: the backend may pick it where
+     * the logits are (on the device) and hand back the id alone */
+    bool greedy = sp.temperature <= 0.0f && sp.repeat_penalty == 1.0f && sp.presence_penalty == 0.0f &&
+                  sp.frequency_penalty == 0.0f;
     double t0 = now_seconds();
     const float *out = NULL;
-    if ((st = llmopt_session_append(s, slot, prompt, n_prompt, &out, err))) goto done;
+    int32_t id = 0;
+    st = greedy ? llmopt_session_append_greedy(s, slot, prompt, n_prompt, &id, err)
+                : llmopt_session_append(s, slot, prompt, n_prompt, &out, err);
+    if (st) goto done;
     result->n_prompt = n_prompt;
     double t1 = now_seconds();
     result->prefill_seconds = t1 - t0;
     for (int32_t i = 0; i < max_new; i++) {
-        memcpy(logits, out, (size_t)m->n_vocab * sizeof *logits);
-        int32_t id = sampler_sample(smp, logits, history, (size_t)n_hist, NULL);
+        if (!greedy) {
+            memcpy(logits, out, (size_t)m->n_vocab * sizeof *logits);
+            id = sampler_sample(smp, logits, history, (size_t)n_hist, NULL);
+        }
         if (llmopt_token_is_eog(m, id)) {
             result->stopped_eog = true;
             break;
@@ -87,7 +96,9 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
         result->n_generated++;
         if (cb && !cb(user, id)) break;
         if (i + 1 == max_new) break; /* the last token needs no forward */
-        if ((st = llmopt_session_append(s, slot, &id, 1, &out, err))) goto done;
+        st = greedy ? llmopt_session_append_greedy(s, slot, &history[n_hist - 1], 1, &id, err)
+                    : llmopt_session_append(s, slot, &history[n_hist - 1], 1, &out, err);
+        if (st) goto done;
     }
     result->decode_seconds = now_seconds() - t1;
 done:

@@ -28,6 +28,7 @@ struct llmopt_model {
     int32_t ctx_train;
     struct pass_report passes; /* what the passes did at load */
     struct mem_plan *plan;     /* from a Model Program, or NULL */
+    enum llmopt_kv_type kv_type; /* a Model Program's state_layout.kv_dtype, else DEFAULT */
 };
 
 /* Tries to bind one program directory to an open GGUF; on success fills m's program

@@ -134,7 +134,7 @@ static uint64_t operand_bytes(const struct ir_graph *g, int32_t i, int k, int64_
 }
 
 void op_profile_add_forward(struct op_profile *p, const struct ir_graph *g, const struct exec_batch *b,
-                            double seconds) {
+                            const struct kv_cache *kv, double seconds) {
     struct llmopt_profile *t = &p->totals;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *node = &g->nodes[i];
@@ -145,7 +145,7 @@ void op_profile_add_forward(struct op_profile *p, const struct ir_graph *g, cons
         if (node->op == IR_OP_ATTENTION) {
             /* K and V rows of every cached position each token attends to. */
             const struct ir_shape *ks = &g->nodes[node->in[1]].shape;
-            uint64_t row = (uint64_t)(ks->dims[1].coef * ks->dims[3].coef) * KV_CACHE_ELEM_BYTES;
+            uint64_t row = (uint64_t)kv_dtype_bytes(kv->dtype, ks->dims[1].coef * ks->dims[3].coef);
             for (int32_t tk = 0; tk < b->n_tokens; tk++) {
                 int64_t seen = (int64_t)b->positions[tk] + 1;
                 if (node->attrs.window > 0 && seen > node->attrs.window) seen = node->attrs.window;

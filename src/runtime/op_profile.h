@@ -18,9 +18,10 @@ void op_profile_classify(const struct ir_graph *g, uint8_t *family);
 enum llmopt_status op_profile_create(const struct ir_graph *g, struct op_profile **out,
                                      struct llmopt_err *err);
 void op_profile_free(struct op_profile *p);
-/* Adds one forward of batch b (its wall time `seconds`): kernels run and bytes read. */
+/* Adds one forward of batch b over cache kv (its wall time `seconds`): kernels run and
+ * bytes read (KV rows at the cache's element type). */
 void op_profile_add_forward(struct op_profile *p, const struct ir_graph *g, const struct exec_batch *b,
-                            double seconds);
+                            const struct kv_cache *kv, double seconds);
 /* Totals with each family's seconds summed from node_seconds. */
 void op_profile_read(const struct op_profile *p, const struct ir_graph *g, struct llmopt_profile *out);
 

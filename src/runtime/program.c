@@ -188,7 +188,7 @@ enum llmopt_status program_write(const struct llmopt_model *m, const char *weigh
     }
     json_t *state = json_object();
     json_object_set_new(state, "block_size", json_integer(16));
-    json_object_set_new(state, "kv_dtype", json_string("f32"));
+    json_object_set_new(state, "kv_dtype", json_string(llmopt_kv_type_name(opts->kv_type)));
     json_object_set_new(state, "layers", layers);
     json_object_set_new(root, "state_layout", state);
 
@@ -476,9 +476,14 @@ static enum llmopt_status load_nodes(struct llmopt_model *m, const json_t *ep, i
     return ir_verify(g, err);
 }
 
-static enum llmopt_status check_state_layout(const struct llmopt_model *m, const json_t *root,
+static enum llmopt_status check_state_layout(struct llmopt_model *m, const json_t *root,
                                              struct llmopt_err *err) {
-    const json_t *layers = json_object_get(json_object_get(root, "state_layout"), "layers");
+    const json_t *state = json_object_get(root, "state_layout");
+    const json_t *layers = json_object_get(state, "layers");
+    const char *kv_name = json_string_value(json_object_get(state, "kv_dtype"));
+    if (!llmopt_kv_type_parse(kv_name, &m->kv_type))
+        return FIELD_FAIL("program: state_layout.kv_dtype is '%s', expected f32, f16 or q8_0",
+                          kv_name ? kv_name : "(missing)");
     if (!json_is_array(layers)) return FIELD_FAIL("program: state_layout.layers missing");
     if ((int32_t)json_array_size(layers) != m->ir.n_kv_layers)
         return FIELD_FAIL("program: state_layout.layers lists %zu layers, the plan has %d attention nodes",
@@ -497,6 +502,9 @@ static enum llmopt_status check_state_layout(const struct llmopt_model *m, const
             a->attrs.kv_layer != (int32_t)i)
             return FIELD_FAIL("program: state_layout.layers[%zu] (kv_heads/head_dim/window) is inconsistent with node %lld",
                               i, (long long)node);
+        if (m->kv_type == LLMOPT_KV_Q8_0 && head_dim % 32)
+            return FIELD_FAIL("program: state_layout.kv_dtype q8_0 needs head_dim a multiple of 32, layers[%zu] has %lld",
+                              i, (long long)head_dim);
     }
     return LLMOPT_OK;
 }
@@ -621,7 +629,18 @@ enum llmopt_status llmopt_program_write(const struct llmopt_model *m, const char
                                         const char *out_path, struct llmopt_err *err) {
     if (!m->ir.arena) return err_set(err, LLMOPT_ERR_INVALID_ARG, "compile: the model was loaded vocab-only");
     struct program_write_opts wo = {opts && opts->n_batch > 0 ? opts->n_batch : 256,
-                                    opts ? opts->profile_path : NULL};
+                                    opts ? opts->profile_path : NULL,
+                                    opts && opts->kv_type ? opts->kv_type : LLMOPT_KV_F16};
+    if ((unsigned)wo.kv_type >= LLMOPT_KV_TYPE_COUNT)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "compile: unknown KV type %d", (int)wo.kv_type);
+    for (int32_t i = 0; i < m->ir.n_nodes && wo.kv_type == LLMOPT_KV_Q8_0; i++) {
+        const struct ir_node *n = &m->ir.nodes[i];
+        int64_t head_dim = n->op == IR_OP_ATTENTION ? m->ir.nodes[n->in[1]].shape.dims[3].coef : 0;
+        if (head_dim % 32)
+            return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                           "compile: --kv-type q8_0 needs a head size that is a multiple of 32, attention node %d has %lld",
+                           i, (long long)head_dim);
+    }
     return program_write(m, weights_path, &wo, out_path, err);
 }
 

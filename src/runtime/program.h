@@ -17,6 +17,7 @@
 struct program_write_opts {
     int64_t n_max;             /* batch size the plan is for */
     const char *profile_path;  /* target profile JSON (llmopt probe), or NULL */
+    enum llmopt_kv_type kv_type; /* recorded in state_layout.kv_dtype (not DEFAULT) */
 };
 
 enum llmopt_status program_write(const struct llmopt_model *m, const char *weights_path,

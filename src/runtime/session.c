@@ -10,15 +10,28 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+#include "base/cpu_features.h"
+
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define SESSION_BLOCK_SIZE 16
+/* n_threads 0 ("every CPU") gives a CPU session at most one thread per this many bytes
+ * of weights read per token. A tiny model's forward is tens of microseconds over ~85
+ * kernels, and a pool thread woken for each of them costs more than it saves: on
+ * stories260K (1 MiB) one thread decodes faster than two, alone (llmopt bench) and
+ * in the server's 32-row batches, where spinning pool workers also take the cores the
+ * HTTP threads need (docs/server.md, "Performance"). Models of tens of MiB and up keep
+ * every CPU. */
+#define SESSION_BYTES_PER_THREAD (16ull << 20)
 #define SESSION_MAX_CTX (1 << 20)
 
 struct llmopt_session {
     const struct llmopt_model *model;
+    enum llmopt_kv_type kv_type; /* what the KV cache stores (never DEFAULT) */
     const struct backend_ops *backend;
     void *plan;               /* backend state */
     struct kv_cache *kv;
@@ -43,6 +56,11 @@ static enum llmopt_status resolve_opts(const struct llmopt_model *m, const struc
     if (!o.n_ctx) o.n_ctx = m->ctx_train < 4096 ? m->ctx_train : 4096;
     if (!o.n_batch) o.n_batch = 256;
     if (!o.n_slots) o.n_slots = 1;
+    if ((unsigned)o.kv_type >= LLMOPT_KV_TYPE_COUNT)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: unknown KV type %d", (int)o.kv_type);
+    if (o.kv_type == LLMOPT_KV_DEFAULT) o.kv_type = m->kv_type != LLMOPT_KV_DEFAULT ? m->kv_type : LLMOPT_KV_F16;
+    /* the device cache is f32 (docs/cuda.md); the host one only holds metadata */
+    if (o.backend && !strcmp(o.backend, "cuda")) o.kv_type = LLMOPT_KV_F32;
     if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
     *out = o;
     return LLMOPT_OK;
@@ -53,14 +71,26 @@ static int32_t kv_pool_blocks(const struct llmopt_session_opts *o) {
     return (o->n_ctx + SESSION_BLOCK_SIZE - 1) / SESSION_BLOCK_SIZE * o->n_slots;
 }
 
-/* KV row width of each attention layer: Hkv * Dh of its K operand [1, Hkv, N, Dh]. */
-static void kv_row_elems(const struct ir_graph *g, int32_t *row_elems) {
+static enum kv_dtype kv_dtype_of(enum llmopt_kv_type t) {
+    return t == LLMOPT_KV_Q8_0 ? KV_DTYPE_Q8_0 : t == LLMOPT_KV_F16 ? KV_DTYPE_F16 : KV_DTYPE_F32;
+}
+
+/* KV row width of each attention layer: Hkv * Dh of its K operand [1, Hkv, N, Dh];
+ * q8_0 rows need every head to start on a block. */
+static enum llmopt_status kv_row_elems(const struct ir_graph *g, enum llmopt_kv_type t, int32_t *row_elems,
+                                       struct llmopt_err *err) {
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->op != IR_OP_ATTENTION) continue;
         const struct ir_shape *k = &g->nodes[n->in[1]].shape;
         row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
+        if (t == LLMOPT_KV_Q8_0 && k->dims[3].coef % KV_Q8_0_BLOCK)
+            return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                           "session: --kv-type q8_0 needs a head size that is a multiple of %d, attention "
+                           "layer %d has %lld (use f16 or f32)",
+                           KV_Q8_0_BLOCK, n->attrs.kv_layer, (long long)k->dims[3].coef);
     }
+    return LLMOPT_OK;
 }
 
 /* Conv state of each short_conv layer: L - 1 rows (rows[l]) of C floats (channels[l])
@@ -109,6 +139,7 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     s->n_ctx = o.n_ctx;
     s->n_batch = o.n_batch;
     s->n_slots = o.n_slots;
+    s->kv_type = o.kv_type;
     int32_t n_layers = m->ir.n_kv_layers;
     int32_t *row_elems = calloc((size_t)(n_layers ? n_layers : 1), sizeof *row_elems);
     s->next_pos = calloc((size_t)o.n_slots, sizeof *s->next_pos);
@@ -118,9 +149,9 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         st = err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
         goto fail;
     }
-    kv_row_elems(&m->ir, row_elems);
-    st = kv_cache_create(n_layers, row_elems, o.n_slots, o.n_ctx, kv_pool_blocks(&o), SESSION_BLOCK_SIZE,
-                         &s->kv, err);
+    if ((st = kv_row_elems(&m->ir, o.kv_type, row_elems, err))) goto fail;
+    st = kv_cache_create(n_layers, row_elems, kv_dtype_of(o.kv_type), o.n_slots, o.n_ctx, kv_pool_blocks(&o),
+                         SESSION_BLOCK_SIZE, &s->kv, err);
     if (st) goto fail;
     int32_t n_conv = ir_count_conv_layers(&m->ir);
     if (n_conv) {
@@ -133,6 +164,11 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         st = kv_cache_add_conv_state(s->kv, n_conv, conv_dims, conv_dims + n_conv, err);
         free(conv_dims);
         if (st) goto fail;
+    }
+    if (!o.n_threads && backend == &cpu_backend_ops) {
+        uint64_t enough = ir_weight_bytes_per_token(&m->ir) / SESSION_BYTES_PER_THREAD;
+        int cpus = cpu_features_get()->usable_cpus;
+        o.n_threads = enough < 1 ? 1 : enough < (uint64_t)cpus ? (int32_t)enough : cpus;
     }
     /* A Model Program carries the plan for its batch size; other sizes plan again. */
     const struct mem_plan *plan = m->plan && m->plan->n_max == o.n_batch ? m->plan : NULL;
@@ -158,10 +194,11 @@ void llmopt_session_free(struct llmopt_session *s) {
     free(s);
 }
 
-enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
-                                          const int32_t *tokens, const int32_t *positions,
-                                          const int32_t *slots, int32_t n_out,
-                                          const int32_t *out_rows, const float **logits,
+/* One forward: logits back (ids NULL), or only each output row's greedy id (ids set;
+ * the backend offers run_argmax). */
+static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, const int32_t *tokens,
+                                          const int32_t *positions, const int32_t *slots, int32_t n_out,
+                                          const int32_t *out_rows, const float **logits, int32_t *ids,
                                           struct llmopt_err *err) {
     if (n < 1 || n > s->n_batch)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: %d tokens, batch holds 1..%d", n,
@@ -196,19 +233,30 @@ enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
     struct timespec t0, t1;
     if (s->profile) clock_gettime(CLOCK_MONOTONIC, &t0);
-    enum llmopt_status st = s->backend->run(s->plan, &b, s->kv, logits, err);
+    enum llmopt_status st = ids ? s->backend->run_argmax(s->plan, &b, s->kv, ids, err)
+                                : s->backend->run(s->plan, &b, s->kv, logits, err);
     if (st) return st;
     if (s->profile) {
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        op_profile_add_forward(s->profile, &s->model->ir, &b,
+        op_profile_add_forward(s->profile, &s->model->ir, &b, s->kv,
                                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     }
     for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
     return LLMOPT_OK;
 }
 
-enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
-                                         const int32_t *tokens, int32_t n, const float **logits,
+enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
+                                          const int32_t *tokens, const int32_t *positions,
+                                          const int32_t *slots, int32_t n_out,
+                                          const int32_t *out_rows, const float **logits,
+                                          struct llmopt_err *err) {
+    return session_forward(s, n, tokens, positions, slots, n_out, out_rows, logits, NULL, err);
+}
+
+/* Appends in n_batch chunks; the last chunk's last row gives logits, or its greedy id
+ * when id is set. */
+static enum llmopt_status session_append(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                         int32_t n, const float **logits, int32_t *id,
                                          struct llmopt_err *err) {
     if (slot < 0 || slot >= s->n_slots)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "slot %d not in [0, %d)", slot, s->n_slots);
@@ -224,11 +272,38 @@ enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
             s->chunk_slot[t] = slot;
         }
         int32_t last = chunk - 1;
-        enum llmopt_status st = llmopt_session_forward(s, chunk, tokens + done, s->chunk_pos,
-                                                       s->chunk_slot, 1, &last, logits, err);
+        bool final = done + chunk == n;
+        enum llmopt_status st = session_forward(s, chunk, tokens + done, s->chunk_pos, s->chunk_slot, 1, &last,
+                                                logits, final ? id : NULL, err);
         if (st) return st;
         done += chunk;
     }
+    return LLMOPT_OK;
+}
+
+enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
+                                         const int32_t *tokens, int32_t n, const float **logits,
+                                         struct llmopt_err *err) {
+    return session_append(s, slot, tokens, n, logits, NULL, err);
+}
+
+enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_t slot,
+                                                const int32_t *tokens, int32_t n, int32_t *next_id,
+                                                struct llmopt_err *err) {
+    if (s->backend->run_argmax) return session_append(s, slot, tokens, n, NULL, next_id, err);
+    const float *logits = NULL;
+    enum llmopt_status st = session_append(s, slot, tokens, n, &logits, NULL, err);
+    if (st) return st;
+    int32_t best = 0, n_vocab = s->model->n_vocab;
+    float best_logit = -INFINITY;
+    for (int32_t v = 0; v < n_vocab; v++) {
+        float l = logits[v] == INFINITY ? FLT_MAX : logits[v];
+        if (l > best_logit) { /* strict: the lowest id wins ties; NaN never wins */
+            best_logit = l;
+            best = v;
+        }
+    }
+    *next_id = best;
     return LLMOPT_OK;
 }
 
@@ -240,6 +315,26 @@ void llmopt_session_reset(struct llmopt_session *s, int32_t slot) { kv_cache_rel
 
 int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s) {
     return kv_cache_blocks_in_use(s->kv);
+}
+
+enum llmopt_kv_type llmopt_session_kv_type(const struct llmopt_session *s) { return s->kv_type; }
+
+uint64_t llmopt_session_kv_bytes(const struct llmopt_session *s) { return (uint64_t)kv_cache_bytes(s->kv); }
+
+static const char *const kv_type_names[] = {"default", "f32", "f16", "q8_0"};
+_Static_assert(sizeof kv_type_names / sizeof *kv_type_names == LLMOPT_KV_TYPE_COUNT, "kv type names");
+
+const char *llmopt_kv_type_name(enum llmopt_kv_type t) {
+    return (unsigned)t < LLMOPT_KV_TYPE_COUNT ? kv_type_names[t] : "?";
+}
+
+bool llmopt_kv_type_parse(const char *str, enum llmopt_kv_type *out) {
+    for (int t = LLMOPT_KV_F32; t < LLMOPT_KV_TYPE_COUNT; t++)
+        if (str && !strcmp(str, kv_type_names[t])) {
+            *out = (enum llmopt_kv_type)t;
+            return true;
+        }
+    return false;
 }
 
 uint64_t llmopt_session_kernels_run(const struct llmopt_session *s) {
@@ -305,12 +400,16 @@ enum llmopt_status llmopt_model_memory(const struct llmopt_model *m, const struc
         out->weight_bytes += n->weight.n_bytes;
     }
     out->kv_layers = g->n_kv_layers;
-    out->kv_type = KV_CACHE_ELEM_TYPE;
+    out->kv_type = llmopt_kv_type_name(o.kv_type);
     int32_t n_conv = ir_count_conv_layers(g);
     int32_t *dims = calloc((size_t)(g->n_kv_layers + 2 * n_conv + 1), sizeof *dims);
     if (!dims) return err_set(err, LLMOPT_ERR_NOMEM, "mem: out of memory");
-    kv_row_elems(g, dims);
-    out->kv_bytes = kv_cache_storage_bytes(g->n_kv_layers, dims, kv_pool_blocks(&o), SESSION_BLOCK_SIZE);
+    if ((st = kv_row_elems(g, o.kv_type, dims, err))) {
+        free(dims);
+        return st;
+    }
+    out->kv_bytes = (uint64_t)kv_cache_storage_bytes(g->n_kv_layers, dims, kv_dtype_of(o.kv_type), kv_pool_blocks(&o),
+                                                     SESSION_BLOCK_SIZE);
     int32_t *rows = dims + g->n_kv_layers, *channels = rows + n_conv;
     conv_state_dims(g, n_conv, rows, channels);
     for (int32_t l = 0; l < n_conv; l++)

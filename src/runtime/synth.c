@@ -46,53 +46,35 @@ struct synth_model {
 };
 
 /* clang-format off */
-#define U(n, v) {n, v, false}
-#define F(n, v) {n, v, true}
-#define LLAMA3_VOCAB "ggml-vocab-llama-bpe.gguf"
-#define QWEN_VOCAB   "ggml-vocab-qwen2.gguf"
+/* Every model below sets the same hparams: HP names them once, in this order. */
+#define HP(vocab, d_model, d_ff, n_layers, n_heads, n_kv_heads, head_dim, rms_eps, rope_theta, \
+           max_positions)                                                                     \
+    {{"vocab", vocab, false},          {"d_model", d_model, false},                           \
+     {"d_ff", d_ff, false},            {"n_layers", n_layers, false},                         \
+     {"n_heads", n_heads, false},      {"n_kv_heads", n_kv_heads, false},                     \
+     {"head_dim", head_dim, false},    {"rms_eps", rms_eps, true},                            \
+     {"rope_theta", rope_theta, true}, {"max_positions", max_positions, false}}
+/* program, architecture (spells the {arch} keys), vocabulary file */
+#define LLAMA3 "llama", "llama", "ggml-vocab-llama-bpe.gguf"
+#define QWEN3  "qwen3", "qwen3", "ggml-vocab-qwen2.gguf"
 
 static const struct synth_model synth_models[] = {
     /* small dims (multiples of 256, so K-quants apply), real vocabularies: for tests */
-    {"tiny-llama", "llama", "llama", LLAMA3_VOCAB, true,
-     {U("vocab", 128256), U("d_model", 256), U("d_ff", 768), U("n_layers", 2), U("n_heads", 4),
-      U("n_kv_heads", 2), U("head_dim", 64), F("rms_eps", 1e-5), F("rope_theta", 500000),
-      U("max_positions", 2048)}},
-    {"tiny-qwen3", "qwen3", "qwen3", QWEN_VOCAB, true,
-     {U("vocab", 151936), U("d_model", 256), U("d_ff", 768), U("n_layers", 2), U("n_heads", 4),
-      U("n_kv_heads", 2), U("head_dim", 128), F("rms_eps", 1e-6), F("rope_theta", 1000000),
-      U("max_positions", 2048)}},
-    {"llama-3.2-1b", "llama", "llama", LLAMA3_VOCAB, true,
-     {U("vocab", 128256), U("d_model", 2048), U("d_ff", 8192), U("n_layers", 16), U("n_heads", 32),
-      U("n_kv_heads", 8), U("head_dim", 64), F("rms_eps", 1e-5), F("rope_theta", 500000),
-      U("max_positions", 131072)}},
-    {"llama-3.2-3b", "llama", "llama", LLAMA3_VOCAB, true,
-     {U("vocab", 128256), U("d_model", 3072), U("d_ff", 8192), U("n_layers", 28), U("n_heads", 24),
-      U("n_kv_heads", 8), U("head_dim", 128), F("rms_eps", 1e-5), F("rope_theta", 500000),
-      U("max_positions", 131072)}},
-    {"llama-3.1-8b", "llama", "llama", LLAMA3_VOCAB, false,
-     {U("vocab", 128256), U("d_model", 4096), U("d_ff", 14336), U("n_layers", 32), U("n_heads", 32),
-      U("n_kv_heads", 8), U("head_dim", 128), F("rms_eps", 1e-5), F("rope_theta", 500000),
-      U("max_positions", 131072)}},
-    {"qwen3-0.6b", "qwen3", "qwen3", QWEN_VOCAB, true,
-     {U("vocab", 151936), U("d_model", 1024), U("d_ff", 3072), U("n_layers", 28), U("n_heads", 16),
-      U("n_kv_heads", 8), U("head_dim", 128), F("rms_eps", 1e-6), F("rope_theta", 1000000),
-      U("max_positions", 40960)}},
-    {"qwen3-1.7b", "qwen3", "qwen3", QWEN_VOCAB, true,
-     {U("vocab", 151936), U("d_model", 2048), U("d_ff", 6144), U("n_layers", 28), U("n_heads", 16),
-      U("n_kv_heads", 8), U("head_dim", 128), F("rms_eps", 1e-6), F("rope_theta", 1000000),
-      U("max_positions", 40960)}},
-    {"qwen3-4b", "qwen3", "qwen3", QWEN_VOCAB, true,
-     {U("vocab", 151936), U("d_model", 2560), U("d_ff", 9728), U("n_layers", 36), U("n_heads", 32),
-      U("n_kv_heads", 8), U("head_dim", 128), F("rms_eps", 1e-6), F("rope_theta", 1000000),
-      U("max_positions", 40960)}},
-    {"qwen3-8b", "qwen3", "qwen3", QWEN_VOCAB, false,
-     {U("vocab", 151936), U("d_model", 4096), U("d_ff", 12288), U("n_layers", 36), U("n_heads", 32),
-      U("n_kv_heads", 8), U("head_dim", 128), F("rms_eps", 1e-6), F("rope_theta", 1000000),
-      U("max_positions", 40960)}},
+    /* like                  tied       vocab   dim   d_ff lay  nh kv   hd   eps    theta     ctx */
+    {"tiny-llama",   LLAMA3, true,  HP(128256,  256,   768,  2,  4, 2,  64, 1e-5,  500000,   2048)},
+    {"tiny-qwen3",   QWEN3,  true,  HP(151936,  256,   768,  2,  4, 2, 128, 1e-6, 1000000,   2048)},
+    {"llama-3.2-1b", LLAMA3, true,  HP(128256, 2048,  8192, 16, 32, 8,  64, 1e-5,  500000, 131072)},
+    {"llama-3.2-3b", LLAMA3, true,  HP(128256, 3072,  8192, 28, 24, 8, 128, 1e-5,  500000, 131072)},
+    {"llama-3.1-8b", LLAMA3, false, HP(128256, 4096, 14336, 32, 32, 8, 128, 1e-5,  500000, 131072)},
+    {"qwen3-0.6b",   QWEN3,  true,  HP(151936, 1024,  3072, 28, 16, 8, 128, 1e-6, 1000000,  40960)},
+    {"qwen3-1.7b",   QWEN3,  true,  HP(151936, 2048,  6144, 28, 16, 8, 128, 1e-6, 1000000,  40960)},
+    {"qwen3-4b",     QWEN3,  true,  HP(151936, 2560,  9728, 36, 32, 8, 128, 1e-6, 1000000,  40960)},
+    {"qwen3-8b",     QWEN3,  false, HP(151936, 4096, 12288, 36, 32, 8, 128, 1e-6, 1000000,  40960)},
 };
-#undef U
-#undef F
 /* clang-format on */
+#undef HP
+#undef LLAMA3
+#undef QWEN3
 
 /* Keys llama.cpp reads that a map need not name: written when the hparam is known
  * and the map's rules did not write the key already, so the files load there too. */

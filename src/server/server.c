@@ -112,7 +112,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
                                 .n_ctx = o->n_ctx,
                                 .prefill_chunk = o->prefill_chunk,
                                 .queue_cap = o->queue_cap,
-                                .n_threads = o->n_threads};
+                                .n_threads = o->n_threads,
+                                .kv_type = o->kv_type};
     if ((st = srv_sched_create(model, &so, metrics, &sched, err))) goto done;
     model_id_of(o->model_path, model_id, sizeof model_id);
     struct srv_app_opts ao = {.model_id = model_id,
@@ -132,11 +133,13 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
     if ((st = http_server_start(&ho, app, &http, err))) goto done;
 
     int32_t n_ctx = srv_sched_n_ctx(sched);
+    const struct llmopt_session *sess = srv_sched_session(sched);
     fprintf(stderr,
             "llmopt serve: model %s (program %s, vocab %d); %d slots x %d positions = KV "
-            "capacity %lld tokens; prefill chunk %d; queue %d\n",
+            "capacity %lld tokens (%s, %.1f MiB); prefill chunk %d; queue %d\n",
             model_id, llmopt_model_program(model), llmopt_model_n_vocab(model), o->n_slots, n_ctx,
-            (long long)o->n_slots * n_ctx, o->prefill_chunk, o->queue_cap);
+            (long long)o->n_slots * n_ctx, llmopt_kv_type_name(llmopt_session_kv_type(sess)),
+            (double)llmopt_session_kv_bytes(sess) / (1024.0 * 1024.0), o->prefill_chunk, o->queue_cap);
     if (!tmpl)
         fprintf(stderr, "llmopt serve: no chat template: %s; /v1/chat/completions answers 400\n",
                 note);

@@ -22,6 +22,7 @@ struct srv_opts {
     int32_t prefill_chunk;          /* prompt tokens per step */
     int32_t queue_cap;              /* requests waiting for a slot */
     int32_t n_threads;              /* CPU threads for kernels; 0: every CPU */
+    enum llmopt_kv_type kv_type;    /* KV cache element type; DEFAULT: the model's / f16 */
     size_t max_body;                /* bytes of a request body */
     bool verbose;
 };

@@ -264,6 +264,21 @@ static int32_t *completion_prompt(struct srv_app *a, const struct srv_params *p,
     return ids;
 }
 
+/* echo: the prompt the reply's text starts with: the string as sent, or the
+ * detokenized ids. */
+static bool echo_text(struct srv_app *a, const struct srv_params *p, struct srv_buf *b) {
+    if (p->prompt) return srv_buf_append(b, p->prompt, p->prompt_len);
+    struct llmopt_detok *d = NULL;
+    struct llmopt_err err = {0};
+    if (llmopt_detok_create(a->model, &d, &err)) return false;
+    bool ok = true;
+    for (size_t i = 0; i < p->n_prompt_ids && ok; i++)
+        ok = srv_buf_puts(b, llmopt_detok_push(d, p->prompt_ids[i]));
+    ok = ok && srv_buf_puts(b, llmopt_detok_flush(d));
+    llmopt_detok_free(d);
+    return ok;
+}
+
 /* ---- streaming ---- */
 
 enum stream_phase { STREAM_START, STREAM_RUN, STREAM_END };
@@ -280,6 +295,12 @@ struct srv_stream {
     struct srv_buf out; /* formatted bytes not yet handed to the connection */
     size_t off;
     size_t text_offset; /* bytes of completion text so far (completions logprobs) */
+    /* A text chunk without logprobs, as compact JSON made once by jansson, split where
+     * the text goes: every token's event is head + escaped text + tail, with no JSON
+     * tree built per token. */
+    char *tmpl;
+    size_t tmpl_head, tmpl_len;
+    struct srv_buf echo; /* completions with echo: the prompt, sent as the first chunk */
 };
 
 /* A chunk's envelope: {"id", "object", "created", "model", "choices": [choice]} with
@@ -324,10 +345,44 @@ static json_t *choice_completion(const char *text, size_t len, json_t *logprobs,
                      finish ? json_string(finish) : json_null());
 }
 
+/* Makes st->tmpl; false when out of memory. */
+static bool stream_template(struct srv_stream *st) {
+    bool chat = st->kind == SRV_KIND_CHAT;
+    json_t *choice = chat ? choice_chat(json_pack("{s:s}", "content", ""), NULL, NULL)
+                          : choice_completion("", 0, NULL, NULL);
+    json_t *chunk = chunk_new(st, choice);
+    char *t = chunk ? json_dumps(chunk, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(chunk);
+    /* Keys and values before the text are escaped, so the marker's quotes are JSON's. */
+    const char *marker = chat ? "\"content\":\"\"" : "\"text\":\"\"";
+    const char *at = t ? strstr(t, marker) : NULL;
+    if (!at) {
+        free(t);
+        return false;
+    }
+    st->tmpl = t;
+    st->tmpl_head = (size_t)(at - t) + strlen(marker) - 1; /* through the opening quote */
+    st->tmpl_len = strlen(t);
+    return true;
+}
+
 static void stream_event(struct srv_stream *st, const struct srv_event *ev) {
     const char *text = ev->text ? ev->text : "";
     bool with_lp = st->logprobs >= 0 && ev->token >= 0;
     if (!ev->text_len && !with_lp) return;
+    if (!with_lp && srv_utf8_valid(text, ev->text_len)) {
+        if (!st->tmpl && !stream_template(st)) {
+            st->out.failed = true;
+            return;
+        }
+        srv_buf_append(&st->out, "data: ", 6);
+        srv_buf_append(&st->out, st->tmpl, st->tmpl_head);
+        srv_buf_json_escaped(&st->out, text, ev->text_len);
+        srv_buf_append(&st->out, st->tmpl + st->tmpl_head, st->tmpl_len - st->tmpl_head);
+        srv_buf_append(&st->out, "\n\n", 2);
+        st->text_offset += ev->text_len;
+        return;
+    }
     json_t *choice;
     if (st->kind == SRV_KIND_CHAT) {
         json_t *lp = NULL;
@@ -386,6 +441,9 @@ ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, srv_gone_f
                 stream_put(st, chunk_new(st, choice_chat(json_pack("{s:s,s:s}", "role", "assistant",
                                                                    "content", ""),
                                                          NULL, NULL)));
+            if (st->echo.len)
+                stream_event(st, &(struct srv_event){.text = st->echo.data,
+                                                     .text_len = st->echo.len, .token = -1});
             st->phase = STREAM_RUN;
             continue;
         }
@@ -423,6 +481,8 @@ void srv_stream_free(struct srv_stream *st) {
     srv_req_release(st->req);
     atomic_fetch_sub(&st->app->in_flight, 1);
     srv_buf_free(&st->out);
+    srv_buf_free(&st->echo);
+    free(st->tmpl);
     free(st);
 }
 
@@ -430,10 +490,11 @@ void srv_stream_free(struct srv_stream *st) {
 
 /* Waits for the whole completion and builds OpenAI's reply object. */
 static void collect_reply(struct srv_app *a, struct srv_req *req, const struct srv_params *p,
-                          const char *id, int64_t created, srv_gone_fn gone, void *gone_ctx,
-                          struct srv_reply *out) {
+                          const struct srv_buf *echo, const char *id, int64_t created,
+                          srv_gone_fn gone, void *gone_ctx, struct srv_reply *out) {
     struct srv_buf text;
     srv_buf_init(&text, SRV_MAX_REPLY);
+    srv_buf_append(&text, echo->data, echo->len);
     json_t *lp = NULL;
     if (p->logprobs >= 0)
         lp = p->kind == SRV_KIND_CHAT ? json_array() : srv_completion_logprobs_new();
@@ -509,8 +570,10 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
                             srv_gone_fn gone, void *gone_ctx, struct srv_reply *out) {
     struct srv_params p;
     struct srv_error e;
+    struct srv_buf echo;
     int32_t *ids = NULL;
     size_t n_ids = 0;
+    srv_buf_init(&echo, SRV_MAX_REPLY);
     if (!srv_params_parse(kind, body, len, &p, &e)) goto fail;
     if (p.model && strcmp(p.model, a->model_id)) {
         srv_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
@@ -534,6 +597,10 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
                       "This model's maximum context length is %d tokens. However, your prompt "
                       "is %zu tokens, which leaves no room for a completion.",
                       n_ctx, n_ids);
+        goto fail;
+    }
+    if (p.echo && !echo_text(a, &p, &echo)) {
+        srv_error_set(&e, 500, "server_error", NULL, NULL, "out of memory for the echoed prompt");
         goto fail;
     }
     if (!p.seed_given) p.sampling.seed = random_seed();
@@ -577,7 +644,8 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
     srv_make_id(id, sizeof id, kind == SRV_KIND_CHAT ? "chatcmpl-" : "cmpl-");
     int64_t created = (int64_t)time(NULL);
     if (!p.stream) {
-        collect_reply(a, req, &p, id, created, gone, gone_ctx, out);
+        collect_reply(a, req, &p, &echo, id, created, gone, gone_ctx, out);
+        srv_buf_free(&echo);
         srv_params_free(&p);
         return;
     }
@@ -595,6 +663,7 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
     st->created = created;
     st->include_usage = p.include_usage;
     st->logprobs = p.logprobs;
+    st->echo = echo; /* the stream owns it now */
     srv_buf_init(&st->out, 1u << 20);
     out->status = 200;
     out->content_type = "text/event-stream";
@@ -603,6 +672,7 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
     return;
 fail:
     free(ids);
+    srv_buf_free(&echo);
     srv_params_free(&p);
     reply_error(out, &e);
 }

@@ -61,6 +61,38 @@ bool srv_buf_printf(struct srv_buf *b, const char *fmt, ...) {
     return true;
 }
 
+bool srv_buf_json_escaped(struct srv_buf *b, const char *s, size_t n) {
+    static const char hex[] = "0123456789ABCDEF";
+    size_t run = 0; /* bytes before s[i] that need no escape, not yet appended */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            run++;
+            continue;
+        }
+        if (run && !srv_buf_append(b, s + i - run, run)) return false;
+        run = 0;
+        char esc[6] = {'\\', 0};
+        size_t len = 2;
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        default:
+            memcpy(esc + 1, "u00", 3);
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            len = 6;
+        }
+        if (!srv_buf_append(b, esc, len)) return false;
+    }
+    return !run || srv_buf_append(b, s + n - run, run);
+}
+
 char *srv_buf_take(struct srv_buf *b, size_t *len) {
     char *d = b->data;
     if (!d) d = calloc(1, 1);

@@ -18,6 +18,10 @@ bool srv_buf_append(struct srv_buf *b, const char *s, size_t n);
 bool srv_buf_puts(struct srv_buf *b, const char *s);
 bool srv_buf_printf(struct srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Hands the bytes to the caller (free() them); the buffer is empty afterwards. */
+/* Appends s[0..n) as the inside of a JSON string, escaped byte for byte as jansson's
+ * json_dumps writes it: \" \\ \b \f \n \r \t, other bytes below 0x20 as \u00XX,
+ * everything else (UTF-8 included) as is. s must be valid UTF-8. */
+bool srv_buf_json_escaped(struct srv_buf *b, const char *s, size_t n);
 char *srv_buf_take(struct srv_buf *b, size_t *len);
 void srv_buf_reset(struct srv_buf *b); /* empty, keeping the allocation */
 void srv_buf_free(struct srv_buf *b);

@@ -14,6 +14,11 @@ const char *const srv_endpoint_names[SRV_EP_COUNT] = {
 static_assert(sizeof srv_endpoint_names / sizeof srv_endpoint_names[0] == SRV_EP_COUNT,
               "one name per endpoint");
 
+const char *const srv_phase_names[SRV_PHASE_COUNT] = {"batch", "forward", "sample", "retire",
+                                                      "idle"};
+static_assert(sizeof srv_phase_names / sizeof srv_phase_names[0] == SRV_PHASE_COUNT,
+              "one name per scheduler phase");
+
 /* The statuses the server answers with; anything else is counted as "other". */
 static const int status_codes[] = {200, 204, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_STATUS (sizeof status_codes / sizeof status_codes[0] + 1)
@@ -38,6 +43,8 @@ struct srv_metrics {
     uint64_t prompt_tokens, generated_tokens, cancelled;
     struct hist ttft, itl;
     int64_t queue_depth, running, kv_blocks;
+    uint64_t steps, step_tokens, step_rows;
+    double phase_seconds[SRV_PHASE_COUNT];
 };
 
 struct srv_metrics *srv_metrics_create(void) {
@@ -106,6 +113,16 @@ void srv_metrics_cancelled(struct srv_metrics *m) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_step(struct srv_metrics *m, int64_t tokens, int64_t rows,
+                      const double seconds[SRV_PHASE_COUNT]) {
+    pthread_mutex_lock(&m->mu);
+    if (tokens > 0) m->steps++;
+    m->step_tokens += (uint64_t)tokens;
+    m->step_rows += (uint64_t)rows;
+    for (int i = 0; i < SRV_PHASE_COUNT; i++) m->phase_seconds[i] += seconds[i];
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void hist_render(struct srv_buf *b, const char *name, const char *help,
                         const struct hist *h) {
     srv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
@@ -160,6 +177,23 @@ char *srv_metrics_render(struct srv_metrics *m, size_t *len) {
                    (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens,
                    (unsigned long long)m->cancelled, (long long)m->queue_depth,
                    (long long)m->running, (long long)m->kv_blocks);
+    srv_buf_printf(&b,
+                   "# HELP llmopt_scheduler_steps_total Forwards run by the scheduler.\n"
+                   "# TYPE llmopt_scheduler_steps_total counter\n"
+                   "llmopt_scheduler_steps_total %llu\n"
+                   "# HELP llmopt_scheduler_batch_tokens_total Tokens fed through those forwards.\n"
+                   "# TYPE llmopt_scheduler_batch_tokens_total counter\n"
+                   "llmopt_scheduler_batch_tokens_total %llu\n"
+                   "# HELP llmopt_scheduler_logit_rows_total Logits rows sampled from.\n"
+                   "# TYPE llmopt_scheduler_logit_rows_total counter\n"
+                   "llmopt_scheduler_logit_rows_total %llu\n"
+                   "# HELP llmopt_scheduler_seconds_total Scheduler thread wall seconds by phase.\n"
+                   "# TYPE llmopt_scheduler_seconds_total counter\n",
+                   (unsigned long long)m->steps, (unsigned long long)m->step_tokens,
+                   (unsigned long long)m->step_rows);
+    for (int i = 0; i < SRV_PHASE_COUNT; i++)
+        srv_buf_printf(&b, "llmopt_scheduler_seconds_total{phase=\"%s\"} %.9g\n", srv_phase_names[i],
+                       m->phase_seconds[i]);
     hist_render(&b, "llmopt_time_to_first_token_seconds",
                 "Seconds from a request's arrival to its first generated token.", &m->ttft);
     hist_render(&b, "llmopt_inter_token_latency_seconds",

@@ -32,6 +32,21 @@ void srv_metrics_gauges(struct srv_metrics *m, int64_t queue_depth, int64_t runn
                         int64_t kv_blocks_in_use);
 void srv_metrics_cancelled(struct srv_metrics *m);
 
+/* Where the scheduler thread's time goes, in wall seconds (see srv_sched.c). */
+enum srv_phase {
+    SRV_PHASE_BATCH,   /* admitting, building the token batch */
+    SRV_PHASE_FORWARD, /* llmopt_session_forward */
+    SRV_PHASE_SAMPLE,  /* sampling, detokenizing, stop sequences, posting events */
+    SRV_PHASE_RETIRE,  /* freeing finished requests' slots, publishing gauges */
+    SRV_PHASE_IDLE,    /* waiting for work or for readers to make room */
+    SRV_PHASE_COUNT
+};
+extern const char *const srv_phase_names[SRV_PHASE_COUNT];
+/* One scheduler step: the forward's tokens and logits rows, and seconds per phase
+ * (idle included: the wait before the step). */
+void srv_metrics_step(struct srv_metrics *m, int64_t tokens, int64_t rows,
+                      const double seconds[SRV_PHASE_COUNT]);
+
 /* The Prometheus text exposition; free() it. NULL when out of memory. */
 char *srv_metrics_render(struct srv_metrics *m, size_t *len);
 

@@ -446,10 +446,10 @@ bool srv_params_parse(enum srv_kind kind, const char *body, size_t len, struct s
                     "Invalid value for 'best_of': only 1 is supported.");
         goto done;
     }
-    bool echo = false;
-    if (!get_bool(root, "echo", &echo, e)) goto done;
-    if (echo) {
-        bad_request(e, "invalid_value", "echo", "Invalid value for 'echo': echo is not supported.");
+    if (!get_bool(root, "echo", &p->echo, e)) goto done;
+    if (p->echo && kind == SRV_KIND_CHAT) {
+        bad_request(e, "invalid_value", "echo",
+                    "Invalid value for 'echo': echo is a parameter of /v1/completions only.");
         goto done;
     }
     json_t *suffix = json_object_get(root, "suffix");
@@ -570,6 +570,12 @@ bool srv_params_parse(enum srv_kind kind, const char *body, size_t len, struct s
                 if (!in_range(e, "logprobs", (double)iv, 0, 5)) goto done;
                 p->logprobs = (int32_t)iv;
             }
+        }
+        /* The prompt's own logprobs would need logits for every prompt row. */
+        if (p->echo && p->logprobs >= 0) {
+            bad_request(e, "invalid_value", "echo",
+                        "Invalid value for 'echo': echo together with logprobs is not supported.");
+            goto done;
         }
     }
     ok = true;

@@ -55,6 +55,7 @@ struct srv_params {
     char *stop[SRV_MAX_STOP]; /* each NUL-terminated, non-empty, valid UTF-8 */
     size_t stop_len[SRV_MAX_STOP];
     int32_t logprobs; /* -1: none; else the top alternatives per token */
+    bool echo;        /* completions: the reply's text starts with the prompt */
 };
 
 /* Parses and validates a request body. On failure fills e (status 400 with the

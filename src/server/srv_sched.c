@@ -49,6 +49,7 @@ struct srv_req {
     size_t held_len;
     char *piece; /* held + the new piece, while matching */
     size_t piece_cap;
+    bool wake; /* events posted this step: signal the reader once the step's rows are done */
 
     /* Shared, under mu. */
     pthread_mutex_t mu;
@@ -85,12 +86,22 @@ struct srv_sched {
     int32_t *tokens, *positions, *slots, *out_rows; /* (n_batch) the step's batch */
     struct srv_req **out_req;                       /* (n_batch) whose logits each out row is */
     float *scratch;                                 /* (n_vocab) logits the sampler may modify */
+    double lap_t;                      /* when the current phase began */
+    double lap[SRV_PHASE_COUNT];       /* seconds per phase since the last publish */
+    int64_t lap_tokens, lap_rows;      /* the step's forward: tokens in, logits rows out */
 };
 
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Ends the scheduler's current phase, charging its time to p. */
+static void sched_lap(struct srv_sched *s, enum srv_phase p) {
+    double t = now_seconds();
+    s->lap[p] += t - s->lap_t;
+    s->lap_t = t;
 }
 
 void srv_event_clear(struct srv_event *ev) {
@@ -275,7 +286,7 @@ static void req_post(struct srv_req *r, const char *text, size_t len, const stru
     pthread_mutex_lock(&r->mu);
     if (r->ev_count < SRV_EVENT_CAP) {
         r->ev[(r->ev_head + r->ev_count++) % SRV_EVENT_CAP] = ev;
-        pthread_cond_signal(&r->cv);
+        r->wake = true;
     } else {
         free(ev.text); /* cannot happen: steps check req_has_room */
     }
@@ -527,6 +538,7 @@ static bool sched_step(struct srv_sched *s) {
             s->out_req[n_out++] = r;
         }
     }
+    sched_lap(s, SRV_PHASE_BATCH);
     if (n == 0) return progressed;
 
     /* The session returns at least one row; a step of prompt chunks only ignores it. */
@@ -536,6 +548,9 @@ static bool sched_step(struct srv_sched *s) {
     struct llmopt_err err = {0};
     enum llmopt_status st = llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots,
                                                    n_rows, s->out_rows, &logits, &err);
+    sched_lap(s, SRV_PHASE_FORWARD);
+    s->lap_tokens += n;
+    s->lap_rows += n_out;
     if (st) fprintf(stderr, "llmopt serve: forward failed: %s\n", err.msg);
     for (int32_t i = 0; i < s->n_active; i++) {
         struct srv_req *r = s->active[i];
@@ -548,6 +563,16 @@ static bool sched_step(struct srv_sched *s) {
     if (!st)
         for (int32_t j = 0; j < n_out; j++)
             req_sample(s, s->out_req[j], logits + (size_t)j * (size_t)s->n_vocab);
+    /* Readers are woken only now: a woken HTTP thread can take the core from the
+     * scheduler, and waking them one row at a time let that happen up to once a row. The
+     * event was queued under r->mu, so a reader either saw it or already waits. */
+    for (int32_t j = 0; j < n_out; j++) {
+        struct srv_req *r = s->out_req[j];
+        if (!r->wake) continue;
+        r->wake = false;
+        pthread_cond_signal(&r->cv);
+    }
+    sched_lap(s, SRV_PHASE_SAMPLE);
     /* Retire what finished. */
     kept = 0;
     for (int32_t i = 0; i < s->n_active; i++) {
@@ -567,12 +592,18 @@ static bool sched_step(struct srv_sched *s) {
 static void sched_publish(struct srv_sched *s, int32_t queued) {
     srv_metrics_gauges(s->metrics, queued, s->n_active,
                        llmopt_session_kv_blocks_in_use(s->session));
+    sched_lap(s, SRV_PHASE_RETIRE);
+    srv_metrics_step(s->metrics, s->lap_tokens, s->lap_rows, s->lap);
+    memset(s->lap, 0, sizeof s->lap);
+    s->lap_tokens = s->lap_rows = 0;
 }
 
 static void *sched_main(void *arg) {
     struct srv_sched *s = arg;
+    s->lap_t = now_seconds();
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
+        sched_lap(s, SRV_PHASE_IDLE);
         sched_admit_locked(s);
         uint64_t seq = s->wake_seq;
         int32_t queued = s->q_count;
@@ -636,7 +667,8 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     struct llmopt_session_opts so = {
-        .n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads};
+        .n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads,
+        .kv_type = o->kv_type};
     enum llmopt_status st = llmopt_session_create(m, &so, &s->session, err);
     if (st) {
         srv_sched_free(s);
@@ -666,6 +698,7 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
         return err->status;
     }
     s->thread_started = true;
+    pthread_setname_np(s->thread, "llmopt-sched"); /* for top, perf and bench/server_load.mjs */
     *out = s;
     return LLMOPT_OK;
 nomem:
@@ -700,6 +733,10 @@ void srv_sched_free(struct srv_sched *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
+}
+
+const struct llmopt_session *srv_sched_session(const struct srv_sched *s) {
+    return s->session;
 }
 
 int32_t srv_sched_n_ctx(const struct srv_sched *s) {

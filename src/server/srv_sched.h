@@ -50,6 +50,7 @@ struct srv_sched_opts {
     int32_t prefill_chunk; /* prompt tokens per step, across requests */
     int32_t queue_cap;     /* requests waiting for a slot before submit says FULL */
     int32_t n_threads;     /* CPU threads for the session's kernels; 0: every CPU */
+    enum llmopt_kv_type kv_type; /* KV cache element type */
 };
 
 struct srv_sched;
@@ -63,6 +64,7 @@ void srv_sched_stop(struct srv_sched *s);
 /* After srv_sched_stop and after every request was released. */
 void srv_sched_free(struct srv_sched *s);
 int32_t srv_sched_n_ctx(const struct srv_sched *s);
+const struct llmopt_session *srv_sched_session(const struct srv_sched *s);
 
 struct srv_req_spec {
     const int32_t *prompt;

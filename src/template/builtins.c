@@ -491,6 +491,19 @@ static bool do_tojson(struct tpl_render *r, const struct tpl_node *at, struct tp
 
 /* ---- string helpers ----------------------------------------------------------------- */
 
+/* Ends a string built in b (ok: every write fit): the string as *out, or, when a write
+ * hit the output limit, an error naming the builtin `what`. Frees b either way. */
+static bool buf_result(struct tpl_render *r, const struct tpl_node *at, struct tpl_buf *b, bool ok, const char *what,
+                       struct tpl_value *out) {
+    if (!ok) {
+        tpl_buf_free(b);
+        return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "%s: result longer than %zu bytes", what, r->lim.max_output);
+    }
+    ok = tpl_str_new(r, at, b->data ? b->data : "", b->len, out);
+    tpl_buf_free(b);
+    return ok;
+}
+
 static bool str_of(struct tpl_render *r, const struct tpl_node *at, struct tpl_value v, struct tpl_str *out) {
     struct tpl_value s;
     if (!tpl_to_str(r, at, v, &s)) return false;
@@ -543,13 +556,7 @@ static bool str_replace(struct tpl_render *r, const struct tpl_node *at, struct 
         }
         ok = ok && tpl_buf_put(&b, s.ptr + pos, s.len - pos);
     }
-    if (!ok) {
-        tpl_buf_free(&b);
-        return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "replace: result longer than %zu bytes", r->lim.max_output);
-    }
-    ok = tpl_str_new(r, at, b.data ? b.data : "", b.len, out);
-    tpl_buf_free(&b);
-    return ok;
+    return buf_result(r, at, &b, ok, "replace", out);
 }
 
 /* Python str.split / rsplit. */
@@ -743,13 +750,7 @@ static bool do_indent(struct tpl_render *r, const struct tpl_node *at, struct tp
         }
         ok = ok && tpl_buf_put(&b, line.ptr, line.len);
     }
-    if (!ok) {
-        tpl_buf_free(&b);
-        return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "indent: result longer than %zu bytes", r->lim.max_output);
-    }
-    ok = tpl_str_new(r, at, b.data ? b.data : "", b.len, out);
-    tpl_buf_free(&b);
-    return ok;
+    return buf_result(r, at, &b, ok, "indent", out);
 }
 
 /* Python's int(str, base) for base 10 / 0 / 2..36 (underscores between digits allowed). */
@@ -941,13 +942,7 @@ bool tpl_percent_format(struct tpl_render *r, const struct tpl_node *at, struct 
         tpl_buf_free(&b);
         return tpl_fail(r, at, LLMOPT_ERR_FORMAT, "not all arguments converted during string formatting");
     }
-    if (!ok) {
-        tpl_buf_free(&b);
-        return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "%%-format: result longer than %zu bytes", r->lim.max_output);
-    }
-    ok = tpl_str_new(r, at, b.data ? b.data : "", b.len, out);
-    tpl_buf_free(&b);
-    return ok;
+    return buf_result(r, at, &b, ok, "%-format", out);
 }
 
 /* str.format: {} {0} {name} {name.attr} {name[key]} with !s / !r; no format specs. */
@@ -1029,13 +1024,7 @@ static bool str_format(struct tpl_render *r, const struct tpl_node *at, struct t
         tpl_buf_free(&b);
         return tpl_fail(r, at, LLMOPT_ERR_FORMAT, "format: replacement field '{%.*s}' has no argument", (int)field.len, field.ptr);
     }
-    if (!ok) {
-        tpl_buf_free(&b);
-        return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "format: result longer than %zu bytes", r->lim.max_output);
-    }
-    ok = tpl_str_new(r, at, b.data ? b.data : "", b.len, out);
-    tpl_buf_free(&b);
-    return ok;
+    return buf_result(r, at, &b, ok, "format", out);
 }
 
 /* ---- filters ------------------------------------------------------------------------ */
@@ -1424,13 +1413,7 @@ bool tpl_apply_filter(struct tpl_render *r, const struct tpl_node *at, int id, s
             }
             ok = (i == 0 || tpl_buf_put(&b, sep.ptr, sep.len)) && tpl_write_str(&b, x);
         }
-        if (!ok) {
-            tpl_buf_free(&b);
-            return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "join: result longer than %zu bytes", r->lim.max_output);
-        }
-        ok = tpl_str_new(r, at, b.data ? b.data : "", b.len, out);
-        tpl_buf_free(&b);
-        return ok;
+        return buf_result(r, at, &b, ok, "join", out);
     }
     case F_LIST:
         if (!bind_args(r, at, fname, a, NULL, 0, p, given) || !items_of(r, at, v, &items, &n)) return false;
@@ -1822,13 +1805,7 @@ static bool call_str_method(struct tpl_render *r, const struct tpl_node *at, int
             }
             ok = (i == 0 || tpl_buf_put(&b, s.ptr, s.len)) && tpl_buf_put(&b, items[i].u.s.ptr, items[i].u.s.len);
         }
-        if (!ok) {
-            tpl_buf_free(&b);
-            return tpl_fail(r, at, LLMOPT_ERR_LIMIT, "join: result longer than %zu bytes", r->lim.max_output);
-        }
-        ok = tpl_str_new(r, at, b.data ? b.data : "", b.len, out);
-        tpl_buf_free(&b);
-        return ok;
+        return buf_result(r, at, &b, ok, "join", out);
     }
     case B_STR_FORMAT: return str_format(r, at, s, a, out);
     case B_STR_ISDIGIT:

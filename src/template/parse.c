@@ -230,26 +230,52 @@ static struct tpl_node *binary(struct parser *P, enum tpl_node_kind kind, int op
     return n;
 }
 
-static struct tpl_node *parse_not(struct parser *P);
-static struct tpl_node *parse_and(struct parser *P) {
-    struct tpl_node *e = parse_not(P);
-    while (e && tok_is_name(cur(P), "and")) {
+/* One left-associative binary level: operands from `next`, joined either by the
+ * keyword `word` (node `kind`, op 0) or by one of `ops` (node `kind`, op = the token's). */
+struct binary_level {
+    struct tpl_node *(*next)(struct parser *P);
+    enum tpl_node_kind kind;
+    const char *word;
+    enum tpl_op ops[4]; /* OP_NONE after the last */
+};
+
+static bool level_joins(const struct binary_level *L, const struct tpl_token *t) {
+    if (L->word) return tok_is_name(t, L->word);
+    for (size_t k = 0; k < LLMOPT_ARRAY_LEN(L->ops) && L->ops[k] != OP_NONE; k++)
+        if (tok_is_op(t, L->ops[k])) return true;
+    return false;
+}
+
+static struct tpl_node *parse_level(struct parser *P, const struct binary_level *L) {
+    struct tpl_node *e = L->next(P);
+    while (e && level_joins(L, cur(P))) {
         const struct tpl_token *t = cur(P);
         advance(P);
-        e = binary(P, N_AND, 0, t, e, parse_not(P));
+        e = binary(P, L->kind, L->word ? 0 : (int)t->op, t, e, L->next(P));
     }
     return e;
 }
 
-static struct tpl_node *parse_or(struct parser *P) {
-    struct tpl_node *e = parse_and(P);
-    while (e && tok_is_name(cur(P), "or")) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_OR, 0, t, e, parse_and(P));
-    }
-    return e;
-}
+static struct tpl_node *parse_and(struct parser *P);
+static struct tpl_node *parse_not(struct parser *P);
+static struct tpl_node *parse_concat(struct parser *P);
+static struct tpl_node *parse_pow(struct parser *P);
+static struct tpl_node *parse_unary_filtered(struct parser *P) { return parse_unary(P, true); }
+
+/* The binary levels of the grammar above, loosest first ('not', compare and concat
+ * have parsers of their own). */
+static const struct binary_level level_or = {parse_and, N_OR, "or", {OP_NONE}};
+static const struct binary_level level_and = {parse_not, N_AND, "and", {OP_NONE}};
+static const struct binary_level level_math1 = {parse_concat, N_BINOP, NULL, {OP_ADD, OP_SUB}};
+static const struct binary_level level_math2 = {parse_pow, N_BINOP, NULL,
+                                                {OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD}};
+static const struct binary_level level_pow = {parse_unary_filtered, N_BINOP, NULL, {OP_POW}};
+
+static struct tpl_node *parse_or(struct parser *P) { return parse_level(P, &level_or); }
+static struct tpl_node *parse_and(struct parser *P) { return parse_level(P, &level_and); }
+static struct tpl_node *parse_math1(struct parser *P) { return parse_level(P, &level_math1); }
+static struct tpl_node *parse_math2(struct parser *P) { return parse_level(P, &level_math2); }
+static struct tpl_node *parse_pow(struct parser *P) { return parse_level(P, &level_pow); }
 
 static struct tpl_node *parse_compare(struct parser *P);
 static struct tpl_node *parse_not(struct parser *P) {
@@ -270,7 +296,6 @@ static struct tpl_node *parse_not(struct parser *P) {
     return parse_compare(P);
 }
 
-static struct tpl_node *parse_math1(struct parser *P);
 static struct tpl_node *parse_compare(struct parser *P) {
     const struct tpl_token *start = cur(P);
     struct tpl_node *first = parse_math1(P);
@@ -327,18 +352,6 @@ static struct tpl_node *parse_compare(struct parser *P) {
     return vec_to_args(P, &v, n) ? n : NULL;
 }
 
-static struct tpl_node *parse_concat(struct parser *P);
-static struct tpl_node *parse_math1(struct parser *P) {
-    struct tpl_node *e = parse_concat(P);
-    while (e && (tok_is_op(cur(P), OP_ADD) || tok_is_op(cur(P), OP_SUB))) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_BINOP, t->op, t, e, parse_concat(P));
-    }
-    return e;
-}
-
-static struct tpl_node *parse_math2(struct parser *P);
 static struct tpl_node *parse_concat(struct parser *P) {
     const struct tpl_token *start = cur(P);
     struct tpl_node *first = parse_math2(P);
@@ -359,28 +372,6 @@ static struct tpl_node *parse_concat(struct parser *P) {
         return NULL;
     }
     return vec_to_args(P, &v, n) ? n : NULL;
-}
-
-static struct tpl_node *parse_pow(struct parser *P);
-static struct tpl_node *parse_math2(struct parser *P) {
-    struct tpl_node *e = parse_pow(P);
-    while (e && (tok_is_op(cur(P), OP_MUL) || tok_is_op(cur(P), OP_DIV) ||
-                 tok_is_op(cur(P), OP_FLOORDIV) || tok_is_op(cur(P), OP_MOD))) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_BINOP, t->op, t, e, parse_pow(P));
-    }
-    return e;
-}
-
-static struct tpl_node *parse_pow(struct parser *P) {
-    struct tpl_node *e = parse_unary(P, true);
-    while (e && tok_is_op(cur(P), OP_POW)) {
-        const struct tpl_token *t = cur(P);
-        advance(P);
-        e = binary(P, N_BINOP, OP_POW, t, e, parse_unary(P, true));
-    }
-    return e;
 }
 
 static struct tpl_node *parse_unary(struct parser *P, bool with_filter) {
@@ -569,31 +560,46 @@ static struct tpl_node *parse_postfix(struct parser *P, struct tpl_node *node) {
     return node;
 }
 
-/* A filter name (dotted names allowed) and optional call arguments; input may be
- * NULL for {% filter %} / {% set x | f %} chains. */
-static struct tpl_node *parse_filter(struct parser *P, struct tpl_node *input) {
-    const struct tpl_token *t = cur(P); /* the name */
+/* A node `kind` at `at` over `input`, named by the name token at cur(P) (consumed);
+ * `expected` says what was wanted when there is none. */
+static struct tpl_node *name_node(struct parser *P, enum tpl_node_kind kind, const struct tpl_token *at,
+                                  struct tpl_node *input, const char *expected) {
+    const struct tpl_token *t = cur(P);
     if (t->kind != TK_NAME) {
-        fail_expected(P, "a filter name");
+        fail_expected(P, expected);
         return NULL;
     }
-    struct tpl_node *n = new_node(P, N_FILTER, t);
+    struct tpl_node *n = new_node(P, kind, at);
     if (!n) return NULL;
     n->a = input;
     n->name = t->text;
     advance(P);
+    return n;
+}
+
+/* Resolves n->name through `lookup` (tpl_filter_lookup or tpl_test_lookup) into n->op;
+ * an unknown or unsupported name is an error at `t` naming `what` ("filter", "test"). */
+static bool resolve_name(struct parser *P, const struct tpl_token *t, struct tpl_node *n,
+                         int (*lookup)(struct tpl_str name, bool *known), const char *what) {
+    bool known = false;
+    n->op = lookup(n->name, &known);
+    if (n->op >= 0) return true;
+    fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, known ? "%s '%.*s' is not supported by llmopt" : "unknown %s '%.*s'",
+            what, (int)(n->name.len > 60 ? 60 : n->name.len), n->name.ptr);
+    return false;
+}
+
+/* A filter name (dotted names allowed) and optional call arguments; input may be
+ * NULL for {% filter %} / {% set x | f %} chains. */
+static struct tpl_node *parse_filter(struct parser *P, struct tpl_node *input) {
+    const struct tpl_token *t = cur(P); /* the name */
+    struct tpl_node *n = name_node(P, N_FILTER, t, input, "a filter name");
+    if (!n) return NULL;
     if (tok_is_op(cur(P), OP_DOT)) {
         fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, "dotted filter names are not supported");
         return NULL;
     }
-    bool known = false;
-    n->op = tpl_filter_lookup(n->name, &known);
-    if (n->op < 0) {
-        fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, known ? "filter '%.*s' is not supported by llmopt"
-                                                    : "unknown filter '%.*s'",
-                (int)(n->name.len > 60 ? 60 : n->name.len), n->name.ptr);
-        return NULL;
-    }
+    if (!resolve_name(P, t, n, tpl_filter_lookup, "filter")) return NULL;
     if (tok_is_op(cur(P), OP_LPAREN) && !parse_call_args(P, n)) return NULL;
     return n;
 }
@@ -606,24 +612,10 @@ static struct tpl_node *parse_test(struct parser *P, struct tpl_node *input) {
         negated = true;
         advance(P);
     }
-    const struct tpl_token *t = cur(P);
-    if (t->kind != TK_NAME) {
-        fail_expected(P, "a test name after 'is'");
-        return NULL;
-    }
-    struct tpl_node *n = new_node(P, N_TEST, is_tok);
+    const struct tpl_token *t = cur(P); /* the name */
+    struct tpl_node *n = name_node(P, N_TEST, is_tok, input, "a test name after 'is'");
     if (!n) return NULL;
-    n->a = input;
-    n->name = t->text;
-    advance(P);
-    bool known = false;
-    n->op = tpl_test_lookup(n->name, &known);
-    if (n->op < 0) {
-        fail_at(P, t, LLMOPT_ERR_UNSUPPORTED, known ? "test '%.*s' is not supported by llmopt"
-                                                    : "unknown test '%.*s'",
-                (int)(n->name.len > 60 ? 60 : n->name.len), n->name.ptr);
-        return NULL;
-    }
+    if (!resolve_name(P, t, n, tpl_test_lookup, "test")) return NULL;
     const struct tpl_token *a = cur(P);
     if (tok_is_op(a, OP_LPAREN)) {
         if (!parse_call_args(P, n)) return NULL;
@@ -847,6 +839,16 @@ static struct tpl_node *parse_filter_chain(struct parser *P) {
 
 static struct tpl_node *parse_statement(struct parser *P);
 
+/* The body of block n (opened by t) up to its one end tag `end` ("endset", ...), then
+ * the end tag's closing '%}'; n, or NULL on an error. */
+static struct tpl_node *parse_block_body(struct parser *P, struct tpl_node *n, const struct tpl_token *t,
+                                         const char *end) {
+    const char *const ends[] = {end, NULL};
+    if (!parse_body(P, &n->body, ends, t)) return NULL;
+    advance(P);
+    return expect_block_end(P) ? n : NULL;
+}
+
 static bool parse_body(struct parser *P, struct tpl_body *body, const char *const *end_tags,
                        const struct tpl_token *opener) {
     struct node_vec v = {0};
@@ -1004,10 +1006,7 @@ static struct tpl_node *parse_statement(struct parser *P) {
             if (!(n->a = parse_filter_chain(P))) return NULL;
         }
         if (!expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endset", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endset");
     }
     if (tok_is_name(t, "macro")) {
         if (!(n = new_node(P, N_MACRO, t))) return NULL;
@@ -1085,10 +1084,7 @@ static struct tpl_node *parse_statement(struct parser *P) {
         if (!(n = new_node(P, N_FILTER_BLOCK, t))) return NULL;
         advance(P);
         if (!(n->a = parse_filter_chain(P)) || !expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endfilter", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endfilter");
     }
     if (tok_is_name(t, "with")) {
         if (!(n = new_node(P, N_WITH, t))) return NULL;
@@ -1125,20 +1121,14 @@ static struct tpl_node *parse_statement(struct parser *P) {
         memcpy(n->args, vals, count * sizeof *vals);
         n->n_targets = n->n_args = count;
         if (!expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endwith", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endwith");
     }
     if (tok_is_name(t, "generation")) {
         /* transformers' AssistantTracker: marks assistant text for masks; renders its body. */
         if (!(n = new_node(P, N_SCOPE, t))) return NULL;
         advance(P);
         if (!expect_block_end(P)) return NULL;
-        static const char *const ends[] = {"endgeneration", NULL};
-        if (!parse_body(P, &n->body, ends, t)) return NULL;
-        advance(P);
-        return expect_block_end(P) ? n : NULL;
+        return parse_block_body(P, n, t, "endgeneration");
     }
     static const char *const unsupported[] = {"include", "import", "from", "extends", "block", "call",
                                               "do", "autoescape", "trans", "pluralize", "raw", NULL};

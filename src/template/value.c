@@ -1,6 +1,8 @@
 /* Template values: construction, Python's str()/repr()/==/< and json.dumps, UTF-8. */
 #include "template/tpl_internal.h"
 
+#include "base/utf8.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,23 +332,7 @@ uint32_t tpl_utf8_next(const char *s, size_t len, size_t *i) {
 
 size_t tpl_utf8_put(uint32_t cp, char *out) {
     if (cp >= 0xfffd00u) { out[0] = (char)(cp & 0xff); return 1; } /* invalid byte, as read */
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | cp >> 12);
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | cp >> 18);
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
+    return utf8_put(cp, out);
 }
 
 size_t tpl_utf8_count(struct tpl_str s) {

@@ -9,6 +9,8 @@
  * returned as is without work. */
 #include "tokenizer/tok_internal.h"
 
+#include "base/utf8.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,26 +129,7 @@ static size_t put_utf8(uint32_t cp, char *out) {
         out[0] = (char)(cp & 0xff);
         return 1;
     }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | cp >> 12);
-        out[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | cp >> 18);
-    out[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-    out[2] = (char)(0x80 | (cp >> 6 & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
+    return utf8_put(cp, out);
 }
 
 bool tok_nfc_needed(const char *text, size_t len) {

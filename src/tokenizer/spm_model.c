@@ -14,6 +14,7 @@
 #include "tokenizer/tok_internal.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,66 +27,64 @@ struct spm_spec {
     bool add_dummy_prefix, remove_extra_ws, escape_ws;
 };
 
-static enum llmopt_status read_trainer(struct pb_reader *r, struct spm_spec *s,
-                                       struct llmopt_err *err) {
-    struct pb_field f;
-    bool more;
-    enum llmopt_status st;
-    while (!(st = pb_next(r, &f, &more, err)) && more) {
-        switch (f.number) {
-        case 3:
-            st = pb_int32(r, &f, &s->model_type, err);
-            break;
-        case 24:
-            st = pb_bool(r, &f, &s->suffix_ws, err);
-            break;
-        case 35:
-            st = pb_bool(r, &f, &s->byte_fallback, err);
-            break;
-        case 40:
-            st = pb_int32(r, &f, &s->unk_id, err);
-            break;
-        case 41:
-            st = pb_int32(r, &f, &s->bos_id, err);
-            break;
-        case 42:
-            st = pb_int32(r, &f, &s->eos_id, err);
-            break;
-        case 43:
-            st = pb_int32(r, &f, &s->pad_id, err);
-            break;
-        default:
-            break;
-        }
-        if (st) return st;
-    }
-    return st;
-}
+/* The spec fields read, by kind: each stores into the spm_spec member at `at`. */
+enum spec_kind {
+    SPEC_INT32, /* int32_t */
+    SPEC_BOOL,  /* bool */
+    SPEC_STR,   /* struct tok_str, borrowed from the buffer */
+    SPEC_LEN,   /* size_t: only the length of a bytes field */
+};
 
-static enum llmopt_status read_normalizer(struct pb_reader *r, struct spm_spec *s,
-                                          struct llmopt_err *err) {
+struct spec_field {
+    uint32_t number;
+    enum spec_kind kind;
+    size_t at; /* offsetof(struct spm_spec, ...) */
+};
+
+#define SPEC(num, kind, member)                                                                    \
+    { num, kind, offsetof(struct spm_spec, member) }
+
+static const struct spec_field trainer_fields[] = {
+    SPEC(3, SPEC_INT32, model_type),    SPEC(24, SPEC_BOOL, suffix_ws),
+    SPEC(35, SPEC_BOOL, byte_fallback), SPEC(40, SPEC_INT32, unk_id),
+    SPEC(41, SPEC_INT32, bos_id),       SPEC(42, SPEC_INT32, eos_id),
+    SPEC(43, SPEC_INT32, pad_id),
+};
+
+static const struct spec_field normalizer_fields[] = {
+    SPEC(1, SPEC_STR, norm_name),         SPEC(2, SPEC_LEN, charsmap_len),
+    SPEC(3, SPEC_BOOL, add_dummy_prefix), SPEC(4, SPEC_BOOL, remove_extra_ws),
+    SPEC(5, SPEC_BOOL, escape_ws),
+};
+
+#undef SPEC
+
+/* Reads one spec message (TrainerSpec or NormalizerSpec) into s; fields not in the
+ * table are skipped. */
+static enum llmopt_status read_spec(struct pb_reader *r, const struct spec_field *fields,
+                                    size_t n_fields, struct spm_spec *s, struct llmopt_err *err) {
     struct pb_field f;
     bool more;
     enum llmopt_status st;
     while (!(st = pb_next(r, &f, &more, err)) && more) {
-        switch (f.number) {
-        case 1:
+        const struct spec_field *sf = NULL;
+        for (size_t k = 0; k < n_fields && !sf; k++)
+            if (fields[k].number == f.number) sf = &fields[k];
+        if (!sf) continue;
+        void *dst = (char *)s + sf->at;
+        switch (sf->kind) {
+        case SPEC_INT32:
+            st = pb_int32(r, &f, dst, err);
+            break;
+        case SPEC_BOOL:
+            st = pb_bool(r, &f, dst, err);
+            break;
+        case SPEC_STR:
             if (!(st = pb_bytes(r, &f, err)))
-                s->norm_name = (struct tok_str){(const char *)f.data, (uint32_t)f.len};
+                *(struct tok_str *)dst = (struct tok_str){(const char *)f.data, (uint32_t)f.len};
             break;
-        case 2:
-            if (!(st = pb_bytes(r, &f, err))) s->charsmap_len = f.len;
-            break;
-        case 3:
-            st = pb_bool(r, &f, &s->add_dummy_prefix, err);
-            break;
-        case 4:
-            st = pb_bool(r, &f, &s->remove_extra_ws, err);
-            break;
-        case 5:
-            st = pb_bool(r, &f, &s->escape_ws, err);
-            break;
-        default:
+        case SPEC_LEN:
+            if (!(st = pb_bytes(r, &f, err))) *(size_t *)dst = f.len;
             break;
         }
         if (st) return st;
@@ -200,7 +199,10 @@ static enum llmopt_status load_model(struct tok_vocab *v, const uint8_t *data, s
         } else if (f.number == 2 || f.number == 3) {
             if ((st = pb_bytes(&r, &f, err))) return st;
             pb_reader_sub(&sub, &r, &f, f.number == 2 ? "TrainerSpec" : "NormalizerSpec");
-            st = f.number == 2 ? read_trainer(&sub, &spec, err) : read_normalizer(&sub, &spec, err);
+            st = f.number == 2
+                     ? read_spec(&sub, trainer_fields, LLMOPT_ARRAY_LEN(trainer_fields), &spec, err)
+                     : read_spec(&sub, normalizer_fields, LLMOPT_ARRAY_LEN(normalizer_fields),
+                                 &spec, err);
             if (st) return st;
         }
     }
@@ -276,13 +278,7 @@ int tok_fuzz_spm_model(const uint8_t *data, size_t size) {
     struct llmopt_err err;
     if (tok_vocab_from_spm_model(data, size, &v, &err) != LLMOPT_OK) return 0;
     static const char text[] = "Hello wörld <s> 日本 😀\n";
-    int32_t ids[128];
-    size_t n = 0;
-    if (tok_encode(v, text, sizeof text - 1, false, true, ids, 128, &n, &err) == LLMOPT_OK) {
-        char out[512];
-        size_t got;
-        (void)tok_decode(v, ids, n < 128 ? n : 128, out, sizeof out, &got, &err);
-    }
+    tok_fuzz_round_trip(v, text, sizeof text - 1);
     tok_vocab_free(v);
     return 0;
 }

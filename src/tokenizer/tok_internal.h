@@ -105,6 +105,10 @@ enum llmopt_status tok_vocab_finish(struct tok_vocab *v, struct llmopt_err *err)
 /* Adds an end-of-generation id named by the source (ignored when -1 or full). */
 void tok_vocab_add_eog(struct tok_vocab *v, int32_t id);
 
+/* For the loaders' fuzz entries: encodes text[0..len) (special tokens parsed) and
+ * decodes the ids again, results discarded; only crashes and sanitizer reports count. */
+void tok_fuzz_round_trip(const struct tok_vocab *v, const char *text, size_t len);
+
 /* Reads a whole file into a malloc'd buffer (NUL-terminated, at most TOK_MAX_FILE
  * bytes). *data is NULL with LLMOPT_OK when the file does not exist and optional. */
 enum llmopt_status tok_read_file(const char *path, bool optional, char **data, size_t *size,

@@ -347,6 +347,17 @@ enum llmopt_status tok_vocab_finish_map(struct tok_vocab *v, struct llmopt_err *
 
 /* ---- files -------------------------------------------------------------------------- */
 
+void tok_fuzz_round_trip(const struct tok_vocab *v, const char *text, size_t len) {
+    int32_t ids[128];
+    size_t n = 0;
+    struct llmopt_err err;
+    if (tok_encode(v, text, len, false, true, ids, 128, &n, &err) == LLMOPT_OK) {
+        char out[512];
+        size_t got;
+        (void)tok_decode(v, ids, n < 128 ? n : 128, out, sizeof out, &got, &err);
+    }
+}
+
 enum llmopt_status tok_read_file(const char *path, bool optional, char **data, size_t *size,
                                  struct llmopt_err *err) {
     *data = NULL;

@@ -94,19 +94,36 @@ static enum llmopt_status read_str_array(const struct gguf_kv *kv, const char *k
     return LLMOPT_OK;
 }
 
+/* The per-token array `key` (*kv NULL when absent): an array whose element type passes
+ * type_ok (else an error expecting "an array of <elems>") with one entry per token
+ * (else an error expecting "<n> <what> (one per token)"). */
+static enum llmopt_status per_token_array(const struct tok_vocab *v, const struct gguf_file *f,
+                                          const char *key, bool (*type_ok)(enum gguf_type),
+                                          const char *elems, const char *what,
+                                          const struct gguf_kv **kv, struct llmopt_err *err) {
+    *kv = gguf_find_kv(f, key);
+    if (!*kv) return LLMOPT_OK;
+    if ((*kv)->type != GGUF_TYPE_ARRAY || !type_ok((*kv)->array_type))
+        return err_set(err, LLMOPT_ERR_FORMAT,
+                       "tokenizer: %s: expected an array of %s, found %s of %s", key, elems,
+                       gguf_type_name((*kv)->type), gguf_type_name((*kv)->array_type));
+    if ((*kv)->array_len != (uint64_t)v->n_tokens)
+        return err_set(err, LLMOPT_ERR_FORMAT,
+                       "tokenizer: %s: expected %d %s (one per token), found %llu", key,
+                       (int)v->n_tokens, what, (unsigned long long)(*kv)->array_len);
+    return LLMOPT_OK;
+}
+
+static bool is_f32_type(enum gguf_type t) {
+    return t == GGUF_TYPE_FLOAT32;
+}
+
 static enum llmopt_status read_scores(struct tok_vocab *v, const struct gguf_file *f,
                                       struct llmopt_err *err) {
     const char *key = "tokenizer.ggml.scores";
-    const struct gguf_kv *kv = gguf_find_kv(f, key);
-    if (!kv) return LLMOPT_OK; /* all 0: merges then go leftmost first, as llama.cpp */
-    if (kv->type != GGUF_TYPE_ARRAY || kv->array_type != GGUF_TYPE_FLOAT32)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected an array of float32, found %s of %s", key,
-                       gguf_type_name(kv->type), gguf_type_name(kv->array_type));
-    if (kv->array_len != (uint64_t)v->n_tokens)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected %d scores (one per token), found %llu", key,
-                       (int)v->n_tokens, (unsigned long long)kv->array_len);
+    const struct gguf_kv *kv;
+    enum llmopt_status st = per_token_array(v, f, key, is_f32_type, "float32", "scores", &kv, err);
+    if (st || !kv) return st; /* absent: all 0, merges then go leftmost first, as llama.cpp */
     for (int32_t i = 0; i < v->n_tokens; i++) {
         float x;
         memcpy(&x, kv->data + 4 * (size_t)i, sizeof x); /* float32, little-endian host */
@@ -122,16 +139,9 @@ static enum llmopt_status read_scores(struct tok_vocab *v, const struct gguf_fil
 static enum llmopt_status read_types(struct tok_vocab *v, const struct gguf_file *f,
                                      struct llmopt_err *err) {
     const char *key = "tokenizer.ggml.token_type";
-    const struct gguf_kv *kv = gguf_find_kv(f, key);
-    if (!kv) return LLMOPT_OK; /* llama.cpp treats every token as normal */
-    if (kv->type != GGUF_TYPE_ARRAY || !is_int_type(kv->array_type))
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected an array of integers, found %s of %s", key,
-                       gguf_type_name(kv->type), gguf_type_name(kv->array_type));
-    if (kv->array_len != (uint64_t)v->n_tokens)
-        return err_set(err, LLMOPT_ERR_FORMAT,
-                       "tokenizer: %s: expected %d types (one per token), found %llu", key,
-                       (int)v->n_tokens, (unsigned long long)kv->array_len);
+    const struct gguf_kv *kv;
+    enum llmopt_status st = per_token_array(v, f, key, is_int_type, "integers", "types", &kv, err);
+    if (st || !kv) return st; /* absent: llama.cpp treats every token as normal */
     for (int32_t i = 0; i < v->n_tokens; i++) {
         int64_t t = -1; /* a u64 over INT64_MAX does not read: rejected below */
         if (!gguf_array_get_i64(kv, (uint64_t)i, &t)) t = -1;

@@ -638,13 +638,7 @@ int tok_fuzz_hf_json(const uint8_t *data, size_t size) {
     struct tok_vocab *v = NULL;
     if (build(&v, &s, &err) == LLMOPT_OK) {
         static const char text[] = "Hello wörld <|im_start|> 日本 😀\n  1234";
-        int32_t ids[128];
-        size_t n = 0;
-        if (tok_encode(v, text, sizeof text - 1, false, true, ids, 128, &n, &err) == LLMOPT_OK) {
-            char out[512];
-            size_t got;
-            (void)tok_decode(v, ids, n < 128 ? n : 128, out, sizeof out, &got, &err);
-        }
+        tok_fuzz_round_trip(v, text, sizeof text - 1);
         tok_vocab_free(v);
     }
     hf_src_free(&s);

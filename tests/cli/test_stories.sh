@@ -27,6 +27,13 @@ if got != want + "\n":
 PY
 rm -f /tmp/llmopt_story_$$.txt
 
+# 2b. Quantized outputs stay faithful (issue 7): Q8_0 greedy ids equal F32's for at
+#     least the first 100 tokens.
+q8_ids=$("$LLMOPT" run $M/stories260K-Q8_0.gguf -n 100 --temp 0 --ids 2>/dev/null)
+want100=$(echo "$want_ids" | tr ' ' '\n' | head -n 100 | tr '\n' ' ' | sed 's/ $//')
+[ "$q8_ids" = "$want100" ] && ok "Q8_0 greedy ids equal F32 (first 100)" ||
+    { bad "Q8_0 greedy ids equal F32 (first 100)"; echo "  got:  ${q8_ids:0:200}"; echo "  want: ${want100:0:200}"; }
+
 # 3. Quantized files run and tell a story: greedy output starts like the F32 one and is
 #    made of words.
 for q in Q8_0 Q4_0; do

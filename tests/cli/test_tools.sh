@@ -35,18 +35,22 @@ PY
 done
 
 # 2. Profile bytes: a decode step of stories260K F32 reads every weight once, one
-#    embedding row, and K/V rows of every position seen (5 layers, 4 KV heads x 8).
-out=$("$LLMOPT" profile $S/stories260K-F32.gguf -p 16 -n 1 -r 1 -t 1 --json)
-python3 - "$out" <<'PY' && ok "profile bytes of a decode step" || bad "profile bytes of a decode step"
-import json, sys
+#    embedding row, and K/V rows of every position seen (5 layers, 4 KV heads x 8, at
+#    the cache's element size: 2 bytes for f16, 4 for f32).
+for kv in f16 f32; do
+out=$("$LLMOPT" profile $S/stories260K-F32.gguf -p 16 -n 1 -r 1 -t 1 --kv-type $kv --json)
+KV_BYTES=$([ $kv = f16 ] && echo 2 || echo 4) \
+python3 - "$out" <<'PY' && ok "profile bytes of a decode step ($kv KV)" || bad "profile bytes of a decode step ($kv KV)"
+import json, os, sys
 d = json.loads(sys.argv[1]); f = d["families"]
-# the 17th position attends to 17 cached rows of K and V per layer, f32
-kv = 5 * 2 * 17 * 32 * 4
+# the 17th position attends to 17 cached rows of K and V per layer
+kv = 5 * 2 * 17 * 32 * int(os.environ["KV_BYTES"])
 att = f["attention"]["bytes_per_step"]
 assert kv < att < kv + 5 * 4 * (64 + 2 * 32 + 2) * 4, (att, kv)
 # lm_head reads the (tied) 512 x 64 f32 embedding matrix and one 64-wide row
 assert f["lm_head"]["bytes_per_step"] == 512 * 64 * 4 + 64 * 4, f["lm_head"]
 PY
+done
 
 # 3. A profile file gives the fraction of the measured limit; a bad one is refused.
 prof=$(mktemp); echo '{"measurements": {"read_bandwidth_simd_all": {"best": 10.0}}}' > "$prof"
@@ -65,15 +69,16 @@ rm -f "$prof"
 err=$("$LLMOPT" profile $S/stories260K-Q8_0.gguf --backend cuda 2>&1); rc=$?
 [ $rc = 1 ] && [[ "$err" == *cuda* ]] && ok "profile on cuda says why not" || bad "profile on cuda: $rc $err"
 
-# 4. mem: KV bytes scale with context and slots (5 layers x 32 f32 per position, K and
-#    V); weights are the file's tensor bytes; the measured RSS covers the weights.
+# 4. mem: KV bytes scale with context, slots and the KV type (5 layers x 32 values per
+#    position, K and V; f16 by default); weights are the file's tensor bytes; the
+#    measured RSS covers the weights.
 m1=$("$LLMOPT" mem $S/stories260K-F32.gguf --ctx 512 --no-load --json)
-m2=$("$LLMOPT" mem $S/stories260K-F32.gguf --ctx 1024 --parallel 3 --batch 64 --json)
+m2=$("$LLMOPT" mem $S/stories260K-F32.gguf --ctx 1024 --parallel 3 --batch 64 --kv-type f32 --json)
 python3 - "$m1" "$m2" $S/stories260K-F32.gguf <<'PY' && ok "mem estimate" || bad "mem estimate"
 import json, os, sys
 a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-assert a["kv_bytes"] == 2 * 5 * 512 * 32 * 4, a
-assert b["kv_bytes"] == 2 * 5 * 1024 * 3 * 32 * 4, b
+assert a["kv_type"] == "f16" and a["kv_bytes"] == 2 * 5 * 512 * 32 * 2, a
+assert b["kv_type"] == "f32" and b["kv_bytes"] == 2 * 5 * 1024 * 3 * 32 * 4, b
 assert b["n_batch"] == 64 and b["arena_bytes"] < a["arena_bytes"], (a, b)
 size = os.path.getsize(sys.argv[3])
 assert 0.9 * size < a["weight_bytes"] <= size, (a["weight_bytes"], size)
@@ -82,8 +87,21 @@ assert a["total_bytes"] == a["weight_bytes"] + a["kv_bytes"] + a["conv_state_byt
 assert "peak_rss_bytes" not in a
 assert b["peak_rss_bytes"] >= b["rss_at_start_bytes"] + b["weight_bytes"] * 0.5, b
 PY
+# q8_0 KV (34 bytes per 32 values) on a model whose heads are 32-aligned
+Q=$(dirname "$LLMOPT")/tiny-qwen3-mem-$$.gguf
+trap 'rm -f "$Q"' EXIT
+"$LLMOPT" synth --like tiny-qwen3 --type q4_0 -o "$Q" -t 1 >/dev/null 2>&1
+q8=$("$LLMOPT" mem "$Q" --ctx 256 --kv-type q8_0 --no-load --json)
+f32=$("$LLMOPT" mem "$Q" --ctx 256 --kv-type f32 --no-load --json)
+python3 - "$q8" "$f32" <<'PY' && ok "mem q8_0 KV is 34/128 of f32" || bad "mem q8_0 KV"
+import json, sys
+q, f = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert q["kv_type"] == "q8_0" and q["kv_bytes"] * 128 == f["kv_bytes"] * 34 and q["kv_bytes"] > 0, (q, f)
+PY
+err=$("$LLMOPT" mem $S/stories260K-F32.gguf --kv-type q8_0 --no-load 2>&1); rc=$?
+[ $rc = 1 ] && [[ "$err" == *"multiple of 32"* ]] && ok "mem: q8_0 KV needs heads of 32" || bad "mem q8_0 on stories260K: $rc $err"
 err=$("$LLMOPT" mem $S/stories260K-F32.gguf --kv-type q4_0 --no-load 2>&1); rc=$?
-[ $rc = 1 ] && [[ "$err" == *"kv-type q4_0"* ]] && ok "mem refuses a KV type it lacks" || bad "mem --kv-type: $rc $err"
+[ $rc = 2 ] && [[ "$err" == *"kv-type"* ]] && ok "mem refuses an unknown KV type" || bad "mem --kv-type: $rc $err"
 "$LLMOPT" mem 2>/dev/null; [ $? = 2 ] && ok "mem without MODEL is a usage error" || bad "mem without MODEL"
 
 echo "$pass passed, $fail failed"

@@ -190,6 +190,27 @@ async function basics(srv) {
   check('SSE: data: lines ending with data: [DONE]', raw.status === 200 &&
         events.every((e) => e.startsWith('data: ')) && events[events.length - 1] === 'data: [DONE]', raw.text.slice(-200));
 
+  // echo: the prompt, then the same completion; stop sequences see only the completion.
+  const e1 = await c.completions.create({ model: MODEL_ID, prompt, max_tokens: 24, temperature: 0, echo: true });
+  check('completion echo: prompt + the same completion, usage unchanged', e1.choices[0].text === prompt + choice.text &&
+        e1.usage.completion_tokens === 24 && e1.usage.prompt_tokens === r.usage.prompt_tokens, JSON.stringify(e1.choices[0].text));
+  const es = await streamCompletion(c, { model: MODEL_ID, prompt, max_tokens: 24, temperature: 0, echo: true });
+  check('completion echo stream: the same text, the prompt as one chunk first', es.text === prompt + choice.text &&
+        es.chunks === s.chunks + 1, `${JSON.stringify(es.text)} (${es.chunks} vs ${s.chunks} chunks)`);
+  const ids = execFileSync(LLMOPT, ['tokenize', MODEL, prompt]).toString().trim().split(/\s+/).map(Number);
+  const eids = await c.completions.create({ model: MODEL_ID, prompt: ids, max_tokens: 24, temperature: 0, echo: true });
+  check('completion echo of token ids: their text + the same completion', eids.choices[0].text === prompt + choice.text,
+        JSON.stringify(eids.choices[0].text));
+  const estop = await c.completions.create({ model: MODEL_ID, prompt, max_tokens: 24, temperature: 0, echo: true,
+                                             stop: ['upon'] });
+  check('completion echo: a stop sequence in the prompt does not end the completion',
+        estop.choices[0].text === prompt + choice.text, JSON.stringify(estop.choices[0].text));
+  for (const [what, body, path] of [
+    ['echo with logprobs', { prompt, echo: true, logprobs: 1 }, '/v1/completions'],
+    ['echo on chat', { messages: [{ role: 'user', content: 'hi' }], echo: true }, '/v1/chat/completions']]) {
+    const x = await rawPost(srv, path, JSON.stringify(body));
+    check(`${what}: 400 naming echo`, x.status === 400 && x.json.error.param === 'echo', x.text.slice(0, 200));
+  }
 }
 
 async function chat(srv) {

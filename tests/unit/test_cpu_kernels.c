@@ -385,14 +385,17 @@ static void test_linear_3_threads(void) {
 
 /* ---- attention -------------------------------------------------------------------- */
 
-static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, int64_t n_heads,
-                            int64_t n_kv_heads, int64_t dh, int32_t ctx_before, int32_t n_tok,
+/* The kernel reads the cache's stored type (f32, f16 or q8_0) directly; the oracle
+ * reads the same stored values through the reference dequantizer (kv_cache_read), so
+ * the tolerance is the f32 one for every type. */
+static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, enum kv_dtype dtype,
+                            int64_t n_heads, int64_t n_kv_heads, int64_t dh, int32_t ctx_before, int32_t n_tok,
                             int64_t window, int32_t n_slots, int *failures) {
     struct llmopt_err err = {0};
     struct kv_cache *kv = NULL;
     int32_t row_elems[2] = {(int32_t)(n_kv_heads * dh), (int32_t)(n_kv_heads * dh)};
     int32_t max_pos = ctx_before + n_tok + 1;
-    CHECK_MSG(kv_cache_create(2, row_elems, n_slots, max_pos, n_slots * ((max_pos + 15) / 16), 16, &kv,
+    CHECK_MSG(kv_cache_create(2, row_elems, dtype, n_slots, max_pos, n_slots * ((max_pos + 15) / 16), 16, &kv,
                               &err) == LLMOPT_OK,
               "%s", err.msg);
     if (!kv) return;
@@ -406,11 +409,14 @@ static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool 
         pos[t] = next[slot[t]]++;
     }
     int layer = 1;
+    float *row = malloc((size_t)(n_kv_heads * dh) * 4);
     for (int32_t s = 0; s < n_slots; s++) {
         CHECK(kv_cache_reserve(kv, s, next[s], &err) == LLMOPT_OK);
         for (int32_t p = 0; p < next[s]; p++) {
-            fill(kv_cache_row(kv, kv->k, layer, s, p), n_kv_heads * dh, 1.0f);
-            fill(kv_cache_row(kv, kv->v, layer, s, p), n_kv_heads * dh, 1.0f);
+            fill(row, n_kv_heads * dh, 1.0f);
+            kv_cache_write(kv, kv->k, layer, s, p, 0, row, n_kv_heads * dh);
+            fill(row, n_kv_heads * dh, 1.0f);
+            kv_cache_write(kv, kv->v, layer, s, p, 0, row, n_kv_heads * dh);
         }
     }
     float *q = malloc((size_t)(n_heads * n_tok * dh) * 4);
@@ -425,7 +431,7 @@ static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool 
     };
     cpu_attention_run(&a, kern, pool);
     int64_t group = n_heads / n_kv_heads;
-    double *sc = malloc((size_t)max_pos * sizeof(double));
+    double *sc = malloc((size_t)max_pos * sizeof(double)), *expect = malloc((size_t)dh * sizeof(double));
     for (int32_t t = 0; t < n_tok && *failures < 3; t++)
         for (int64_t h = 0; h < n_heads; h++) {
             int32_t p = pos[t];
@@ -433,23 +439,26 @@ static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool 
             const float *qv = q + (h * n_tok + t) * dh;
             double mx = -INFINITY, sum = 0;
             for (int32_t j = first; j <= p; j++) {
-                const float *kr = kv_cache_row(kv, kv->k, layer, slot[t], j) + (h / group) * dh;
+                kv_cache_read(kv, kv->k, layer, slot[t], j, (h / group) * dh, row, dh);
                 double dot = 0;
-                for (int64_t d = 0; d < dh; d++) dot += (double)qv[d] * kr[d];
+                for (int64_t d = 0; d < dh; d++) dot += (double)qv[d] * row[d];
                 sc[j] = dot * a.scale;
                 mx = sc[j] > mx ? sc[j] : mx;
             }
             for (int32_t j = first; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
+            for (int64_t d = 0; d < dh; d++) expect[d] = 0;
+            for (int32_t j = first; j <= p; j++) {
+                kv_cache_read(kv, kv->v, layer, slot[t], j, (h / group) * dh, row, dh);
+                for (int64_t d = 0; d < dh; d++) expect[d] += sc[j] / sum * row[d];
+            }
             for (int64_t d = 0; d < dh; d++) {
-                double acc = 0;
-                for (int32_t j = first; j <= p; j++)
-                    acc += sc[j] / sum * kv_cache_row(kv, kv->v, layer, slot[t], j)[(h / group) * dh + d];
+                double acc = expect[d];
                 float got = out[(t * n_heads + h) * dh + d];
                 if (!(fabs(got - acc) <= 2e-5 * (1 + fabs(acc)))) {
                     fprintf(stderr,
-                            "  %s attention H=%lld Hkv=%lld Dh=%lld ctx=%d n_tok=%d window=%lld threads=%d: "
+                            "  %s attention kv %s H=%lld Hkv=%lld Dh=%lld ctx=%d n_tok=%d window=%lld threads=%d: "
                             "out[t=%d,h=%lld,%lld] = %.7g, expected %.7g\n",
-                            cpu_isa_name(kern->isa), (long long)n_heads, (long long)n_kv_heads,
+                            cpu_isa_name(kern->isa), kv_dtype_name(dtype), (long long)n_heads, (long long)n_kv_heads,
                             (long long)dh, ctx_before, n_tok, (long long)window, pool_threads(pool), t,
                             (long long)h, (long long)d, got, acc);
                     (*failures)++;
@@ -458,6 +467,8 @@ static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool 
             }
         }
     free(sc);
+    free(expect);
+    free(row);
     free(q);
     free(out);
     free(scratch);
@@ -477,20 +488,23 @@ static void test_attention(void) {
             int failures = 0;
             static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}};
             static const int64_t dims[] = {8, 16, 33, 64, 128};
-            for (size_t hi = 0; hi < LLMOPT_ARRAY_LEN(heads); hi++)
-                for (size_t di = 0; di < LLMOPT_ARRAY_LEN(dims); di++) {
-                    /* decode at several lengths (chunk edges at 64), and a prefill chunk */
-                    int32_t ctxs[] = {0, 1, 63, 64, 130};
-                    for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
-                        check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], ctxs[ci], 1, 0, 1,
-                                        &failures);
-                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 0, 70, 0, 1, &failures);
-                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 5, 9, 4, 3, &failures);
-                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 90, 3, 70, 2, &failures);
-                    /* a prefill chunk continuing a sequence, with a window inside the
-                     * query blocks and across position chunks */
-                    check_attention(kern, pool, heads[hi][0], heads[hi][1], dims[di], 50, 40, 20, 1, &failures);
-                }
+            for (int dt = 0; dt < KV_DTYPE_COUNT; dt++)
+                for (size_t hi = 0; hi < LLMOPT_ARRAY_LEN(heads); hi++)
+                    for (size_t di = 0; di < LLMOPT_ARRAY_LEN(dims); di++) {
+                        enum kv_dtype t = (enum kv_dtype)dt;
+                        int64_t h = heads[hi][0], hkv = heads[hi][1], dh = dims[di];
+                        if (t == KV_DTYPE_Q8_0 && dh % KV_Q8_0_BLOCK) continue;
+                        /* decode at several lengths (chunk edges at 64), and a prefill chunk */
+                        int32_t ctxs[] = {0, 1, 63, 64, 130};
+                        for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
+                            check_attention(kern, pool, t, h, hkv, dh, ctxs[ci], 1, 0, 1, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 0, 70, 0, 1, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 5, 9, 4, 3, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 90, 3, 70, 2, &failures);
+                        /* a prefill chunk continuing a sequence, with a window inside the
+                         * query blocks and across position chunks */
+                        check_attention(kern, pool, t, h, hkv, dh, 50, 40, 20, 1, &failures);
+                    }
             CHECK_MSG(failures == 0, "%s, %d threads: attention failed", cpu_isa_name(kern->isa), nt);
         }
         pool_free(pool);

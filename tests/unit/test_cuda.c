@@ -202,8 +202,8 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
             row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
         }
         int32_t blocks = (int32_t)((max_ctx + 15) / 16) * n_slots;
-        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, n_slots, (int32_t)max_ctx, blocks, 16, &kv.cpu, &err) == LLMOPT_OK);
-        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, n_slots, (int32_t)max_ctx, blocks, 16, &kv.gpu, &err) == LLMOPT_OK);
+        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, blocks, 16, &kv.cpu, &err) == LLMOPT_OK);
+        CHECK(kv_cache_create(b->g.n_kv_layers, row_elems, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, blocks, 16, &kv.gpu, &err) == LLMOPT_OK);
     }
     if (b->g.n_conv_layers) {
         int32_t rows[8] = {0}, channels[8] = {0};
@@ -216,8 +216,8 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
         }
         int32_t none = 0;
         if (!kv.cpu) {
-            CHECK(kv_cache_create(0, &none, n_slots, (int32_t)max_ctx, 1, 16, &kv.cpu, &err) == LLMOPT_OK);
-            CHECK(kv_cache_create(0, &none, n_slots, (int32_t)max_ctx, 1, 16, &kv.gpu, &err) == LLMOPT_OK);
+            CHECK(kv_cache_create(0, &none, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, 1, 16, &kv.cpu, &err) == LLMOPT_OK);
+            CHECK(kv_cache_create(0, &none, KV_DTYPE_F32, n_slots, (int32_t)max_ctx, 1, 16, &kv.gpu, &err) == LLMOPT_OK);
         }
         CHECK(kv_cache_add_conv_state(kv.cpu, b->g.n_conv_layers, rows, channels, &err) == LLMOPT_OK);
         CHECK(kv_cache_add_conv_state(kv.gpu, b->g.n_conv_layers, rows, channels, &err) == LLMOPT_OK);
@@ -475,6 +475,32 @@ static void test_norms_rope(void) {
         compare_graph(form ? "rope (shared cos/sin)" : "rope (per-token cos/sin)", &b, y, plain_steps, N_PLAIN, 64, TOL_F32);
         gb_free(&b);
     }
+    /* rms_norm feeding only linears (x used again later): up to 8 rows the matvecs
+     * compute the norm themselves (the backend skips the norm kernel) */
+    static const enum ir_dtype wts[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
+    static const struct batch_spec small[] = {{1, 1, 1}, {3, 1, 1}, {8, 2, 1}, {1, 1, 1}};
+    setenv("LLMOPT_CUDA_FUSE_NORM", "1", 1); /* opt-in, read at prepare */
+    for (int k = 0; k < 4; k++) {
+        struct gb b;
+        gb_init(&b);
+        int64_t d = k == 3 ? 4096 : 512;
+        int32_t x = gb_source(&b, d, 3.0f);
+        int32_t nin[2] = {x, gb_param(&b, IR_DTYPE_F32, 0, d, 1.0f)};
+        int32_t h = gb_add(&b, IR_OP_RMS_NORM, nin, 2);
+        if (b.ok) b.g.nodes[h].attrs.value = 1e-6;
+        gb_infer(&b, h);
+        int32_t l1[2] = {h, gb_param(&b, wts[k], d, d, 1.0f)}, l2[3] = {h, gb_param(&b, IR_DTYPE_F32, d, d, 1.0f), x};
+        int32_t y1 = gb_infer(&b, gb_add(&b, IR_OP_LINEAR, l1, 2));
+        int32_t y2 = gb_add(&b, IR_OP_LINEAR, l2, 3); /* with a residual epilogue */
+        if (b.ok) b.g.nodes[y2].attrs.linear_flags = IR_LINEAR_RESIDUAL;
+        gb_infer(&b, y2);
+        int32_t y = gb_op2(&b, IR_OP_ADD, gb_op2(&b, IR_OP_ADD, y1, y2), x);
+        char what[64];
+        snprintf(what, sizeof what, "rms_norm d=%lld into %s matvec", (long long)d, ir_dtype_name(wts[k]));
+        compare_graph(what, &b, y, small, 4, 64, TOL_F32);
+        gb_free(&b);
+    }
+    unsetenv("LLMOPT_CUDA_FUSE_NORM");
 }
 
 static void test_layout_ops(void) {
@@ -620,6 +646,13 @@ static void test_attention(void) {
     static const struct batch_spec longer[] = {{100, 1, 1}, {100, 1, 1}, {100, 1, 1}, {1, 1, 1}, {1, 1, 1}, {3, 3, 3}, {1, 1, 1}};
     attention_case("attention H4 Hkv2 Dh64 300+ positions (splits)", 4, 2, 64, 0, longer, 7, 1024);
     attention_case("attention H4 Hkv2 Dh64 window 100, 300+ positions", 4, 2, 64, 100, longer, 7, 1024);
+    /* batches above 16 tokens take the tiled kernel: sequences interleaved in a tile,
+     * partial tiles, windows, head dims not a multiple of 32, then decode after it */
+    static const struct batch_spec tiled[] = {{40, 3, 3}, {1, 1, 1}, {37, 2, 2}, {100, 1, 1}, {3, 3, 3}, {17, 1, 1}};
+    attention_case("attention H8 Hkv2 Dh128 tiled prefill", 8, 2, 128, 0, tiled, 6, 512);
+    attention_case("attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512);
+    attention_case("attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512);
+    attention_case("attention H4 Hkv2 Dh256 (beyond the tiled kernel)", 4, 2, 256, 0, tiled, 6, 512);
 }
 
 static void test_short_conv(void) {
@@ -704,6 +737,36 @@ static void test_stories_greedy(void) {
         llmopt_session_free(s);
     }
     unsetenv("LLMOPT_CUDA_GRAPHS");
+    /* the device argmax (append_greedy) against the host argmax of the logits path,
+     * after a 40-token prompt (the tiled attention kernel) */
+    struct llmopt_session *sl = NULL, *sg = NULL;
+    struct llmopt_session_opts so = {.backend = "cuda"};
+    CHECK_MSG(m && llmopt_session_create(m, &so, &sl, &err) == LLMOPT_OK, "%s", err.msg);
+    CHECK_MSG(m && llmopt_session_create(m, &so, &sg, &err) == LLMOPT_OK, "%s", err.msg);
+    int32_t prompt[40], n_vocab = m ? llmopt_model_n_vocab(m) : 1, agree = 0, steps = 0;
+    for (int i = 0; i < 40; i++) prompt[i] = (int32_t)(1 + rng_u32() % (uint32_t)(n_vocab - 1));
+    const int32_t *in = prompt;
+    int32_t n_in = 40, tok = 0;
+    for (; sl && sg && steps < 64; steps++) {
+        const float *logits = NULL;
+        int32_t dev = -1;
+        if (llmopt_session_append(sl, 0, in, n_in, &logits, &err) != LLMOPT_OK ||
+            llmopt_session_append_greedy(sg, 0, in, n_in, &dev, &err) != LLMOPT_OK) {
+            CHECK_MSG(0, "argmax step %d: %s", steps, err.msg);
+            break;
+        }
+        int32_t best = 0;
+        for (int32_t v = 1; v < n_vocab; v++)
+            if (logits[v] > logits[best]) best = v;
+        agree += best == dev;
+        tok = dev;
+        in = &tok;
+        n_in = 1;
+    }
+    CHECK_MSG(steps == 64 && agree == 64, "device argmax equals the host argmax in %d of %d steps", agree, steps);
+    fprintf(stderr, "    stories260K: device argmax = host argmax of the logits in %d/%d steps\n", agree, steps);
+    llmopt_session_free(sl);
+    llmopt_session_free(sg);
     llmopt_model_free(m);
     json_decref(root);
 }

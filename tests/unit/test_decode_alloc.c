@@ -53,13 +53,13 @@ static bool record(void *user, int32_t id) {
     return true;
 }
 
-static void check_model(const char *path, float temperature) {
+static void check_model(const char *path, float temperature, enum llmopt_kv_type kv_type) {
     struct llmopt_err err = {0};
     struct llmopt_model *m = NULL;
     struct llmopt_session *s = NULL;
     CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
     if (!m) return;
-    struct llmopt_session_opts so = {.n_ctx = 256, .n_batch = 32};
+    struct llmopt_session_opts so = {.n_ctx = 256, .n_batch = 32, .kv_type = kv_type};
     CHECK_MSG(llmopt_session_create(m, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
     if (s) {
         int32_t prompt[3] = {1, 403, 407};
@@ -84,11 +84,11 @@ static void check_model(const char *path, float temperature) {
 }
 
 static void test_decode_step_allocates_nothing_f32(void) {
-    check_model("../shared/models/stories260K/stories260K-F32.gguf", 0.0f);
+    check_model("../shared/models/stories260K/stories260K-F32.gguf", 0.0f, LLMOPT_KV_F32);
 }
 
 static void test_decode_step_allocates_nothing_q8_0_sampling(void) {
-    check_model("../shared/models/stories260K/stories260K-Q8_0.gguf", 0.8f);
+    check_model("../shared/models/stories260K/stories260K-Q8_0.gguf", 0.8f, LLMOPT_KV_DEFAULT); /* f16 KV */
 }
 
 TEST_MAIN(test_decode_step_allocates_nothing_f32, test_decode_step_allocates_nothing_q8_0_sampling)

@@ -1,5 +1,6 @@
 /* GGUF reader, fp16/bf16 conversions and Q8_0/Q4_0 reference (de)quantizers.
  * Runs from the repository root: shared models are at ../shared/models. */
+#include "rng.h"
 #include "test.h"
 
 #include "base/fp16.h"
@@ -17,29 +18,6 @@
 #define STORIES_Q8_0 MODELS "stories260K/stories260K-Q8_0.gguf"
 #define STORIES_Q4_0 MODELS "stories260K/stories260K-Q4_0.gguf"
 #define LLAMA_TINY MODELS "llama-2-tiny-random/llama-2-tiny-random.gguf"
-
-/* ---- random numbers (splitmix64) ---- */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* uniform in [-1, 1) */
-static float rng_float(void) { return (float)((double)(rng_next() >> 11) * 0x1p-52 - 1.0); }
-
-static void rng_seed_fresh(const char *what) {
-    const char *env = getenv("LLMOPT_TEST_SEED");
-    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)getpid();
-    rng_state = seed;
-    for (const char *c = what; *c; c++) /* a different stream per test */
-        rng_state = rng_state * 31 + (unsigned char)*c;
-    fprintf(stderr, "  %s: seed %" PRIu64 " (set LLMOPT_TEST_SEED to repeat)\n", what, seed);
-}
 
 /* ---- helpers on open files ---- */
 

@@ -7,6 +7,10 @@
  * lengths, types, n_dims, ne, offsets) overwritten with extreme values,
  * truncations, insertions and deletions. Each mutant lives in a buffer of exactly
  * its size, so any read past the end is caught. */
+#define N_MUTANTS     1000
+#define TEST_RNG_SEED 0x6767756675u
+
+#include "rng.h"
 #include "test.h"
 
 #include "format/gguf.h"
@@ -15,9 +19,6 @@
 #include <stdint.h>
 #include <time.h>
 
-#define N_MUTANTS 1000
-#define SEED 0x6767756675u
-
 static const char *const files[] = {
     "../shared/models/stories260K/stories260K-F32.gguf",
     "../shared/models/stories260K/stories260K-Q8_0.gguf",
@@ -25,15 +26,6 @@ static const char *const files[] = {
     "../shared/models/llama-2-tiny-random/llama-2-tiny-random.gguf",
 };
 #define N_FILES (sizeof files / sizeof files[0])
-
-static uint64_t rng_state = SEED;
-
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* uniform in [0, n); n > 0 */
 static uint64_t rng_below(uint64_t n) { return rng_next() % n; }

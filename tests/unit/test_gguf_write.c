@@ -1,5 +1,6 @@
 /* GGUF writer (round trips through the reader), K-quant layouts and the quantizers'
  * error bounds, the synth/quantize type plans. Runs from the repository root. */
+#include "rng.h"
 #include "test.h"
 
 #include "base/fp16.h"
@@ -17,33 +18,9 @@
 
 #define VOCAB_SPM "../shared/tokenizers/ggml-vocab-llama-spm.gguf"
 
-/* ---- random numbers (splitmix64), a fresh seed per run ---- */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* uniform in [-1, 1) */
-static float rng_float(void) {
-    return (float)((double)(rng_next() >> 11) * 0x1p-52 - 1.0);
-}
-
 /* roughly normal(0, 1): sum of 4 uniforms, scaled */
 static float rng_normal(void) {
     return (rng_float() + rng_float() + rng_float() + rng_float()) * 0.8660254f;
-}
-
-static void rng_seed_fresh(const char *what) {
-    const char *env = getenv("LLMOPT_TEST_SEED");
-    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)getpid();
-    rng_state = seed;
-    for (const char *c = what; *c; c++) rng_state = rng_state * 31 + (unsigned char)*c;
-    fprintf(stderr, "  %s: seed %" PRIu64 " (set LLMOPT_TEST_SEED to repeat)\n", what, seed);
 }
 
 static void temp_path(char *buf, size_t cap, const char *tag) {

@@ -41,17 +41,21 @@ static enum llmopt_status toy_bind(void *ctx, const char *tmpl, int layer, const
     return LLMOPT_OK;
 }
 
-static enum llmopt_status import_text(const char *text, struct ir_graph *g, struct llmopt_err *err) {
+/* Parses and checks a graph.json text, then imports it with hp and toy_bind. */
+static enum llmopt_status import_with(const char *text, const struct ir_hparams *hp, struct ir_graph *g,
+                                      struct llmopt_err *err) {
     json_t *root = NULL;
     enum llmopt_status st = graph_file_parse(text, strlen(text), &root, err);
     if (st) return st;
     st = graph_file_check(root, err);
-    if (!st) {
-        struct ir_hparams hp = {.n = 3, .names = {"vocab", "d_model", "n_layers"}, .values = {8, 4, 3}};
-        st = ir_import(root, &hp, toy_bind, NULL, g, err);
-    }
+    if (!st) st = ir_import(root, hp, toy_bind, NULL, g, err);
     json_decref(root);
     return st;
+}
+
+static enum llmopt_status import_text(const char *text, struct ir_graph *g, struct llmopt_err *err) {
+    struct ir_hparams hp = {.n = 3, .names = {"vocab", "d_model", "n_layers"}, .values = {8, 4, 3}};
+    return import_with(text, &hp, g, err);
 }
 
 static void test_import_unrolls_layers(void) {
@@ -141,18 +145,10 @@ static const double hybrid_kinds[3] = {0, 1, 0};
 
 static enum llmopt_status import_hybrid(const char *text, int32_t n_kinds, struct ir_graph *g,
                                         struct llmopt_err *err) {
-    json_t *root = NULL;
-    enum llmopt_status st = graph_file_parse(text, strlen(text), &root, err);
-    if (st) return st;
-    st = graph_file_check(root, err);
-    if (!st) {
-        struct ir_hparams hp = {.n = 4, .names = {"vocab", "d_model", "n_layers", "conv_L"},
-                                .values = {8, 4, 3, 3}, .n_layer = 1, .layer_names = {"kind"},
-                                .layer_values = {hybrid_kinds}, .layer_count = {n_kinds}};
-        st = ir_import(root, &hp, toy_bind, NULL, g, err);
-    }
-    json_decref(root);
-    return st;
+    struct ir_hparams hp = {.n = 4, .names = {"vocab", "d_model", "n_layers", "conv_L"},
+                            .values = {8, 4, 3, 3}, .n_layer = 1, .layer_names = {"kind"},
+                            .layer_values = {hybrid_kinds}, .layer_count = {n_kinds}};
+    return import_with(text, &hp, g, err);
 }
 
 static void test_import_layer_kinds(void) {

@@ -6,6 +6,8 @@
 #include "passes/memplan.h"
 #include "test.h"
 
+#include <math.h>
+
 static bool lookup(void *ctx, const char *name, size_t len, double *v) {
     (void)ctx;
     static const struct {
@@ -173,7 +175,7 @@ static void test_kv_cache(void) {
     struct llmopt_err err = {0};
     struct kv_cache *kv = NULL;
     int32_t rows[2] = {8, 4};
-    CHECK(kv_cache_create(2, rows, 3, 40, 6, 16, &kv, &err) == LLMOPT_OK);
+    CHECK(kv_cache_create(2, rows, KV_DTYPE_F32, 3, 40, 6, 16, &kv, &err) == LLMOPT_OK);
     if (!kv) return;
     CHECK(kv_cache_reserve(kv, 0, 40, &err) == LLMOPT_OK); /* 3 blocks */
     CHECK(kv_cache_blocks_in_use(kv) == 3);
@@ -182,7 +184,7 @@ static void test_kv_cache(void) {
     CHECK(kv_cache_reserve(kv, 0, 41, &err) == LLMOPT_ERR_LIMIT); /* beyond max_positions */
     CHECK(kv_cache_reserve(kv, 3, 1, &err) == LLMOPT_ERR_INVALID_ARG);
     /* rows of different slots and positions never alias */
-    float *a = kv_cache_row(kv, kv->k, 1, 0, 39), *b = kv_cache_row(kv, kv->k, 1, 1, 0);
+    uint8_t *a = kv_cache_row(kv, kv->k, 1, 0, 39), *b = kv_cache_row(kv, kv->k, 1, 1, 0);
     CHECK(a != b);
     kv_cache_release(kv, 0);
     CHECK(kv_cache_blocks_in_use(kv) == 3);
@@ -190,7 +192,40 @@ static void test_kv_cache(void) {
     kv_cache_release(kv, 1);
     kv_cache_release(kv, 2);
     CHECK(kv_cache_blocks_in_use(kv) == 0);
+    CHECK(kv_cache_bytes(kv) == 2 * 6 * 16 * (8 + 4) * 4);
     kv_cache_free(kv);
 }
 
-TEST_MAIN(test_expr, test_shapes_and_verify, test_memplan, test_execute_small, test_kv_cache)
+/* Each element type: rows hold what was written up to the type's rounding (f16: half
+ * an ulp of f16; q8_0: half a quant step, amax / 254 of the block), in the stated
+ * bytes; q8_0 refuses rows that are not whole blocks. */
+static void test_kv_cache_types(void) {
+    struct llmopt_err err = {0};
+    struct kv_cache *kv = NULL;
+    int32_t rows[2] = {64, 96};
+    CHECK(kv_cache_create(2, (int32_t[]){64, 40}, KV_DTYPE_Q8_0, 1, 16, 1, 16, &kv, &err) == LLMOPT_ERR_INVALID_ARG &&
+          strstr(err.msg, "multiple of 32"));
+    for (int t = 0; t < KV_DTYPE_COUNT; t++) {
+        kv = NULL;
+        CHECK_MSG(kv_cache_create(2, rows, (enum kv_dtype)t, 2, 32, 4, 16, &kv, &err) == LLMOPT_OK, "%s", err.msg);
+        if (!kv) return;
+        static const int64_t bytes_per_32[] = {128, 64, 34};
+        CHECK(kv->row_bytes[1] == 3 * bytes_per_32[t]);
+        CHECK(kv_cache_bytes(kv) == 2 * 4 * 16 * (int64_t)(2 + 3) * bytes_per_32[t]);
+        CHECK(kv_cache_reserve(kv, 1, 20, &err) == LLMOPT_OK);
+        float src[96], back[96];
+        for (int i = 0; i < 96; i++) src[i] = sinf(0.37f * (float)i) * (float)(1 + i % 7);
+        kv_cache_write(kv, kv->v, 1, 1, 19, 0, src, 96);
+        kv_cache_read(kv, kv->v, 1, 1, 19, 32, back, 64); /* a later head alone */
+        for (int i = 0; i < 64; i++) {
+            float amax = 0;
+            for (int j = (32 + i) / 32 * 32; j < (32 + i) / 32 * 32 + 32; j++) amax = fmaxf(amax, fabsf(src[j]));
+            double tol = t == KV_DTYPE_F32 ? 0 : t == KV_DTYPE_F16 ? fabsf(src[32 + i]) * 0x1p-11 : amax * (1.0 / 254.0 + 1.0 / 2048.0);
+            CHECK_MSG(fabs(back[i] - src[32 + i]) <= tol, "%s: value %d is %g, wrote %g", kv_dtype_name((enum kv_dtype)t),
+                      32 + i, back[i], src[32 + i]);
+        }
+        kv_cache_free(kv);
+    }
+}
+
+TEST_MAIN(test_expr, test_shapes_and_verify, test_memplan, test_execute_small, test_kv_cache, test_kv_cache_types)

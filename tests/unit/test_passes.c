@@ -29,7 +29,7 @@ static int run_steps(const char *path, const struct llmopt_load_opts *lo, float 
     }
     llmopt_model_compile_stats(m, cs);
     *n_vocab = llmopt_model_n_vocab(m);
-    struct llmopt_session_opts so = {.n_ctx = 64, .n_batch = 8};
+    struct llmopt_session_opts so = {.n_ctx = 64, .n_batch = 8, .kv_type = LLMOPT_KV_F32};
     int steps = 0;
     if (!llmopt_session_create(m, &so, &s, &err)) {
         int32_t prompt[7] = {1, 20, 30, 40, 50, 60, 70};

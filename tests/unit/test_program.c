@@ -60,6 +60,22 @@ static void test_roundtrip_runs_identically(void) {
     CHECK_EQ_INT(greedy(direct, x, 40), 40);
     CHECK_EQ_INT(greedy(loaded, y, 40), 40);
     CHECK(!memcmp(x, y, sizeof x));
+    /* the program records the KV type (f16 by default) and its sessions use it; a
+     * session option still wins; q8_0 is refused at compile for head size 8 */
+    struct llmopt_session *s = NULL;
+    struct llmopt_session_opts so = {.n_ctx = 32};
+    CHECK_MSG(llmopt_session_create(loaded, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
+    CHECK(s && llmopt_session_kv_type(s) == LLMOPT_KV_F16);
+    llmopt_session_free(s);
+    so.kv_type = LLMOPT_KV_F32;
+    s = NULL;
+    CHECK_MSG(llmopt_session_create(loaded, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
+    CHECK(s && llmopt_session_kv_type(s) == LLMOPT_KV_F32);
+    llmopt_session_free(s);
+    struct llmopt_program_opts po = {.n_batch = 64, .kv_type = LLMOPT_KV_Q8_0};
+    char q8[400];
+    snprintf(q8, sizeof q8, "%s/q8.llmopt", dir);
+    CHECK(llmopt_program_write(direct, MODEL, &po, q8, &err) == LLMOPT_ERR_UNSUPPORTED && strstr(err.msg, "multiple of 32"));
 done:
     llmopt_model_free(direct);
     llmopt_model_free(loaded);
@@ -117,6 +133,12 @@ static void e_state(json_t *r) {
     json_t *l = json_array_get(json_object_get(json_object_get(r, "state_layout"), "layers"), 1);
     json_object_set_new(l, "kv_heads", json_integer(3));
 }
+static void e_kv_dtype(json_t *r) {
+    json_object_set_new(json_object_get(r, "state_layout"), "kv_dtype", json_string("f8"));
+}
+static void e_kv_q8_0(json_t *r) { /* stories260K's heads of 8 are not whole q8_0 blocks */
+    json_object_set_new(json_object_get(r, "state_layout"), "kv_dtype", json_string("q8_0"));
+}
 static void e_state_count(json_t *r) {
     json_array_remove(json_object_get(json_object_get(r, "state_layout"), "layers"), 0);
 }
@@ -149,6 +171,8 @@ static void test_corruptions_are_named(void) {
     expect_rejected("overlapping live buffers", e_overlap, "overlap", true);
     expect_rejected("state layout heads", e_state, "state_layout.layers[1]", true);
     expect_rejected("state layout count", e_state_count, "state_layout.layers", true);
+    expect_rejected("unknown KV type", e_kv_dtype, "state_layout.kv_dtype", true);
+    expect_rejected("q8_0 KV with heads of 8", e_kv_q8_0, "multiple of 32", true);
     expect_rejected("bos out of range", e_bos, "generation.bos", true);
     expect_rejected("stop id out of range", e_stop, "generation.stop_ids", true);
     expect_rejected("tokenizer size", e_ntokens, "tokenizer.n_tokens", true);

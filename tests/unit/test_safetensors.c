@@ -1,6 +1,7 @@
 /* safetensors reader: valid files in memory, on disk and as a sharded directory;
  * every malformed header field; truncation at every byte; deterministic mutations
  * through the fuzz entry point. Files are built here, not read from the repo. */
+#include "rng.h"
 #include "test.h"
 
 #include "base/fp16.h"
@@ -436,15 +437,6 @@ static void test_truncated_everywhere(void) {
           strstr(err.msg, "'scalar'") && strstr(err.msg, "past the end of the data buffer"));
     CHECK(parse_copy(r.b.p, 20, &err) == LLMOPT_ERR_FORMAT && strstr(err.msg, "header length"));
     free(r.b.p);
-}
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 
 static size_t rng_below(size_t n) {

@@ -344,6 +344,26 @@ static void test_top_k_stays_in_top_k(void) {
     }
 }
 
+/* Case ci draws 2000 tokens from s over the 5 logits lg: each reports the probability
+ * probs[t] / z, and exactly the tokens marked in keep come up. */
+static void check_kept(struct sampler *s, const float *lg, float *work, const double probs[5],
+                       double z, const int keep[5], size_t ci) {
+    int hits[5] = {0};
+    for (int i = 0; i < 2000; i++) {
+        float prob = 0.0f;
+        int32_t t = draw(s, lg, work, 5, &prob);
+        if (t < 0 || t >= 5) {
+            CHECK(t >= 0 && t < 5);
+            break;
+        }
+        hits[t]++;
+        CHECK_MSG(fabs(prob - probs[t] / z) < 1e-5, "case %zu tok %d: prob %g vs %g", ci, t,
+                  (double)prob, probs[t] / z);
+    }
+    for (int i = 0; i < 5; i++)
+        CHECK_MSG((hits[i] > 0) == keep[i], "case %zu: token %d drawn %d times", ci, i, hits[i]);
+}
+
 static void test_top_p(void) {
     float logits[N_VOCAB], work[N_VOCAB];
     /* Tiny top_p keeps only the max. */
@@ -385,21 +405,7 @@ static void test_top_p(void) {
         double kept_probs[5], z = 0.0;
         softmax(lg, 5, cases[ci].temperature, kept_probs);
         for (int i = 0; i < 5; i++) z += cases[ci].keep[i] ? kept_probs[i] : 0.0;
-        int hits[5] = {0};
-        for (int i = 0; i < 2000; i++) {
-            float prob = 0.0f;
-            int32_t t = draw(s, lg, work, 5, &prob);
-            if (t < 0 || t >= 5) {
-                CHECK(t >= 0 && t < 5);
-                break;
-            }
-            hits[t]++;
-            CHECK_MSG(fabs(prob - kept_probs[t] / z) < 1e-5, "case %zu tok %d: prob %g vs %g",
-                      ci, t, (double)prob, kept_probs[t] / z);
-        }
-        for (int i = 0; i < 5; i++)
-            CHECK_MSG((hits[i] > 0) == cases[ci].keep[i], "case %zu: token %d drawn %d times",
-                      ci, i, hits[i]);
+        check_kept(s, lg, work, kept_probs, z, cases[ci].keep, ci);
         sampler_free(s);
     }
 }
@@ -433,21 +439,7 @@ static void test_min_p(void) {
         struct sampler *s = make_sampler(&p, 5);
         double z = 0.0;
         for (int i = 0; i < 5; i++) z += cases[ci].keep[i] ? probs[i] : 0.0;
-        int hits[5] = {0};
-        for (int i = 0; i < 2000; i++) {
-            float prob = 0.0f;
-            int32_t t = draw(s, lg, work, 5, &prob);
-            if (t < 0 || t >= 5) {
-                CHECK(t >= 0 && t < 5);
-                break;
-            }
-            hits[t]++;
-            CHECK_MSG(fabs(prob - probs[t] / z) < 1e-5, "case %zu tok %d: prob %g vs %g", ci,
-                      t, (double)prob, probs[t] / z);
-        }
-        for (int i = 0; i < 5; i++)
-            CHECK_MSG((hits[i] > 0) == cases[ci].keep[i], "case %zu: token %d drawn %d times",
-                      ci, i, hits[i]);
+        check_kept(s, lg, work, probs, z, cases[ci].keep, ci);
         sampler_free(s);
     }
 

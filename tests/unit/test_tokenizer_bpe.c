@@ -10,6 +10,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include "test.h"
+#include "tok_test.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -34,70 +35,6 @@ static struct tok_vocab *load(const char *path) {
         return NULL;
     }
     return v;
-}
-
-/* Encodes into a fresh buffer; returns the count or -1 (message printed). */
-static long encode(const struct tok_vocab *v, const char *s, size_t len, bool special,
-                   int32_t **ids_out) {
-    size_t cap = len + 8, n = 0;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    struct llmopt_err err = {0};
-    if (tok_encode(v, s, len, false, special, ids, cap, &n, &err) != LLMOPT_OK) {
-        fprintf(stderr, "  tok_encode: %s\n", err.msg);
-        free(ids);
-        *ids_out = NULL;
-        return -1;
-    }
-    *ids_out = ids;
-    return (long)n;
-}
-
-/* Decodes through tok_decode (malloc'd, NUL-terminated). */
-static char *decode(const struct tok_vocab *v, const int32_t *ids, size_t n, size_t *len) {
-    size_t need = 0;
-    struct llmopt_err err = {0};
-    tok_decode(v, ids, n, NULL, 0, &need, &err);
-    char *out = malloc(need + 1);
-    size_t got = 0;
-    CHECK_EQ_INT(tok_decode(v, ids, n, out, need, &got, &err), LLMOPT_OK);
-    CHECK_EQ_INT(got, need);
-    out[got] = 0;
-    *len = got;
-    return out;
-}
-
-static bool utf8_valid(const char *s, size_t n) {
-    const uint8_t *p = (const uint8_t *)s;
-    for (size_t i = 0; i < n;) {
-        uint8_t c = p[i];
-        size_t k;
-        uint32_t cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xc2 && c <= 0xdf) {
-            k = 1;
-            cp = c & 0x1f;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            k = 2;
-            cp = c & 0x0f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            k = 3;
-            cp = c & 0x07;
-        } else
-            return false;
-        if (i + k >= n) return false;
-        for (size_t j = 1; j <= k; j++) {
-            if ((p[i + j] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (p[i + j] & 0x3f);
-        }
-        if ((k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += k + 1;
-    }
-    return true;
 }
 
 static bool same_ids(const int32_t *got, long n, json_t *want) {
@@ -133,7 +70,7 @@ static size_t check_vectors(const struct tok_vocab *v, const char *golden) {
         for (int special = 1; special >= 0; special--) {
             json_t *want = json_object_get(c, special ? "ids" : "ids_no_special");
             int32_t *ids = NULL;
-            long n = encode(v, s, len, special, &ids);
+            long n = encode_ids(v, s, len, false, special, &ids);
             bool ok = same_ids(ids, n, want);
             CHECK_MSG(ok, "%s: vector %zu (special %d) \"%s\"", golden, i, special, s);
             if (!ok && ++failed <= 3) {
@@ -208,7 +145,8 @@ static void check_shared_reference(const char *vocab_path, const char *json_path
     json_array_foreach(json_object_get(root, "encodings"), i, c) {
         json_t *text = json_object_get(c, "text");
         int32_t *ids = NULL;
-        long n = encode(v, json_string_value(text), json_string_length(text), true, &ids);
+        long n =
+            encode_ids(v, json_string_value(text), json_string_length(text), false, true, &ids);
         CHECK_MSG(same_ids(ids, n, json_object_get(c, "ids")), "%s: \"%s\"", vocab_path,
                   json_string_value(text));
         free(ids);
@@ -376,7 +314,7 @@ static void round_trip(const char *path) {
         const char *s = corpus[i];
         size_t len = strlen(s);
         int32_t *ids = NULL;
-        long n = encode(v, s, len, false, &ids);
+        long n = encode_ids(v, s, len, false, false, &ids);
         CHECK(n >= 0);
         if (n < 0) continue;
         /* the bytes of the pieces give back the text exactly, valid UTF-8 or not */
@@ -450,7 +388,7 @@ static void test_round_trip_vectors(void) {
             const char *s = json_string_value(text);
             size_t len = json_string_length(text);
             int32_t *ids = NULL;
-            long n = encode(v, s, len, false, &ids);
+            long n = encode_ids(v, s, len, false, false, &ids);
             size_t dlen = 0;
             char *d = decode(v, ids, n > 0 ? (size_t)n : 0, &dlen);
             /* NFC may recompose: compare with the text only where it is unchanged */
@@ -471,7 +409,7 @@ static void test_round_trip_vectors(void) {
 static void expect_ids(const struct tok_vocab *v, const char *s, bool special, const int32_t *want,
                        long n_want) {
     int32_t *ids = NULL;
-    long n = encode(v, s, strlen(s), special, &ids);
+    long n = encode_ids(v, s, strlen(s), false, special, &ids);
     bool ok = n == n_want;
     for (long k = 0; ok && k < n; k++) ok = ids[k] == want[k];
     CHECK_MSG(ok, "\"%s\" (special %d)", s, special);
@@ -492,7 +430,7 @@ static void test_special_tokens(void) {
         const int32_t chat[] = {151644, 872, 198, 6023, 151645};
         expect_ids(v, "<|im_start|>user\nhi<|im_end|>", true, chat, 5);
         int32_t *ids = NULL;
-        long n = encode(v, "<|im_start|>user\nhi<|im_end|>", 29, false, &ids);
+        long n = encode_ids(v, "<|im_start|>user\nhi<|im_end|>", 29, false, false, &ids);
         CHECK(n > 5 && !contains(ids, n, 151644) && !contains(ids, n, 151645));
         free(ids);
         /* user-defined added tokens (special: false) split out either way */
@@ -502,7 +440,7 @@ static void test_special_tokens(void) {
         /* adjacent, nested in text, partial */
         const int32_t two[] = {151644, 151645};
         expect_ids(v, "<|im_start|><|im_end|>", true, two, 2);
-        n = encode(v, "<|im_start", 10, true, &ids);
+        n = encode_ids(v, "<|im_start", 10, false, true, &ids);
         CHECK(n > 0 && !contains(ids, n, 151644));
         free(ids);
         tok_vocab_free(v);
@@ -528,10 +466,10 @@ static void test_special_tokens(void) {
     CHECK(v);
     if (v) {
         int32_t *ids = NULL;
-        long n = encode(v, "<s>Hi</s>", 9, true, &ids);
+        long n = encode_ids(v, "<s>Hi</s>", 9, false, true, &ids);
         CHECK(n >= 3 && ids[0] == 1 && ids[n - 1] == 2);
         free(ids);
-        n = encode(v, "<s>Hi</s>", 9, false, &ids);
+        n = encode_ids(v, "<s>Hi</s>", 9, false, false, &ids);
         CHECK(n > 3 && !contains(ids, n, 1) && !contains(ids, n, 2));
         free(ids);
         tok_vocab_free(v);
@@ -697,62 +635,6 @@ static void test_nfc(void) {
 }
 
 /* ---- 6. error paths --------------------------------------------------------------- */
-
-/* A GGUF built in memory: header, then kvs; no tensors. */
-struct gguf_builder {
-    uint8_t buf[1 << 14];
-    size_t n;
-    uint64_t n_kv;
-};
-
-static void put(struct gguf_builder *b, const void *p, size_t n) {
-    LLMOPT_ASSERT(b->n + n <= sizeof b->buf);
-    memcpy(b->buf + b->n, p, n);
-    b->n += n;
-}
-static void put_u32(struct gguf_builder *b, uint32_t x) {
-    put(b, &x, 4);
-}
-static void put_u64(struct gguf_builder *b, uint64_t x) {
-    put(b, &x, 8);
-}
-static void put_str(struct gguf_builder *b, const char *s) {
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-static void kv_str(struct gguf_builder *b, const char *key, const char *val) {
-    put_str(b, key);
-    put_u32(b, GGUF_TYPE_STRING);
-    put_str(b, val);
-    b->n_kv++;
-}
-static void kv_strs(struct gguf_builder *b, const char *key, const char *const *s, size_t n) {
-    put_str(b, key);
-    put_u32(b, GGUF_TYPE_ARRAY);
-    put_u32(b, GGUF_TYPE_STRING);
-    put_u64(b, n);
-    for (size_t i = 0; i < n; i++) put_str(b, s[i]);
-    b->n_kv++;
-}
-static void builder_start(struct gguf_builder *b) {
-    b->n = 0;
-    b->n_kv = 0;
-    put(b, "GGUF", 4);
-    put_u32(b, 3);
-    put_u64(b, 0);
-    put_u64(b, 0);
-}
-static enum llmopt_status builder_vocab(struct gguf_builder *b, struct tok_vocab **v,
-                                        struct llmopt_err *err) {
-    memcpy(b->buf + 16, &b->n_kv, 8);
-    while (b->n % 32) b->buf[b->n++] = 0;
-    struct gguf_file *f = NULL;
-    *v = NULL;
-    if (gguf_parse(b->buf, b->n, &f, err) != LLMOPT_OK) return LLMOPT_STATUS_COUNT;
-    enum llmopt_status st = tok_vocab_from_gguf(f, v, err);
-    gguf_close(f);
-    return st;
-}
 
 /* "a", "b", "ab", "abb" plus the byte-level spellings of ' ' and a few bytes. */
 static const char *const bpe_tokens[] = {"a",

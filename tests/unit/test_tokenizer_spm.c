@@ -1,10 +1,12 @@
 /* SentencePiece-style BPE tokenizer: exact ids against sentencepiece / llama.cpp
  * references, a naive O(n^2) merge oracle, round trips, the streaming detokenizer
  * and error paths (including malformed vocabularies built in memory). */
+#include "base/utf8.h"
 #include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include "test.h"
+#include "tok_test.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -29,60 +31,6 @@ static struct tok_vocab *load_vocab(const char *path) {
         fprintf(stderr, "  tok_vocab_from_gguf %s: %s\n", path, err.msg);
     gguf_close(f); /* the vocab owns copies of what it needs */
     return v;
-}
-
-/* Encodes into a fresh buffer; returns the count or -1 (message printed). */
-static long encode(const struct tok_vocab *v, const char *s, size_t len, bool bos,
-                   int32_t **ids_out) {
-    size_t cap = len + 8, n = 0;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    struct llmopt_err err = {0};
-    if (tok_encode(v, s, len, bos, false, ids, cap, &n, &err) != LLMOPT_OK) {
-        fprintf(stderr, "  tok_encode: %s\n", err.msg);
-        free(ids);
-        return -1;
-    }
-    *ids_out = ids;
-    return (long)n;
-}
-
-/* Decodes through a stream (malloc'd, NUL-terminated). */
-static char *decode(const struct tok_vocab *v, const int32_t *ids, size_t n, size_t *len) {
-    size_t cap = 0;
-    struct llmopt_err err = {0};
-    enum llmopt_status st = tok_decode(v, ids, n, NULL, 0, &cap, &err);
-    CHECK_EQ_INT(st, cap ? LLMOPT_ERR_LIMIT : LLMOPT_OK);
-    char *out = malloc(cap + 1);
-    size_t got = 0;
-    CHECK_EQ_INT(tok_decode(v, ids, n, out, cap, &got, &err), LLMOPT_OK);
-    CHECK_EQ_INT(got, cap);
-    out[got] = 0;
-    *len = got;
-    return out;
-}
-
-static bool utf8_valid(const char *s, size_t n) {
-    const uint8_t *p = (const uint8_t *)s;
-    for (size_t i = 0; i < n;) {
-        uint8_t c = p[i];
-        size_t k;
-        uint32_t cp;
-        if (c < 0x80) { i++; continue; }
-        if (c >= 0xc2 && c <= 0xdf) { k = 1; cp = c & 0x1f; }
-        else if (c >= 0xe0 && c <= 0xef) { k = 2; cp = c & 0x0f; }
-        else if (c >= 0xf0 && c <= 0xf4) { k = 3; cp = c & 0x07; }
-        else return false;
-        if (i + k >= n) return false; /* truncated */
-        for (size_t j = 1; j <= k; j++) {
-            if ((p[i + j] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (p[i + j] & 0x3f);
-        }
-        if ((k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += k + 1;
-    }
-    return true;
 }
 
 /* ---- 1. reference encodings (sentencepiece 0.1.97) ------------------------------- */
@@ -113,7 +61,7 @@ static void check_reference_encodings(const char *vocab_path) {
         size_t len = json_string_length(json_object_get(c, "text"));
         json_t *want = json_object_get(c, "ids");
         int32_t *ids = NULL;
-        long n = encode(v, text, len, false, &ids);
+        long n = encode_ids(v, text, len, false, false, &ids);
         CHECK_MSG(n == (long)json_array_size(want), "\"%s\": %ld ids, want %zu", text, n,
                   json_array_size(want));
         for (long k = 0; k < n && k < (long)json_array_size(want); k++)
@@ -123,7 +71,7 @@ static void check_reference_encodings(const char *vocab_path) {
         free(ids);
 
         /* with BOS: the same ids after id 1 */
-        n = encode(v, text, len, true, &ids);
+        n = encode_ids(v, text, len, true, false, &ids);
         CHECK_EQ_INT(n, (long)json_array_size(want) + 1);
         if (n > 0) CHECK_EQ_INT(ids[0], 1);
         free(ids);
@@ -259,7 +207,7 @@ static void test_stories260k(void) {
     json_t *want = json_object_get(tc, "ids_without_bos");
     CHECK(text && json_array_size(want) > 0);
     int32_t *ids = NULL;
-    long n = encode(v, text, strlen(text), false, &ids);
+    long n = encode_ids(v, text, strlen(text), false, false, &ids);
     CHECK_EQ_INT(n, (long)json_array_size(want));
     for (long k = 0; k < n && k < (long)json_array_size(want); k++)
         CHECK_EQ_INT(ids[k], json_integer_value(json_array_get(want, (size_t)k)));
@@ -293,7 +241,7 @@ static void test_stories260k(void) {
               (int)len, out);
 
     /* and the text re-encodes to the run's first sentence ids */
-    n = encode(v, run_text, strlen(run_text), true, &ids);
+    n = encode_ids(v, run_text, strlen(run_text), true, false, &ids);
     CHECK(n > 20);
     CHECK_EQ_INT(ids[0], 1);
     for (long k = 1; k < 20 && k < n; k++)
@@ -333,7 +281,7 @@ static void check_round_trips(const char *vocab_path) {
         size_t len = round_trip_corpus[c].len ? round_trip_corpus[c].len : strlen(s);
         for (int bos = 0; bos < 2; bos++) {
             int32_t *ids = NULL;
-            long n = encode(v, s, len, bos, &ids);
+            long n = encode_ids(v, s, len, bos, false, &ids);
             CHECK(n >= 0);
             if (n < 0) continue;
             size_t got_len = 0;
@@ -364,26 +312,6 @@ static uint32_t rng_next(uint64_t *state) {
     return (uint32_t)(*state >> 33);
 }
 
-static size_t put_code_point(char *out, uint32_t cp) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | cp >> 12);
-        out[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | cp >> 18);
-    out[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-    out[2] = (char)(0x80 | (cp >> 6 & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 /* Random valid UTF-8 (any code point but surrogates and U+2581, which decodes to a
  * space by design) round-trips; random bytes never give an invalid chunk. */
 static void test_random_text(void) {
@@ -402,10 +330,10 @@ static void test_random_text(void) {
             else if (r < 7) cp = 0x800 + rng_next(&rng) % (0x10000 - 0x800);
             else cp = 0x10000 + rng_next(&rng) % (0x110000 - 0x10000);
             if ((cp >= 0xd800 && cp <= 0xdfff) || cp == 0x2581) cp = ' ';
-            len += put_code_point(text + len, cp);
+            len += utf8_put(cp, text + len);
         }
         int32_t *ids = NULL;
-        long n = encode(v, text, len, round & 1, &ids);
+        long n = encode_ids(v, text, len, round & 1, false, &ids);
         CHECK(n >= 0);
         if (n < 0) continue;
         size_t got_len = 0;
@@ -417,7 +345,7 @@ static void test_random_text(void) {
         /* arbitrary bytes */
         len = rng_next(&rng) % 64;
         for (size_t i = 0; i < len; i++) text[i] = (char)rng_next(&rng);
-        n = encode(v, text, len, false, &ids);
+        n = encode_ids(v, text, len, false, false, &ids);
         CHECK(n >= 0);
         if (n < 0) continue;
         struct tok_stream st;
@@ -448,7 +376,7 @@ static void test_long_text(void) {
         len += unit_len;
     }
     int32_t *ids = NULL;
-    long n = encode(v, text, len, true, &ids);
+    long n = encode_ids(v, text, len, true, false, &ids);
     CHECK(n > 0);
     size_t got_len = 0;
     char *got = decode(v, ids, (size_t)n, &got_len);
@@ -457,7 +385,7 @@ static void test_long_text(void) {
     free(ids);
     /* a long run of one character merges into long pieces */
     memset(text, ' ', 100000);
-    n = encode(v, text, 100000, false, &ids);
+    n = encode_ids(v, text, 100000, false, false, &ids);
     CHECK(n > 0 && n < 100000 / 4);
     got = decode(v, ids, (size_t)n, &got_len);
     CHECK_EQ_INT(got_len, 100000);
@@ -632,86 +560,27 @@ static void test_limits(void) {
     tok_vocab_free(v);
 }
 
-/* A GGUF built in memory: header, then kvs; no tensors. */
-struct gguf_builder {
-    uint8_t buf[1 << 14];
-    size_t n;
-    uint64_t n_kv;
-};
-
-static void put(struct gguf_builder *b, const void *p, size_t n) {
-    LLMOPT_ASSERT(b->n + n <= sizeof b->buf);
-    memcpy(b->buf + b->n, p, n);
-    b->n += n;
-}
-static void put_u32(struct gguf_builder *b, uint32_t x) { put(b, &x, 4); }
-static void put_u64(struct gguf_builder *b, uint64_t x) { put(b, &x, 8); }
-static void put_str(struct gguf_builder *b, const char *s) {
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-static void kv_str(struct gguf_builder *b, const char *key, const char *val) {
-    put_str(b, key);
-    put_u32(b, GGUF_TYPE_STRING);
-    put_str(b, val);
-    b->n_kv++;
-}
 static void kv_u32(struct gguf_builder *b, const char *key, uint32_t val) {
     put_str(b, key);
     put_u32(b, GGUF_TYPE_UINT32);
     put_u32(b, val);
     b->n_kv++;
 }
-static void kv_tokens(struct gguf_builder *b, const char *const *toks, size_t n) {
-    put_str(b, "tokenizer.ggml.tokens");
+/* An array of n 4-byte elements of GGUF type `type`. */
+static void kv_array4(struct gguf_builder *b, const char *key, uint32_t type, const void *xs, size_t n) {
+    put_str(b, key);
     put_u32(b, GGUF_TYPE_ARRAY);
-    put_u32(b, GGUF_TYPE_STRING);
+    put_u32(b, type);
     put_u64(b, n);
-    for (size_t i = 0; i < n; i++) put_str(b, toks[i]);
+    put(b, xs, 4 * n);
     b->n_kv++;
 }
 static void kv_i32s(struct gguf_builder *b, const char *key, const int32_t *xs, size_t n) {
-    put_str(b, key);
-    put_u32(b, GGUF_TYPE_ARRAY);
-    put_u32(b, GGUF_TYPE_INT32);
-    put_u64(b, n);
-    put(b, xs, 4 * n);
-    b->n_kv++;
+    kv_array4(b, key, GGUF_TYPE_INT32, xs, n);
 }
 static void kv_f32s(struct gguf_builder *b, const char *key, const float *xs, size_t n) {
-    put_str(b, key);
-    put_u32(b, GGUF_TYPE_ARRAY);
-    put_u32(b, GGUF_TYPE_FLOAT32);
-    put_u64(b, n);
-    put(b, xs, 4 * n);
-    b->n_kv++;
+    kv_array4(b, key, GGUF_TYPE_FLOAT32, xs, n);
 }
-static void builder_start(struct gguf_builder *b) {
-    b->n = 0;
-    b->n_kv = 0;
-    put(b, "GGUF", 4);
-    put_u32(b, 3);
-    put_u64(b, 0);  /* tensors */
-    put_u64(b, 0);  /* kvs: patched by builder_vocab */
-}
-
-/* Parses b and builds a vocab; returns the status (message in err). */
-static enum llmopt_status builder_vocab(struct gguf_builder *b, struct tok_vocab **v,
-                                        struct llmopt_err *err) {
-    memcpy(b->buf + 16, &b->n_kv, 8);
-    while (b->n % 32) b->buf[b->n++] = 0; /* the (empty) data section is aligned */
-    struct gguf_file *f = NULL;
-    *v = NULL;
-    enum llmopt_status st = gguf_parse(b->buf, b->n, &f, err);
-    if (st) {
-        fprintf(stderr, "  gguf_parse: %s\n", err->msg);
-        return LLMOPT_STATUS_COUNT; /* the builder is wrong, not the vocab */
-    }
-    st = tok_vocab_from_gguf(f, v, err);
-    gguf_close(f);
-    return st;
-}
-
 static const char *const tiny_tokens[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b",
                                           "ab", ("\xe2\x96\x81" "ab"), "ba"};
 static const int32_t tiny_types[] = {2, 3, 3, 1, 1, 1, 1, 1, 1};
@@ -720,7 +589,7 @@ static const float tiny_scores[] = {0, 0, 0, -1, -2, -2, -3, -4, -3};
 static void tiny_vocab(struct gguf_builder *b, const char *model) {
     builder_start(b);
     kv_str(b, "tokenizer.ggml.model", model);
-    kv_tokens(b, tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
+    kv_strs(b, "tokenizer.ggml.tokens", tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
     kv_f32s(b, "tokenizer.ggml.scores", tiny_scores, LLMOPT_ARRAY_LEN(tiny_scores));
     kv_i32s(b, "tokenizer.ggml.token_type", tiny_types, LLMOPT_ARRAY_LEN(tiny_types));
 }
@@ -770,14 +639,14 @@ static void test_synthetic_vocab(void) {
     /* arrays of different lengths */
     builder_start(&b);
     kv_str(&b, "tokenizer.ggml.model", "llama");
-    kv_tokens(&b, tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
+    kv_strs(&b, "tokenizer.ggml.tokens", tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
     kv_f32s(&b, "tokenizer.ggml.scores", tiny_scores, 4);
     CHECK_EQ_INT(builder_vocab(&b, &v, &err), LLMOPT_ERR_FORMAT);
     CHECK_MSG(strstr(err.msg, "scores"), "message: %s", err.msg);
 
     builder_start(&b);
     kv_str(&b, "tokenizer.ggml.model", "llama");
-    kv_tokens(&b, tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
+    kv_strs(&b, "tokenizer.ggml.tokens", tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
     kv_i32s(&b, "tokenizer.ggml.token_type", tiny_types, 5);
     CHECK_EQ_INT(builder_vocab(&b, &v, &err), LLMOPT_ERR_FORMAT);
     CHECK_MSG(strstr(err.msg, "token_type"), "message: %s", err.msg);
@@ -786,7 +655,7 @@ static void test_synthetic_vocab(void) {
     static const int32_t bad_types[] = {2, 3, 3, 1, 1, 1, 1, 1, 9};
     builder_start(&b);
     kv_str(&b, "tokenizer.ggml.model", "llama");
-    kv_tokens(&b, tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
+    kv_strs(&b, "tokenizer.ggml.tokens", tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
     kv_i32s(&b, "tokenizer.ggml.token_type", bad_types, LLMOPT_ARRAY_LEN(bad_types));
     CHECK_EQ_INT(builder_vocab(&b, &v, &err), LLMOPT_ERR_FORMAT);
 
@@ -798,7 +667,7 @@ static void test_synthetic_vocab(void) {
 
     /* no model key, no tokens, tokens of the wrong type */
     builder_start(&b);
-    kv_tokens(&b, tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
+    kv_strs(&b, "tokenizer.ggml.tokens", tiny_tokens, LLMOPT_ARRAY_LEN(tiny_tokens));
     CHECK_EQ_INT(builder_vocab(&b, &v, &err), LLMOPT_ERR_FORMAT);
     builder_start(&b);
     kv_str(&b, "tokenizer.ggml.model", "llama");
@@ -812,12 +681,12 @@ static void test_synthetic_vocab(void) {
     static const char *const no_specials[] = {"a", "b"};
     builder_start(&b);
     kv_str(&b, "tokenizer.ggml.model", "llama");
-    kv_tokens(&b, no_specials, 2);
+    kv_strs(&b, "tokenizer.ggml.tokens", no_specials, 2);
     kv_u32(&b, "tokenizer.ggml.bos_token_id", 0xffffffffu);
     CHECK_EQ_INT(builder_vocab(&b, &v, &err), LLMOPT_ERR_FORMAT);
     builder_start(&b);
     kv_str(&b, "tokenizer.ggml.model", "llama");
-    kv_tokens(&b, no_specials, 1);
+    kv_strs(&b, "tokenizer.ggml.tokens", no_specials, 1);
     CHECK_EQ_INT(builder_vocab(&b, &v, &err), LLMOPT_OK);
     if (v) {
         CHECK_EQ_INT(tok_bos(v), -1);

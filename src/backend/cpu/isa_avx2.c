@@ -114,6 +114,19 @@ static inline vf v_reduce_lanes(const vf *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* KV cache vocabulary: VLEN int8 at p widened to floats, and
+ * the f16 at p broadcast to every lane. */
+static inline vf v_load_i8(const int8_t *p) {
+    int64_t b;
+    memcpy(&b, p, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(b)));
+}
+static inline vf v_set1_f16(const uint8_t *p) {
+    int16_t h;
+    memcpy(&h, p, 2);
+    return _mm256_cvtph_ps(_mm_set1_epi16(h));
+}
+
 #include "backend/cpu/kern_generic.h"
 
 /* ---- int8 -------------------------------------------------------------------------- */

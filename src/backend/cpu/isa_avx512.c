@@ -119,6 +119,17 @@ static inline vf v_reduce_lanes(const vf *a) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
+/* KV cache vocabulary: VLEN int8 at p widened to floats, and
+ * the f16 at p broadcast to every lane. */
+static inline vf v_load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)));
+}
+static inline vf v_set1_f16(const uint8_t *p) {
+    int16_t h;
+    memcpy(&h, p, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16(h));
+}
+
 #include "backend/cpu/kern_generic.h"
 
 /* ---- int8 -------------------------------------------------------------------------- */

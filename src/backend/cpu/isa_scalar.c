@@ -76,6 +76,14 @@ static inline vf v_reduce_lanes(const vf *a) {
     return a[0];
 }
 
+/* KV cache vocabulary: int8 and broadcast f16 loads. */
+static inline vf v_load_i8(const int8_t *p) {
+    return (float)*p;
+}
+static inline vf v_set1_f16(const uint8_t *p) {
+    return v_load_f16(p);
+}
+
 #include "backend/cpu/kern_generic.h"
 
 /* The activation quantizer. d = amax / 127 and quants round(x / d) to nearest even

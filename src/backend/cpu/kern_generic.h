@@ -6,6 +6,8 @@
  *   v_load(p) v_load_n(p, n)      f32 loads; _n: first n < VLEN lanes, the rest 0
  *   v_load_f16(p) v_load_f16_n    f16 / bf16 values at byte pointer p, widened
  *   v_load_bf16(p) v_load_bf16_n
+ *   v_load_i8(p)                  VLEN int8 values at p, widened (KV cache q8_0)
+ *   v_set1_f16(p)                 the f16 at byte pointer p in every lane
  *   v_store(p, v) v_store_n       stores (_n: first n lanes)
  *   v_add v_sub v_mul v_div v_max lane-wise
  *   v_fma(a, b, c)                a * b + c
@@ -273,11 +275,31 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
 /* Positions per online-softmax step (a multiple of VLEN): scores of one chunk for all
  * heads of a group stay in L1 together with the chunk's K and V rows. */
 #define KG_ATT_CHUNK 32
+/* KV rows are byte pointers to a head's first value, f32 or f16 (kt, enum kv_dtype, a
+ * constant after inlining); VLEN values from value d on, widened in registers. */
+KG_INLINE vf kg_load_kv(const uint8_t *row, int64_t d, const int kt) {
+    return kt == KV_DTYPE_F16 ? v_load_f16(row + 2 * d) : v_load((const float *)(const void *)row + d);
+}
+
+KG_INLINE vf kg_load_kv_n(const uint8_t *row, int64_t d, int n, const int kt) {
+    return kt == KV_DTYPE_F16 ? v_load_f16_n(row + 2 * d, n) : v_load_n((const float *)(const void *)row + d, n);
+}
+
+/* dst[0..dh) = the q8_0 row at row (dh a multiple of 32; VLEN divides 32): each
+ * block's quants widened and times its f16 scale. */
+KG_INLINE void kg_widen_q8_0(const uint8_t *row, int64_t dh, float *dst) {
+    for (int64_t b = 0; b < dh / KV_Q8_0_BLOCK; b++, row += KV_Q8_0_BLOCK_BYTES, dst += KV_Q8_0_BLOCK) {
+        const vf scale = v_set1_f16(row);
+#pragma GCC unroll 32
+        for (int i = 0; i < KV_Q8_0_BLOCK; i += VLEN) v_store(dst + i, v_mul(v_load_i8((const int8_t *)(row + 2) + i), scale));
+    }
+}
+
 
 /* out[j] = dot(q, rows[j]) for the VLEN rows at rows[0..VLEN): one vector of partial
  * sums per row, reduced all at once (v_reduce_lanes) rather than one horizontal sum
  * per row. */
-KG_INLINE vf kg_dots(const float *q, const float *const *rows, int64_t dh) {
+KG_INLINE vf kg_dots(const float *q, const uint8_t *const *rows, int64_t dh, const int kt) {
     vf acc[VLEN];
 #pragma GCC unroll 16
     for (int j = 0; j < VLEN; j++) acc[j] = v_zero();
@@ -285,21 +307,21 @@ KG_INLINE vf kg_dots(const float *q, const float *const *rows, int64_t dh) {
     for (; d + VLEN <= dh; d += VLEN) {
         vf qv = v_load(q + d);
 #pragma GCC unroll 16
-        for (int j = 0; j < VLEN; j++) acc[j] = v_fma(qv, v_load(rows[j] + d), acc[j]);
+        for (int j = 0; j < VLEN; j++) acc[j] = v_fma(qv, kg_load_kv(rows[j], d, kt), acc[j]);
     }
     if (d < dh) {
         int n = (int)(dh - d);
         vf qv = v_load_n(q + d, n);
 #pragma GCC unroll 16
-        for (int j = 0; j < VLEN; j++) acc[j] = v_fma(qv, v_load_n(rows[j] + d, n), acc[j]);
+        for (int j = 0; j < VLEN; j++) acc[j] = v_fma(qv, kg_load_kv_n(rows[j], d, n, kt), acc[j]);
     }
     return v_reduce_lanes(acc);
 }
 
 /* acc[d0 .. d0 + NV * VLEN) += sum_j p[j] * rows[j][same], the acc vectors held in
  * registers across the rows; the last vector has m lanes (1..VLEN). */
-KG_INLINE void kg_weighted_sum_nv(float *acc, const float *p, const float *const *rows, int n, int64_t d0,
-                                  int m, const int NV) {
+KG_INLINE void kg_weighted_sum_nv(float *acc, const float *p, const uint8_t *const *rows, int n, int64_t d0,
+                                  int m, const int NV, const int kt) {
     /* U interleaved sums over the rows, so short heads are not bound by FMA latency */
     const int U = NV == 1 ? 4 : NV == 2 ? 2 : 1;
     vf a[4][4];
@@ -314,17 +336,21 @@ KG_INLINE void kg_weighted_sum_nv(float *acc, const float *p, const float *const
 #pragma GCC unroll 4
         for (int u = 0; u < U; u++) {
             vf pj = v_set1(p[j + u]);
-            const float *r = rows[j + u] + d0;
+            const uint8_t *r = rows[j + u];
 #pragma GCC unroll 4
             for (int i = 0; i < NV; i++)
-                a[u][i] = v_fma(pj, i < NV - 1 || m == VLEN ? v_load(r + i * VLEN) : v_load_n(r + i * VLEN, m), a[u][i]);
+                a[u][i] = v_fma(pj, i < NV - 1 || m == VLEN ? kg_load_kv(r, d0 + i * VLEN, kt)
+                                                            : kg_load_kv_n(r, d0 + i * VLEN, m, kt),
+                                a[u][i]);
         }
     for (; j < n; j++) {
         vf pj = v_set1(p[j]);
-        const float *r = rows[j] + d0;
+        const uint8_t *r = rows[j];
 #pragma GCC unroll 4
         for (int i = 0; i < NV; i++)
-            a[0][i] = v_fma(pj, i < NV - 1 || m == VLEN ? v_load(r + i * VLEN) : v_load_n(r + i * VLEN, m), a[0][i]);
+            a[0][i] = v_fma(pj, i < NV - 1 || m == VLEN ? kg_load_kv(r, d0 + i * VLEN, kt)
+                                                        : kg_load_kv_n(r, d0 + i * VLEN, m, kt),
+                            a[0][i]);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < NV; i++) {
@@ -337,30 +363,32 @@ KG_INLINE void kg_weighted_sum_nv(float *acc, const float *p, const float *const
 }
 
 /* acc[0..dh) += sum_j p[j] * rows[j][0..dh) over n rows. */
-static void kg_weighted_sum(float *acc, const float *p, const float *const *rows, int n, int64_t dh) {
+KG_INLINE void kg_weighted_sum(float *acc, const float *p, const uint8_t *const *rows, int n, int64_t dh,
+                               const int kt) {
     for (int64_t d0 = 0; d0 < dh; d0 += 4 * VLEN) {
         int64_t left = dh - d0 < 4 * VLEN ? dh - d0 : 4 * VLEN;
         int nv = (int)((left + VLEN - 1) / VLEN), m = (int)(left - (nv - 1) * VLEN);
         switch (nv) {
-        case 1: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 1); break;
-        case 2: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 2); break;
-        case 3: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 3); break;
-        default: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 4); break;
+        case 1: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 1, kt); break;
+        case 2: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 2, kt); break;
+        case 3: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 3, kt); break;
+        default: kg_weighted_sum_nv(acc, p, rows, n, d0, m, 4, kt); break;
         }
     }
 }
 
-/* rows[i] = row of position first + i (i < n) in store, offset by `col` floats; one
+/* rows[i] = row of position first + i (i < n) in store, offset by col_bytes; one
  * block-table lookup per block rather than a division per position. */
-static inline void kg_kv_rows(const struct kv_cache *kv, float *const *store, int32_t layer, int32_t slot,
-                              int32_t first, int n, int64_t col, const float **rows) {
-    const int32_t bs = kv->block_size, row_elems = kv->row_elems[layer];
+static inline void kg_kv_rows(const struct kv_cache *kv, uint8_t *const *store, int32_t layer, int32_t slot,
+                              int32_t first, int n, int64_t col_bytes, const uint8_t **rows) {
+    const int32_t bs = kv->block_size;
+    const int64_t row_bytes = kv->row_bytes[layer];
     const int32_t *table = kv->block_table + (int64_t)slot * kv->max_blocks_per_slot;
     int i = 0;
     while (i < n) {
         int32_t pos = first + i, off = pos % bs;
-        const float *base = store[layer] + ((int64_t)table[pos / bs] * bs + off) * row_elems + col;
-        for (; off < bs && i < n; off++, i++, base += row_elems) rows[i] = base;
+        const uint8_t *base = store[layer] + ((int64_t)table[pos / bs] * bs + off) * row_bytes + col_bytes;
+        for (; off < bs && i < n; off++, i++, base += row_bytes) rows[i] = base;
     }
 }
 
@@ -370,7 +398,7 @@ static inline void kg_kv_rows(const struct kv_cache *kv, float *const *store, in
 #define KG_PT (VLEN / KG_QT)
 
 /* Lane a * KG_PT + b = dot(qp[a], kp[b]) over dh. */
-KG_INLINE vf kg_score_tile(const float *const *qp, const float *const *kp, int64_t dh) {
+KG_INLINE vf kg_score_tile(const float *const *qp, const uint8_t *const *kp, int64_t dh, const int kt) {
     vf acc[VLEN];
 #pragma GCC unroll 16
     for (int i = 0; i < VLEN; i++) acc[i] = v_zero();
@@ -380,7 +408,7 @@ KG_INLINE vf kg_score_tile(const float *const *qp, const float *const *kp, int64
 #pragma GCC unroll 4
         for (int a = 0; a < KG_QT; a++) qv[a] = v_load(qp[a] + d);
 #pragma GCC unroll 4
-        for (int b = 0; b < KG_PT; b++) kv[b] = v_load(kp[b] + d);
+        for (int b = 0; b < KG_PT; b++) kv[b] = kg_load_kv(kp[b], d, kt);
 #pragma GCC unroll 4
         for (int a = 0; a < KG_QT; a++)
 #pragma GCC unroll 4
@@ -392,7 +420,7 @@ KG_INLINE vf kg_score_tile(const float *const *qp, const float *const *kp, int64
 #pragma GCC unroll 4
         for (int a = 0; a < KG_QT; a++) qv[a] = v_load_n(qp[a] + d, n);
 #pragma GCC unroll 4
-        for (int b = 0; b < KG_PT; b++) kv[b] = v_load_n(kp[b] + d, n);
+        for (int b = 0; b < KG_PT; b++) kv[b] = kg_load_kv_n(kp[b], d, n, kt);
 #pragma GCC unroll 4
         for (int a = 0; a < KG_QT; a++)
 #pragma GCC unroll 4
@@ -403,8 +431,8 @@ KG_INLINE vf kg_score_tile(const float *const *qp, const float *const *kp, int64
 
 /* acc[a][d0 .. d0 + NV * VLEN) += sum_j p[a][j] * rows[j][same] for KG_QT queries a
  * (score rows ld floats apart): each V vector loaded once for all the queries. */
-KG_INLINE void kg_weighted_sum4_nv(float *const *acc, const float *p, int64_t ld, const float *const *rows,
-                                   int n, int64_t d0, int m, const int NV) {
+KG_INLINE void kg_weighted_sum4_nv(float *const *acc, const float *p, int64_t ld, const uint8_t *const *rows,
+                                   int n, int64_t d0, int m, const int NV, const int kt) {
     vf a[KG_QT][4];
 #pragma GCC unroll 4
     for (int q = 0; q < KG_QT; q++)
@@ -413,9 +441,10 @@ KG_INLINE void kg_weighted_sum4_nv(float *const *acc, const float *p, int64_t ld
             a[q][i] = i < NV - 1 || m == VLEN ? v_load(acc[q] + d0 + i * VLEN) : v_load_n(acc[q] + d0 + i * VLEN, m);
     for (int j = 0; j < n; j++) {
         vf v[4];
-        const float *r = rows[j] + d0;
 #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) v[i] = i < NV - 1 || m == VLEN ? v_load(r + i * VLEN) : v_load_n(r + i * VLEN, m);
+        for (int i = 0; i < NV; i++)
+            v[i] = i < NV - 1 || m == VLEN ? kg_load_kv(rows[j], d0 + i * VLEN, kt)
+                                           : kg_load_kv_n(rows[j], d0 + i * VLEN, m, kt);
 #pragma GCC unroll 4
         for (int q = 0; q < KG_QT; q++) {
             vf pj = v_set1(p[q * ld + j]);
@@ -432,16 +461,16 @@ KG_INLINE void kg_weighted_sum4_nv(float *const *acc, const float *p, int64_t ld
         }
 }
 
-static void kg_weighted_sum4(float *const *acc, const float *p, int64_t ld, const float *const *rows, int n,
-                             int64_t dh) {
+KG_INLINE void kg_weighted_sum4(float *const *acc, const float *p, int64_t ld, const uint8_t *const *rows, int n,
+                                int64_t dh, const int kt) {
     for (int64_t d0 = 0; d0 < dh; d0 += 4 * VLEN) {
         int64_t left = dh - d0 < 4 * VLEN ? dh - d0 : 4 * VLEN;
         int nv = (int)((left + VLEN - 1) / VLEN), m = (int)(left - (nv - 1) * VLEN);
         switch (nv) {
-        case 1: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 1); break;
-        case 2: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 2); break;
-        case 3: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 3); break;
-        default: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 4); break;
+        case 1: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 1, kt); break;
+        case 2: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 2, kt); break;
+        case 3: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 3, kt); break;
+        default: kg_weighted_sum4_nv(acc, p, ld, rows, n, d0, m, 4, kt); break;
         }
     }
 }
@@ -452,8 +481,8 @@ static void kg_weighted_sum4(float *const *acc, const float *p, int64_t ld, cons
  * is fetched once for the whole block (a prefill reads the cache once per
  * CPU_ATT_QBLOCK tokens, not once per token), and with KG_QT queries or more the
  * scores and the weighted sums run as register tiles over several queries. */
-static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
-                               float *scratch) {
+KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
+                                     float *scratch, const int kt) {
     const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, nq = (t1 - t0) * group;
     const int64_t nq_pad = (nq + KG_QT - 1) / KG_QT * KG_QT;
     const int64_t ld = KG_ATT_CHUNK + VLEN;  /* score row stride */
@@ -461,7 +490,13 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
     float *sc = acc + nq_pad * dh;           /* (nq_pad, ld) scores of one chunk */
     float *mx = sc + nq_pad * ld;            /* (nq_pad) running max */
     float *l = mx + nq_pad;                  /* (nq_pad) running sum */
-    const float *krows[KG_ATT_CHUNK + VLEN], *vrows[KG_ATT_CHUNK];
+    float *kwide = l + nq_pad;               /* (KG_ATT_CHUNK, dh) q8_0 K rows of a chunk as f32 */
+    float *vwide = kwide + KG_ATT_CHUNK * dh; /* (KG_ATT_CHUNK, dh) same for V */
+    /* q8_0 rows are widened once per chunk, then read as f32 by every query of the
+     * group: faster than dequantizing inside each query's dot product (measured in
+     * bench/results/kv-types-2026-11-29.md). */
+    const int rt = kt == KV_DTYPE_Q8_0 ? KV_DTYPE_F32 : kt; /* type the inner kernels read */
+    const uint8_t *krows[KG_ATT_CHUNK + VLEN], *vrows[KG_ATT_CHUNK];
     const float *qp[CPU_ATT_QBLOCK * 16 + KG_QT];
     float *accp[CPU_ATT_QBLOCK * 16 + KG_QT];
     const struct kv_cache *kv = a->kv;
@@ -481,8 +516,15 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
     const vf vscale = v_set1(a->scale);
     for (int32_t j0 = first; j0 <= p_last; j0 += KG_ATT_CHUNK) {
         int n = p_last + 1 - j0 < KG_ATT_CHUNK ? p_last + 1 - j0 : KG_ATT_CHUNK;
-        kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, kvh * dh, krows);
-        kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, kvh * dh, vrows);
+        kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, kv_dtype_bytes(kt, kvh * dh), krows);
+        kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, kv_dtype_bytes(kt, kvh * dh), vrows);
+        if (kt == KV_DTYPE_Q8_0)
+            for (int jj = 0; jj < n; jj++) {
+                kg_widen_q8_0(krows[jj], dh, kwide + jj * dh);
+                kg_widen_q8_0(vrows[jj], dh, vwide + jj * dh);
+                krows[jj] = (const uint8_t *)(kwide + jj * dh);
+                vrows[jj] = (const uint8_t *)(vwide + jj * dh);
+            }
         /* rows past the last position repeat it: read by the vector dots, never used */
         for (int jj = n; jj < KG_ATT_CHUNK + VLEN; jj++) krows[jj] = krows[n - 1];
         int n_padded = (n + VLEN - 1) / VLEN * VLEN;
@@ -490,7 +532,7 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
             for (int64_t q0 = 0; q0 < nq_pad; q0 += KG_QT)
                 for (int jj = 0; jj < n_padded; jj += KG_PT) {
                     float tile[VLEN];
-                    v_store(tile, v_mul(kg_score_tile(qp + q0, krows + jj, dh), vscale));
+                    v_store(tile, v_mul(kg_score_tile(qp + q0, krows + jj, dh, rt), vscale));
                     for (int aa = 0; aa < KG_QT; aa++)
                         for (int b = 0; b < KG_PT; b++) sc[(q0 + aa) * ld + jj + b] = tile[aa * KG_PT + b];
                 }
@@ -505,7 +547,7 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
                 const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
                 int m = hi - lo, m_padded = (m + VLEN - 1) / VLEN * VLEN;
                 for (int jj = 0; jj < m_padded; jj += VLEN)
-                    v_store(s + jj, v_mul(kg_dots(qv, krows + lo + jj, dh), vscale));
+                    v_store(s + jj, v_mul(kg_dots(qv, krows + lo + jj, dh, rt), vscale));
                 for (int jj = m; jj < m_padded; jj++) s[jj] = -INFINITY;
                 float cmax = s[0];
                 for (int jj = 1; jj < m; jj++) cmax = s[jj] > cmax ? s[jj] : cmax;
@@ -518,7 +560,7 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
                     mx[q] = m_new;
                 }
                 l[q] += sum;
-                kg_weighted_sum(acc + q * dh, s, vrows + lo, m, dh);
+                kg_weighted_sum(acc + q * dh, s, vrows + lo, m, dh, rt);
                 continue;
             }
             /* tiled: probabilities over [0, n) with zeros outside [lo, hi) */
@@ -544,7 +586,7 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
             for (int64_t q = nq; q < nq_pad; q++) /* padding queries: weights 0 */
                 for (int jj = 0; jj < n; jj++) sc[q * ld + jj] = 0.0f;
             for (int64_t q0 = 0; q0 < nq_pad; q0 += KG_QT)
-                kg_weighted_sum4(accp + q0, sc + q0 * ld, ld, vrows, n, dh);
+                kg_weighted_sum4(accp + q0, sc + q0 * ld, ld, vrows, n, dh, rt);
         }
     }
     for (int64_t t = t0; t < t1; t++)
@@ -554,6 +596,16 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
             float inv = 1.0f / l[q];
             for (int64_t e = 0; e < dh; e++) ov[e] = acc[q * dh + e] * inv;
         }
+}
+
+/* One instance of the block per KV element type. */
+static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
+                               float *scratch) {
+    switch (a->kv->dtype) {
+    case KV_DTYPE_F16: kg_attention_block_kt(a, t0, t1, kvh, scratch, KV_DTYPE_F16); return;
+    case KV_DTYPE_Q8_0: kg_attention_block_kt(a, t0, t1, kvh, scratch, KV_DTYPE_Q8_0); return;
+    default: kg_attention_block_kt(a, t0, t1, kvh, scratch, KV_DTYPE_F32); return;
+    }
 }
 
 #endif

@@ -27,6 +27,7 @@ struct cpu_state {
     float *row_buf;           /* (max weight row length) dequantized weight row */
     float *score_buf;         /* (max positions seen) attention scores; grown in prepare */
     int64_t score_cap;
+    float *kv_row_buf;        /* (max head_dim) one KV head's row widened to f32 */
     int64_t max_row;
     struct backend_stats stats;
     /* Fast path (NULL kern: reference kernels only). */
@@ -362,15 +363,16 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
         return err_set(err, LLMOPT_ERR_INVALID_ARG,
                        "attention layer %d: KV cache does not match (Hkv %lld x Dh %lld)", layer,
                        (long long)n_kv_heads, (long long)head_dim);
-    /* 1. Append every token's K and V to its sequence. q/k/v are [1, heads, N, Dh]. */
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *krow = kv_cache_row(kv, kv->k, layer, slot[t], pos[t]);
-        float *vrow = kv_cache_row(kv, kv->v, layer, slot[t], pos[t]);
+    if (kv->dtype == KV_DTYPE_Q8_0 && head_dim % KV_Q8_0_BLOCK)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "attention layer %d: head size %lld is not a multiple of %d (q8_0 KV)",
+                       layer, (long long)head_dim, KV_Q8_0_BLOCK);
+    /* 1. Append every token's K and V to its sequence, converted to the cache's type.
+     * q/k/v are [1, heads, N, Dh]. */
+    for (int64_t t = 0; t < n_tok; t++)
         for (int64_t h = 0; h < n_kv_heads; h++) {
-            memcpy(krow + h * head_dim, k + (h * n_tok + t) * head_dim, (size_t)head_dim * 4);
-            memcpy(vrow + h * head_dim, v + (h * n_tok + t) * head_dim, (size_t)head_dim * 4);
+            kv_cache_write(kv, kv->k, layer, slot[t], pos[t], h * head_dim, k + (h * n_tok + t) * head_dim, head_dim);
+            kv_cache_write(kv, kv->v, layer, slot[t], pos[t], h * head_dim, v + (h * n_tok + t) * head_dim, head_dim);
         }
-    }
     /* 2. Each token attends to positions [first, pos] of its own sequence. */
     if (s->kern) {
         for (int64_t t = 0; t < n_tok; t++)
@@ -397,8 +399,9 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
             const float *qv = q + (h * n_tok + t) * head_dim;
             int64_t kvh = h / group;
             float mx = -INFINITY;
+            float *kr = s->kv_row_buf;
             for (int32_t j = first; j <= p; j++) {
-                const float *kr = kv_cache_row(kv, kv->k, layer, slot[t], j) + kvh * head_dim;
+                kv_cache_read(kv, kv->k, layer, slot[t], j, kvh * head_dim, kr, head_dim);
                 float dot = 0;
                 for (int64_t d = 0; d < head_dim; d++) dot += qv[d] * kr[d];
                 s->score_buf[j - first] = dot * scale;
@@ -411,8 +414,9 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
             }
             float *ov = o + (t * n_heads + h) * head_dim; /* out [1, N, H, Dh] */
             for (int64_t d = 0; d < head_dim; d++) ov[d] = 0;
+            float *vr = s->kv_row_buf;
             for (int32_t j = first; j <= p; j++) {
-                const float *vr = kv_cache_row(kv, kv->v, layer, slot[t], j) + kvh * head_dim;
+                kv_cache_read(kv, kv->v, layer, slot[t], j, kvh * head_dim, vr, head_dim);
                 float w = s->score_buf[j - first] / sum;
                 for (int64_t d = 0; d < head_dim; d++) ov[d] += w * vr[d];
             }
@@ -686,6 +690,7 @@ static void cpu_release(void *state) {
     free(s->extent);
     free(s->row_buf);
     free(s->score_buf);
+    free(s->kv_row_buf);
     free(s->linear_scratch);
     free(s->att_scratch);
     pool_free(s->pool);
@@ -743,10 +748,13 @@ static enum llmopt_status prepare_common(const struct ir_graph *g, int64_t n_max
         free(s);
         return st;
     }
+    int64_t max_head_dim = 1;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->op == IR_OP_PARAM && n->shape.rank == 2 && n->shape.dims[1].coef > s->max_row)
             s->max_row = n->shape.dims[1].coef;
+        if (n->op == IR_OP_ATTENTION && g->nodes[n->in[0]].shape.dims[3].coef > max_head_dim)
+            max_head_dim = g->nodes[n->in[0]].shape.dims[3].coef;
     }
     s->score_cap = max_ctx;
     /* aligned_alloc needs a size that is a multiple of the alignment: the plan's is. */
@@ -754,7 +762,8 @@ static enum llmopt_status prepare_common(const struct ir_graph *g, int64_t n_max
     s->extent = calloc((size_t)g->n_nodes, sizeof *s->extent);
     s->row_buf = malloc((size_t)(s->max_row ? s->max_row : 1) * sizeof(float));
     s->score_buf = malloc((size_t)s->score_cap * sizeof(float));
-    if (!s->arena || !s->extent || !s->row_buf || !s->score_buf) {
+    s->kv_row_buf = malloc((size_t)max_head_dim * sizeof(float));
+    if (!s->arena || !s->extent || !s->row_buf || !s->score_buf || !s->kv_row_buf) {
         size_t arena_bytes = s->plan.arena_bytes;
         cpu_release(s);
         return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for a %zu-byte arena",

@@ -77,8 +77,16 @@ static enum llmopt_status cuda_status(cudaError_t e) {
 
 struct cuda_graph_entry {
     int32_t n, m;
+    bool argmax;              /* the step ends in the device argmax, not the logits copy */
     cudaGraphExec_t exec;
     uint64_t last_used;
+};
+
+#define CUDA_PROF_ROWS 64
+struct cuda_prof_row {
+    const char *tag;
+    double ms[2];        /* [0] prefill (batches above CUDA_GRAPH_MAX_N), [1] decode */
+    uint64_t calls[2];
 };
 
 struct cuda_upload {
@@ -103,6 +111,8 @@ struct cuda_state {
     int32_t n_uploads;
     int32_t *h_inputs;            /* pinned (IR_INPUT_COUNT, n_max) staged inputs */
     float *h_out;                 /* pinned (output numel at n_max) logits rows */
+    unsigned long long *d_keys;   /* device (n_max) argmax keys of the output rows */
+    unsigned long long *h_keys;   /* pinned (n_max) their copy */
     void *xh;                     /* device: f16/bf16 activations for cuBLAS */
     size_t xh_bytes;
     void *wh;                     /* device: a block-quantized weight as bf16 (prefill), or NULL */
@@ -124,6 +134,20 @@ struct cuda_state {
     uint64_t graph_clock;
     int32_t kernels_per_step;
     struct backend_stats stats;
+    /* rms_norm nodes whose every user is a linear reading them as x through the matvec:
+     * with <= CUDA_MATVEC_MAX_ROWS rows the norm runs inside those matvecs (prologue);
+     * only with $LLMOPT_CUDA_FUSE_NORM=1 */
+    bool *norm_into_matvec;       /* (n_nodes) */
+    /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
+     * kind of kernel (prefill and decode apart), printed to stderr at release */
+    bool profile;
+    cudaEvent_t *prof_ev;         /* (n_nodes + 1) */
+    const char **prof_node_tag;   /* (n_nodes) tag of the node recorded at each event */
+    int32_t prof_n_ev;
+    const char *prof_tag;         /* set by run_linear: which path the product took */
+    struct cuda_prof_row prof[CUDA_PROF_ROWS];
+    int32_t n_prof;
+    uint64_t prof_steps[2], prof_seen[2];
 };
 
 /* ---- shapes ------------------------------------------------------------------------- */
@@ -198,13 +222,30 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     const float *x = node_f32(s, n->in[0]);
     float *y = node_f32(s, i);
     if (rows <= 0) return LLMOPT_OK;
+    ep.norm_w = NULL;
+    ep.norm_eps = 0.0f;
+    if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[n->in[0]]) {
+        const struct ir_node *nn = &s->g->nodes[n->in[0]]; /* the rms_norm, not run: x is its input */
+        static const char *const nmv_tag[] = {"linear.matvec+rms_norm f32", "linear.matvec+rms_norm f16",
+                                              "linear.matvec+rms_norm bf16", "linear.matvec+rms_norm q8_0",
+                                              "linear.matvec+rms_norm q4_0"};
+        ep.norm_w = node_f32(s, nn->in[1]);
+        ep.norm_eps = (float)nn->attrs.value;
+        s->prof_tag = nmv_tag[w->dtype];
+        CU_TRY(cu_matvec(s->stream, w, node_f32(s, nn->in[0]), rows, y, &ep));
+        return LLMOPT_OK;
+    }
+    static const char *const mv_tag[] = {"linear.matvec f32", "linear.matvec f16", "linear.matvec bf16",
+                                         "linear.matvec q8_0", "linear.matvec q4_0"};
     if (rows <= CUDA_MATVEC_MAX_ROWS && cu_matvec_ok(w)) {
+        s->prof_tag = mv_tag[w->dtype];
         CU_TRY(cu_matvec(s->stream, w, x, rows, y, &ep));
         return LLMOPT_OK;
     }
     bool blas_ok = s->use_blas && rows <= INT_MAX && k <= INT_MAX && w->rows <= INT_MAX;
     const float one = 1.0f, zero = 0.0f;
     if (blas_ok && w->dtype == CU_F32) {
+        s->prof_tag = "linear.sgemm f32";
         /* column-major view: Y^T (n_out x rows) = W (n_out x K, stored as K x n_out) ^T X^T */
         BLAS_TRY(cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
                              (const float *)w->data, (int)k, x, (int)k, &zero, y, (int)w->rows));
@@ -214,6 +255,7 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     if (blas_ok && (w->dtype == CU_F16 || w->dtype == CU_BF16) &&
         (size_t)(rows * k) * 2 <= s->xh_bytes) {
         bool bf = w->dtype == CU_BF16;
+        s->prof_tag = bf ? "linear.gemm bf16 (+cvt, epilogue)" : "linear.gemm f16 (+cvt, epilogue)";
         cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
         CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, bf));
         BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
@@ -225,6 +267,7 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     if (blas_ok && (w->dtype == CU_Q8_0 || w->dtype == CU_Q4_0) && rows >= CUDA_DEQUANT_MIN_ROWS && s->wh &&
         (size_t)(w->rows * k) * 2 <= s->wh_bytes && (size_t)(rows * k) * 2 <= s->xh_bytes) {
         /* prefill: W once to bf16, then tensor cores (the tiled kernel is f32 FMA) */
+        s->prof_tag = "linear.gemm dequant->bf16 (+cvt, epilogue)";
         CU_TRY(cu_weight_to_bf16(s->stream, w, s->wh));
         CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, true));
         BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one, s->wh,
@@ -233,6 +276,7 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
         CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
         return LLMOPT_OK;
     }
+    s->prof_tag = "linear.tiled";
     CU_TRY(cu_linear_tiled(s->stream, w, x, rows, y, &ep));
     return LLMOPT_OK;
 }
@@ -363,6 +407,7 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     case IR_OP_RMS_NORM:
     case IR_OP_LAYER_NORM: {
         int64_t d = eo->dims[eo->rank - 1], rows = d ? ir_extent_numel(eo) / d : 0;
+        if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[i]) return LLMOPT_OK; /* in the matvecs */
         CU_TRY(cu_norm(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]),
                        n->n_in > 2 ? node_f32(s, n->in[2]) : NULL, node_f32(s, i), rows, d,
                        (float)n->attrs.value, n->op == IR_OP_LAYER_NORM));
@@ -619,6 +664,61 @@ static enum llmopt_status compute_constants(struct cuda_state *s, struct llmopt_
     return LLMOPT_OK;
 }
 
+/* Marks the rms_norm nodes that the matvecs of their users can compute (see
+ * norm_into_matvec): f32 weight of the row's length, every user a linear that reads
+ * the norm as x only and whose weight the matvec takes. */
+static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    s->norm_into_matvec = (bool *)calloc((size_t)g->n_nodes, sizeof(bool));
+    if (!s->norm_into_matvec) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    /* opt-in: measured slower on the H200 (every block re-reads x for the sum of
+     * squares and waits at a barrier before streaming weights), see docs/cuda.md */
+    const char *e = getenv("LLMOPT_CUDA_FUSE_NORM");
+    if (!(e && !strcmp(e, "1"))) return LLMOPT_OK;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        s->norm_into_matvec[i] = n->op == IR_OP_RMS_NORM && n->n_in == 2 && !n->constant && i != g->output &&
+                                 n->shape.rank >= 1 && g->nodes[n->in[1]].dtype == IR_DTYPE_F32 &&
+                                 (g->nodes[n->in[1]].op != IR_OP_PARAM || g->nodes[n->in[1]].weight.dtype == IR_DTYPE_F32);
+    }
+    bool *used = (bool *)calloc((size_t)g->n_nodes, sizeof(bool));
+    if (!used) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++) {
+            int32_t src = n->in[k];
+            if (!s->norm_into_matvec[src]) continue;
+            used[src] = true;
+            bool ok = n->op == IR_OP_LINEAR && k == 0 && cu_matvec_ok(&s->weight[n->in[1]]) &&
+                      s->weight[n->in[1]].cols == g->nodes[src].shape.dims[g->nodes[src].shape.rank - 1].coef;
+            for (int k2 = 1; k2 < n->n_in; k2++) ok = ok && n->in[k2] != src;
+            if (!ok) s->norm_into_matvec[src] = false;
+        }
+    }
+    /* the norm's input must stay intact until its last matvec reads it: the memory plan
+     * keeps it only as long as some node uses it, so another user must come after */
+    int32_t *last_user = (int32_t *)calloc((size_t)g->n_nodes, sizeof(int32_t));
+    if (!last_user) {
+        free(used);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) last_user[g->nodes[i].in[k]] = i;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        if (!s->norm_into_matvec[i] || !used[i]) {
+            s->norm_into_matvec[i] = false;
+            continue;
+        }
+        const struct ir_node *n = &g->nodes[i], *xn = &g->nodes[n->in[0]];
+        bool x_kept = xn->op == IR_OP_PARAM || xn->op == IR_OP_INPUT ||
+                      (xn->op != IR_OP_RESHAPE && last_user[n->in[0]] > last_user[i]);
+        s->norm_into_matvec[i] = x_kept && g->nodes[n->in[1]].op == IR_OP_PARAM;
+    }
+    free(last_user);
+    free(used);
+    return LLMOPT_OK;
+}
+
 /* Scratch sizes over every batch size up to n_max. */
 static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
@@ -663,6 +763,15 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     if (st) return st;
     const char *e = getenv("LLMOPT_CUDA_GRAPHS");
     s->use_graphs = !(e && !strcmp(e, "0"));
+    e = getenv("LLMOPT_CUDA_PROFILE");
+    if (e && *e && strcmp(e, "0")) {
+        s->prof_ev = (cudaEvent_t *)calloc((size_t)g->n_nodes + 1, sizeof *s->prof_ev);
+        s->prof_node_tag = (const char **)calloc((size_t)g->n_nodes + 1, sizeof *s->prof_node_tag);
+        if (!s->prof_ev || !s->prof_node_tag) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+        for (int32_t k = 0; k <= g->n_nodes; k++) CU_TRY(cudaEventCreate(&s->prof_ev[k]));
+        s->profile = true;
+        s->use_graphs = false; /* events between the nodes of every step */
+    }
     e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
     s->use_blas = !(e && *e && strcmp(e, "0"));
     CU_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
@@ -677,10 +786,13 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     if (!s->extent || !s->weight || !s->uploads) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
     CU_TRY(cudaMallocHost((void **)&s->h_inputs, (size_t)(IR_INPUT_COUNT * n_max) * sizeof(int32_t)));
     CU_TRY(cudaMallocHost((void **)&s->h_out, mem_plan_node_bytes(&g->nodes[g->output], n_max, n_max) + 4));
+    CU_TRY(cudaMalloc((void **)&s->d_keys, (size_t)n_max * sizeof *s->d_keys));
+    CU_TRY(cudaMallocHost((void **)&s->h_keys, (size_t)n_max * sizeof *s->h_keys));
     for (int k = 0; k < IR_INPUT_COUNT; k++)
         if (g->inputs[k] == IR_NONE)
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: the graph lacks input '%s'", ir_input_names[k]);
     if ((st = upload_weights(s, err))) return st;
+    if ((st = plan_norm_fusion(s, err))) return st;
     if ((st = size_scratch(s, err))) return st;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
@@ -840,7 +952,7 @@ static enum llmopt_status check_batch(struct cuda_state *s, const struct exec_ba
 }
 
 /* Everything one step puts on the stream (eagerly or into a graph). */
-static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_batch *b,
+static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
                                        struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
     for (int k = 0; k < IR_INPUT_COUNT; k++) {
@@ -850,23 +962,38 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
             CU_TRY(cudaMemcpyAsync(node_ptr(s, idx), s->h_inputs + (int64_t)k * s->n_max, bytes,
                                    cudaMemcpyHostToDevice, s->stream));
     }
+    s->prof_n_ev = 0;
+    if (s->profile) CU_TRY(cudaEventRecord(s->prof_ev[s->prof_n_ev++], s->stream));
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE) continue;
+        s->prof_tag = NULL;
         enum llmopt_status st = run_node(s, i, err);
         if (st) return st;
+        if (s->profile) {
+            s->prof_node_tag[s->prof_n_ev - 1] = s->prof_tag ? s->prof_tag : ir_op_name(n->op);
+            CU_TRY(cudaEventRecord(s->prof_ev[s->prof_n_ev++], s->stream));
+        }
     }
     (void)b;
-    size_t out_bytes = (size_t)ir_extent_numel(&s->extent[g->output]) * 4;
-    if (out_bytes)
+    const struct ir_extent *eo = &s->extent[g->output];
+    size_t out_bytes = (size_t)ir_extent_numel(eo) * 4;
+    if (argmax) {
+        int64_t len = eo->dims[eo->rank - 1], rows = len ? ir_extent_numel(eo) / len : 0;
+        if (rows > s->n_max) return err_set(err, LLMOPT_ERR_LIMIT, "cuda: %lld output rows", (long long)rows);
+        CU_TRY(cu_argmax_rows(s->stream, node_f32(s, g->output), rows, len, s->d_keys));
+        if (rows)
+            CU_TRY(cudaMemcpyAsync(s->h_keys, s->d_keys, (size_t)rows * sizeof *s->h_keys, cudaMemcpyDeviceToHost,
+                                   s->stream));
+    } else if (out_bytes)
         CU_TRY(cudaMemcpyAsync(s->h_out, node_ptr(s, g->output), out_bytes, cudaMemcpyDeviceToHost, s->stream));
     return LLMOPT_OK;
 }
 
-static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_batch *b,
+static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
                                        cudaGraphExec_t *exec, struct llmopt_err *err) {
     CU_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    enum llmopt_status st = enqueue_step(s, b, err);
+    enum llmopt_status st = enqueue_step(s, b, argmax, err);
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(s->stream, &graph);
     if (st || e != cudaSuccess) {
@@ -881,22 +1008,24 @@ static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_b
     return LLMOPT_OK;
 }
 
-static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, struct llmopt_err *err) {
-    if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, err);
+static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
+                                      struct llmopt_err *err) {
+    if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, argmax, err);
     struct cuda_graph_entry *hit = NULL, *victim = &s->graphs[0];
     for (int k = 0; k < CUDA_GRAPH_CACHE; k++) {
         struct cuda_graph_entry *ge = &s->graphs[k];
-        if (ge->exec && ge->n == b->n_tokens && ge->m == b->n_out) hit = ge;
+        if (ge->exec && ge->n == b->n_tokens && ge->m == b->n_out && ge->argmax == argmax) hit = ge;
         if (!ge->exec || (victim->exec && ge->last_used < victim->last_used)) victim = ge;
     }
     if (!hit) {
         cudaGraphExec_t exec = NULL;
-        enum llmopt_status st = capture_step(s, b, &exec, err);
+        enum llmopt_status st = capture_step(s, b, argmax, &exec, err);
         if (st) return st;
         if (victim->exec) cudaGraphExecDestroy(victim->exec);
         victim->exec = exec;
         victim->n = b->n_tokens;
         victim->m = b->n_out;
+        victim->argmax = argmax;
         hit = victim;
     }
     hit->last_used = ++s->graph_clock;
@@ -904,8 +1033,58 @@ static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_ba
     return LLMOPT_OK;
 }
 
-static enum llmopt_status cuda_run(void *state, const struct exec_batch *b, struct kv_cache *kv,
-                                   const float **logits, struct llmopt_err *err) {
+/* Sums the time between consecutive node events of the step just finished. */
+static void profile_collect(struct cuda_state *s, int phase) {
+    if (!s->prof_seen[phase]++) return; /* the first step of a kind: cuBLAS and module start-up */
+    s->prof_steps[phase]++;
+    for (int32_t k = 0; k + 1 < s->prof_n_ev; k++) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, s->prof_ev[k], s->prof_ev[k + 1]) != cudaSuccess) {
+            cudaGetLastError();
+            continue;
+        }
+        const char *tag = s->prof_node_tag[k];
+        int32_t r = 0;
+        while (r < s->n_prof && strcmp(s->prof[r].tag, tag)) r++;
+        if (r == s->n_prof) {
+            if (r == CUDA_PROF_ROWS) continue;
+            s->prof[s->n_prof++].tag = tag;
+        }
+        s->prof[r].ms[phase] += ms;
+        s->prof[r].calls[phase]++;
+    }
+}
+
+static int prof_cmp_phase; /* qsort's comparator reads which phase to order by */
+static int prof_row_cmp(const void *a, const void *b) {
+    double x = ((const struct cuda_prof_row *)a)->ms[prof_cmp_phase];
+    double y = ((const struct cuda_prof_row *)b)->ms[prof_cmp_phase];
+    return (x < y) - (x > y);
+}
+
+static void profile_print(struct cuda_state *s) {
+    static const char *const phase_name[2] = {"prefill (batches > 16 tokens)", "decode (batches <= 16 tokens)"};
+    for (int ph = 0; ph < 2; ph++) {
+        if (!s->prof_steps[ph]) continue;
+        prof_cmp_phase = ph;
+        qsort(s->prof, (size_t)s->n_prof, sizeof s->prof[0], prof_row_cmp);
+        double total = 0;
+        for (int32_t r = 0; r < s->n_prof; r++) total += s->prof[r].ms[ph];
+        fprintf(stderr, "cuda profile, %s: %llu steps after the first, %.3f ms a step (eager, event per node)\n", phase_name[ph],
+                (unsigned long long)s->prof_steps[ph], total / (double)s->prof_steps[ph]);
+        for (int32_t r = 0; r < s->n_prof; r++) {
+            const struct cuda_prof_row *p = &s->prof[r];
+            if (!p->calls[ph]) continue;
+            fprintf(stderr, "  %-44s %9.3f ms/step %5.1f%%  %6.1f calls/step %8.2f us/call\n", p->tag,
+                    p->ms[ph] / (double)s->prof_steps[ph], 100.0 * p->ms[ph] / total,
+                    (double)p->calls[ph] / (double)s->prof_steps[ph], 1e3 * p->ms[ph] / (double)p->calls[ph]);
+        }
+    }
+}
+
+/* One step; logits come back (ids NULL), or only each output row's argmax (ids). */
+static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, struct kv_cache *kv,
+                                    const float **logits, int32_t *ids, struct llmopt_err *err) {
     struct cuda_state *s = (struct cuda_state *)state;
     const struct ir_graph *g = s->g;
     if (b->n_tokens < 1 || b->n_tokens > s->plan.n_max || b->n_out < 0 || b->n_out > b->n_tokens)
@@ -926,7 +1105,7 @@ static enum llmopt_status cuda_run(void *state, const struct exec_batch *b, stru
         CU_TRY(cudaMemcpyAsync(s->d_block_table, s->h_block_table, (size_t)s->bt_elems * 4,
                                cudaMemcpyHostToDevice, s->stream));
     }
-    if ((st = launch_step(s, b, err))) {
+    if ((st = launch_step(s, b, ids != NULL, err))) {
         cudaStreamSynchronize(s->stream);
         cudaGetLastError();
         return st;
@@ -935,8 +1114,22 @@ static enum llmopt_status cuda_run(void *state, const struct exec_batch *b, stru
     CU_TRY(cudaGetLastError());
     s->stats.kernels_run += (uint64_t)s->kernels_per_step;
     s->stats.steps++;
-    *logits = s->h_out;
+    if (s->profile) profile_collect(s, b->n_tokens > CUDA_GRAPH_MAX_N ? 0 : 1);
+    if (ids)
+        for (int32_t j = 0; j < b->n_out; j++) ids[j] = cu_argmax_key_index(s->h_keys[j]);
+    else
+        *logits = s->h_out;
     return LLMOPT_OK;
+}
+
+static enum llmopt_status cuda_run(void *state, const struct exec_batch *b, struct kv_cache *kv,
+                                   const float **logits, struct llmopt_err *err) {
+    return cuda_step(state, b, kv, logits, NULL, err);
+}
+
+static enum llmopt_status cuda_run_argmax(void *state, const struct exec_batch *b, struct kv_cache *kv,
+                                          int32_t *ids, struct llmopt_err *err) {
+    return cuda_step(state, b, kv, NULL, ids, err);
 }
 
 static void cuda_stats(void *state, struct backend_stats *out) { *out = ((struct cuda_state *)state)->stats; }
@@ -947,6 +1140,11 @@ static void cuda_release(void *state) {
     struct cuda_state *s = (struct cuda_state *)state;
     if (!s) return;
     if (s->stream) cudaStreamSynchronize(s->stream);
+    if (s->profile) profile_print(s);
+    for (int32_t k = 0; s->prof_ev && k <= s->g->n_nodes; k++)
+        if (s->prof_ev[k]) cudaEventDestroy(s->prof_ev[k]);
+    free(s->prof_ev);
+    free(s->prof_node_tag);
     drop_graphs(s);
     free_kv(s);
     for (int32_t k = 0; k < s->n_uploads; k++) cudaFree((void *)s->uploads[k].dev.data);
@@ -956,11 +1154,14 @@ static void cuda_release(void *state) {
     cudaFree(s->att_part);
     cudaFreeHost(s->h_inputs);
     cudaFreeHost(s->h_out);
+    cudaFree(s->d_keys);
+    cudaFreeHost(s->h_keys);
     if (s->blas) cublasDestroy(s->blas);
     cudaFree(s->blas_ws);
     if (s->stream) cudaStreamDestroy(s->stream);
     cudaGetLastError();
     free(s->extent);
+    free(s->norm_into_matvec);
     free(s->weight);
     free(s->uploads);
     mem_plan_free(&s->plan);
@@ -968,6 +1169,6 @@ static void cuda_release(void *state) {
 }
 
 extern "C" const struct backend_ops cuda_backend_ops = {
-    "cuda", cuda_prepare, cuda_run, cuda_stats, cuda_arena_bytes, cuda_release,
+    "cuda", cuda_prepare, cuda_run, cuda_run_argmax, cuda_stats, cuda_arena_bytes, cuda_release,
     NULL, /* set_node_timing: no per-node timing on CUDA yet (llmopt profile says so) */
 };

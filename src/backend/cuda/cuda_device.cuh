@@ -107,6 +107,23 @@ static __device__ __forceinline__ float cu_weight_elem(const struct cu_weight &w
     }
 }
 
+/* Programmatic dependent launch (Hopper): a kernel launched with cu_launch_pdl may start
+ * while the kernel before it on the stream is still running; it must call
+ * cu_pdl_wait() before touching anything that kernel writes or reads (the wait returns
+ * once it has completed and its writes are visible). cu_pdl_trigger() at the start of
+ * a kernel lets such a dependent start as soon as all of this kernel's blocks are
+ * resident. Both are no-ops for ordinary launches. */
+static __device__ __forceinline__ void cu_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cu_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 static inline unsigned cu_blocks(int64_t n, int threads) {
     return (unsigned)((n + threads - 1) / threads);
 }

@@ -45,11 +45,19 @@ struct cu_epilogue {
     const float *gate;     /* (rows, n_out) */
     const float *residual; /* (rows, n_out) */
     int act;               /* enum ir_op, or -1 */
+    /* cu_matvec only (a prologue): when set, each x row is first replaced by
+     * rms_norm(x) = x * (1 / sqrt(mean(x^2) + norm_eps)) * norm_w, as cu_norm computes
+     * it, so the norm needs no kernel of its own */
+    const float *norm_w;   /* (K) */
+    float norm_eps;
 };
 
 /* Matrix-vector product for few rows (decode): W read once, 16-byte loads, dequantized
  * in registers, two output rows per warp. Needs cu_matvec_ok(). rows <= CU_MATVEC_MAX_ROWS. */
 #define CU_MATVEC_MAX_ROWS 8
+/* Matvec kernels start as programmatic dependents of the kernel before them (their
+ * first weight loads overlap its tail) unless $LLMOPT_CUDA_PDL=0. */
+bool cu_pdl_enabled(void);
 bool cu_matvec_ok(const struct cu_weight *w);
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep);
@@ -118,6 +126,12 @@ cudaError_t cu_rope(cudaStream_t st, const float *x, const float *c, const float
 cudaError_t cu_matmul(cudaStream_t st, const float *a, const float *b, float *o, int64_t p,
                       int64_t k, int64_t q, const struct cu_strided *batch);
 
+/* Greedy argmax of each row of x (rows, len): keys[r] = a 64-bit key whose index part
+ * cu_argmax_key_index() reads (NaN as -inf, +inf as FLT_MAX, the lowest index wins
+ * ties: the sampler's greedy rule). Clears keys first (a memset, then one kernel). */
+cudaError_t cu_argmax_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, unsigned long long *keys);
+int32_t cu_argmax_key_index(unsigned long long key);
+
 /* ---- attention over the paged KV cache (kernels_attention.cu) ---- */
 
 struct cu_attention {
@@ -138,6 +152,10 @@ struct cu_attention {
 #define CU_ATT_MAX_SPLITS 32
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx);
 int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int splits);
+/* Batches of at least this many tokens (head dim <= 128, a multiple of 4) take the
+ * tiled kernel: K/V chunks in shared memory for 16 queries at a time (prefill). */
+#define CU_ATT_TILED_MIN_TOKENS 17
+bool cu_attention_tiled_ok(const struct cu_attention *a);
 /* Appends K/V of every token to its sequence, then attends causally. */
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a);
 

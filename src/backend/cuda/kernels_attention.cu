@@ -10,8 +10,18 @@
  *    element, 8 V loads in flight). Positions and block tables are read from device
  *    memory, so the launch is the same every decode step (a CUDA graph replays it).
  * 3. attention_combine (splits > 1): merges the partial (max, sum, acc) of each split:
- *    flash-decoding for long contexts with few tokens. */
+ *    flash-decoding for long contexts with few tokens.
+ * 2'. attention_tiled (batches above CU_ATT_TILED_MIN_TOKENS, head dim <= 128, a
+ *    multiple of 4: prefill): one block per (16 consecutive tokens of the batch, head).
+ *    For each sequence present in the tile, the union of its tokens' key ranges is
+ *    walked 32 positions at a time: K and V rows into shared memory once for all 16
+ *    queries (the per-token kernel reads them once per query), then a warp per query
+ *    (lanes over keys) for scores and the online softmax, lanes over the head dim for
+ *    the weighted V sum. Keys outside a query's causal (and window) range, or of
+ *    another sequence, get no weight. */
 #include "backend/cuda/cuda_device.cuh"
+
+#include <limits.h>
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 64
@@ -25,6 +35,7 @@ static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int
 }
 
 __global__ void kv_append_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int t = blockIdx.x;
     int row_elems = a.n_kv_heads * a.head_dim;
     int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, a.slot[t], a.pos[t]);
@@ -38,6 +49,7 @@ __global__ void kv_append_kernel(struct cu_attention a) {
 }
 
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int64_t rowoff[ATT_CHUNK]; /* element offset of each position's K/V head row */
@@ -144,6 +156,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
 }
 
 __global__ void attention_combine_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     const int h = blockIdx.x, t = blockIdx.y, Dh = a.head_dim;
     const int64_t th = (int64_t)t * a.n_heads + h;
     const float *part = a.part + th * a.splits * (Dh + 2);
@@ -165,6 +178,150 @@ __global__ void attention_combine_kernel(struct cu_attention a) {
     }
 }
 
+#define ATT_TQ 16      /* queries per block */
+#define ATT_TK 32      /* keys per shared-memory chunk (one per lane) */
+#define ATT_TDH 128    /* largest head dim of the tiled kernel */
+#define ATT_TTHREADS 256 /* 8 warps, 2 queries each */
+
+__global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    /* 16-byte aligned rows; K rows padded by 4 floats: the 8 lanes of a quarter-warp
+     * reading 16 bytes from 8 different rows hit 8 different groups of 4 banks */
+    __shared__ __align__(16) float qs[ATT_TQ][ATT_TDH];
+    __shared__ __align__(16) float ks[ATT_TK][ATT_TDH + 4];
+    __shared__ __align__(16) float vs[ATT_TK][ATT_TDH];
+    __shared__ __align__(16) float ps[ATT_TQ][ATT_TK];
+    __shared__ int32_t tpos[ATT_TQ], tslot[ATT_TQ], tfirst[ATT_TQ];
+    __shared__ int32_t slots[ATT_TQ], n_slots;
+    /* the last tiles (most keys in a prefill) first: less tail */
+    const int h = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * ATT_TQ, nq = min(ATT_TQ, a.n_tok - t0);
+    const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
+    constexpr int nw = ATT_TTHREADS / CU_WARP, QPW = ATT_TQ / nw, DPL = ATT_TDH / CU_WARP;
+    const int kvh = h / (a.n_heads / a.n_kv_heads), row_elems = a.n_kv_heads * Dh;
+    if (threadIdx.x < ATT_TQ) {
+        int q = threadIdx.x;
+        int32_t p = q < nq ? a.pos[t0 + q] : 0;
+        tpos[q] = p;
+        tslot[q] = q < nq ? a.slot[t0 + q] : -1;
+        tfirst[q] = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    }
+    for (int e = threadIdx.x; e < nq * Dh; e += ATT_TTHREADS) {
+        int q = e / Dh, d = e % Dh;
+        qs[q][d] = a.q[((int64_t)h * a.n_tok + t0 + q) * Dh + d];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int n = 0;
+        for (int q = 0; q < nq; q++) {
+            int k = 0;
+            while (k < n && slots[k] != tslot[q]) k++;
+            if (k == n) slots[n++] = tslot[q];
+        }
+        n_slots = n;
+    }
+    float m[QPW], l[QPW], acc[QPW][DPL];
+#pragma unroll
+    for (int i = 0; i < QPW; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) acc[i][k] = 0.0f;
+    }
+    __syncthreads();
+    for (int si = 0; si < n_slots; si++) {
+        const int32_t slot = slots[si];
+        int32_t lo = INT_MAX, hi = -1;
+        for (int q = 0; q < nq; q++)
+            if (tslot[q] == slot) {
+                lo = min(lo, tfirst[q]);
+                hi = max(hi, tpos[q]);
+            }
+        for (int32_t c0 = lo; c0 <= hi; c0 += ATT_TK) {
+            const int cn = min(ATT_TK, hi + 1 - c0);
+            const int dq = Dh / 4;
+            for (int e = threadIdx.x; e < ATT_TK * dq; e += ATT_TTHREADS) {
+                int j = e / dq, d4 = (e % dq) * 4;
+                float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv; /* rows past the chunk: zeros */
+                if (j < cn) {
+                    int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + j) *
+                                      row_elems + (int64_t)kvh * Dh + d4;
+                    kv = *(const float4 *)(a.k_cache + off);
+                    vv = *(const float4 *)(a.v_cache + off);
+                }
+                *(float4 *)&ks[j][d4] = kv;
+                *(float4 *)&vs[j][d4] = vv;
+            }
+            __syncthreads();
+            const int32_t key = c0 + lane;
+            bool live[QPW];
+            float dot[QPW];
+#pragma unroll
+            for (int i = 0; i < QPW; i++) {
+                const int q = warp + i * nw;
+                live[i] = q < nq && tslot[q] == slot && lane < cn && key >= tfirst[q] && key <= tpos[q];
+                dot[i] = 0.0f;
+            }
+            for (int d = 0; d < Dh; d += 4) { /* d in order: the reference's sum */
+                const float4 kd = *(const float4 *)&ks[lane][d];
+#pragma unroll
+                for (int i = 0; i < QPW; i++) {
+                    const float4 qd = *(const float4 *)&qs[warp + i * nw][d];
+                    dot[i] += qd.x * kd.x;
+                    dot[i] += qd.y * kd.y;
+                    dot[i] += qd.z * kd.z;
+                    dot[i] += qd.w * kd.w;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < QPW; i++) {
+                const float sc = live[i] ? dot[i] * a.scale : -INFINITY;
+                const float cm = cu_warp_max(sc); /* warp-uniform */
+                float p = 0.0f;
+                if (cm != -INFINITY) {
+                    const float new_m = fmaxf(m[i], cm), corr = expf(m[i] - new_m);
+                    p = live[i] ? expf(sc - new_m) : 0.0f;
+                    l[i] = l[i] * corr + cu_warp_sum(p);
+                    m[i] = new_m;
+#pragma unroll
+                    for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
+                }
+                ps[warp + i * nw][lane] = p; /* 0 for keys past the chunk */
+            }
+            __syncwarp(); /* a warp reads back only its own queries' ps rows */
+            for (int j = 0; j < cn; j += 4) {
+                float v[4][DPL];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int k = 0; k < DPL; k++) v[u][k] = lane + k * CU_WARP < Dh ? vs[j + u][lane + k * CU_WARP] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < QPW; i++) {
+                    const float4 p = *(const float4 *)&ps[warp + i * nw][j];
+#pragma unroll
+                    for (int k = 0; k < DPL; k++) {
+                        acc[i][k] += p.x * v[0][k];
+                        acc[i][k] += p.y * v[1][k];
+                        acc[i][k] += p.z * v[2][k];
+                        acc[i][k] += p.w * v[3][k];
+                    }
+                }
+            }
+            __syncthreads(); /* ks, vs rewritten by the next chunk */
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < QPW; i++) {
+        const int q = warp + i * nw;
+        if (q >= nq) continue;
+        float *o = a.out + ((int64_t)(t0 + q) * a.n_heads + h) * Dh;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            const int d = lane + k * CU_WARP;
+            if (d < Dh) o[d] = acc[i][k] / l[i];
+        }
+    }
+}
+
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx) {
     int64_t want = (264 + (int64_t)n_tok * n_heads - 1) / ((int64_t)n_tok * n_heads); /* 2 blocks / SM */
     int64_t chunks = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
@@ -177,6 +334,10 @@ int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int split
     return splits > 1 ? (int64_t)n_tok * n_heads * splits * (head_dim + 2) : 0;
 }
 
+bool cu_attention_tiled_ok(const struct cu_attention *a) {
+    return a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->head_dim <= ATT_TDH && a->head_dim % 4 == 0;
+}
+
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     if (a->n_tok <= 0) return cudaSuccess;
     if (a->head_dim > ATT_MAX_DH || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
@@ -185,6 +346,10 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     kv_append_kernel<<<a->n_tok, 256, 0, st>>>(*a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
+    if (cu_attention_tiled_ok(a)) {
+        attention_tiled_kernel<<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
+        return cudaGetLastError();
+    }
     dim3 grid(a->splits, a->n_heads, a->n_tok);
     attention_partial_kernel<<<grid, ATT_THREADS, 0, st>>>(*a);
     if ((e = cudaGetLastError()) != cudaSuccess || a->splits == 1) return e;

@@ -12,6 +12,7 @@
  * K slice at a time into shared memory, f32 accumulation in K order. */
 #include "backend/cuda/cuda_device.cuh"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- upload layout -------------------------------------------------------------- */
@@ -47,6 +48,15 @@ void cu_weight_repack_rows(int dtype, const void *src, int64_t rows, int64_t col
 }
 
 /* ---- matrix-vector -------------------------------------------------------------- */
+
+static int pdl_state = -1; /* -1: $LLMOPT_CUDA_PDL not read yet */
+bool cu_pdl_enabled(void) {
+    if (pdl_state < 0) {
+        const char *e = getenv("LLMOPT_CUDA_PDL");
+        pdl_state = !(e && !strcmp(e, "0"));
+    }
+    return pdl_state == 1;
+}
 
 #define MV_THREADS 256
 #define MV_WARPS (MV_THREADS / CU_WARP)
@@ -112,7 +122,7 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, const struct cu_wei
  * (decode) a lane loads its x chunk once and applies it to NR weight rows: x traffic
  * through L1 per weight byte drops NR times (a q8_0 chunk of 16 bytes needs 64 bytes
  * of x). With several x rows (RMAX > 1, NR = 1) each weight chunk serves every row. */
-template <int DT, int RMAX, int NR>
+template <int DT, int RMAX, int NR, bool NORM>
 __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct cu_weight w, const float *__restrict__ x, int rows, float *__restrict__ y,
                   struct cu_epilogue ep, int ksplit) {
@@ -120,6 +130,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     constexpr int U = NR == 1 ? MV_UNROLL : NR == 2 ? 2 : 1; /* U * NR loads in flight per lane */
     static_assert(RMAX == 1 || NR == 1, "several x rows take one weight row per warp");
     __shared__ float part[MV_WARPS][NR * RMAX];
+    cu_pdl_trigger();
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     const int rows_per_block = MV_WARPS / ksplit;
     const int ks = warp % ksplit;
@@ -130,26 +141,44 @@ __global__ void __launch_bounds__(MV_THREADS)
     for (int nr = 0; nr < NR; nr++)
 #pragma unroll
         for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
-    if (j0 < n_out) {
-        constexpr int64_t bytes_num = DT == CU_F32 ? 4 : DT == CU_Q4_0 ? 1 : DT == CU_Q8_0 ? 2 : 4;
-        constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
-        const uint4 *wrow[NR];
-        int64_t jr[NR]; /* rows past the end repeat the last one; their sums are dropped */
+    constexpr int64_t bytes_num = DT == CU_F32 ? 4 : DT == CU_Q4_0 ? 1 : DT == CU_Q8_0 ? 2 : 4;
+    constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
+    const uint4 *wrow[NR];
+    int64_t jr[NR]; /* rows past the end repeat the last one; their sums are dropped */
 #pragma unroll
-        for (int nr = 0; nr < NR; nr++) {
-            jr[nr] = j0 + nr < n_out ? j0 + nr : n_out - 1;
-            wrow[nr] = (const uint4 *)((const uint8_t *)w.data + (size_t)(jr[nr] * K * bytes_num / bytes_den));
+    for (int nr = 0; nr < NR; nr++) {
+        jr[nr] = j0 + nr < n_out ? j0 + nr : n_out - 1;
+        wrow[nr] = (const uint4 *)((const uint8_t *)w.data + (size_t)(jr[nr] * K * bytes_num / bytes_den));
+    }
+    const int64_t step = (int64_t)CU_WARP * ksplit;
+    uint4 raw[U][NR];
+    auto load = [&](int64_t c0) { /* U chunks of NR rows: U * NR loads in flight */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t c = c0 + u * step;
+            if (c < n_chunks)
+#pragma unroll
+                for (int nr = 0; nr < NR; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
         }
-        const int64_t step = (int64_t)CU_WARP * ksplit;
-        for (int64_t c0 = (int64_t)ks * CU_WARP + lane; c0 < n_chunks; c0 += step * U) {
-            uint4 raw[U][NR];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int64_t c = c0 + u * step;
-                if (c < n_chunks)
-#pragma unroll
-                    for (int nr = 0; nr < NR; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
-            }
+    };
+    /* the weights do not depend on the previous kernel: the first loads go out before
+     * the dependency wait (programmatic dependent launch) */
+    const int64_t first = (int64_t)ks * CU_WARP + lane;
+    if (j0 < n_out) load(first);
+    cu_pdl_wait();
+    __shared__ float inv_rms[RMAX], red[32];
+    if constexpr (NORM) { /* the rms_norm prologue: every x row's scale, by the whole block */
+        for (int r = 0; r < rows && r < RMAX; r++) {
+            float ss = 0.0f;
+            for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) ss += x[(size_t)r * K + k] * x[(size_t)r * K + k];
+            ss = cu_block_sum(ss, red);
+            if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(ss / (float)K + ep.norm_eps);
+        }
+        __syncthreads();
+    }
+    if (j0 < n_out) {
+        for (int64_t c0 = first; c0 < n_chunks; c0 += step * U) {
+            if (c0 != first) load(c0);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int64_t c = c0 + u * step;
@@ -164,6 +193,18 @@ __global__ void __launch_bounds__(MV_THREADS)
                         xr[4 * i + 1] = xx.y;
                         xr[4 * i + 2] = xx.z;
                         xr[4 * i + 3] = xx.w;
+                    }
+                    if constexpr (NORM) {
+                        const float sc = inv_rms[0];
+                        const float4 *nv = (const float4 *)(ep.norm_w + (size_t)c * E);
+#pragma unroll
+                        for (int i = 0; i < E / 4; i++) {
+                            float4 nw = __ldg(nv + i);
+                            xr[4 * i] = xr[4 * i] * sc * nw.x;
+                            xr[4 * i + 1] = xr[4 * i + 1] * sc * nw.y;
+                            xr[4 * i + 2] = xr[4 * i + 2] * sc * nw.z;
+                            xr[4 * i + 3] = xr[4 * i + 3] * sc * nw.w;
+                        }
                     }
 #pragma unroll
                     for (int nr = 0; nr < NR; nr++) {
@@ -185,6 +226,14 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
                         for (int i = 0; i < E / 4; i++) {
                             float4 xx = __ldg(xv + i);
+                            if constexpr (NORM) {
+                                const float sc = inv_rms[r];
+                                const float4 nw = __ldg((const float4 *)(ep.norm_w + (size_t)c * E) + i);
+                                xx.x = xx.x * sc * nw.x;
+                                xx.y = xx.y * sc * nw.y;
+                                xx.z = xx.z * sc * nw.z;
+                                xx.w = xx.w * sc * nw.w;
+                            }
                             s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
                                  f[4 * i + 3] * xx.w;
                         }
@@ -249,7 +298,7 @@ bool cu_matvec_ok(const struct cu_weight *w) {
            cu_weight_data_bytes(w->dtype, 1, w->cols) % 16 == 0;
 }
 
-template <int DT, int RMAX, int NR>
+template <int DT, int RMAX, int NR, bool NORM>
 static void mv_launch_nr(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
                          const struct cu_epilogue *ep) {
     /* Split K until about 4096 warps have work (132 SMs x 32 warps on an H200), but keep
@@ -258,20 +307,38 @@ static void mv_launch_nr(cudaStream_t st, const struct cu_weight *w, const float
     int ksplit = 1;
     while (ksplit < MV_WARPS && groups * ksplit < 4096 && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
     unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
-    matvec_kernel<DT, RMAX, NR><<<blocks, MV_THREADS, 0, st>>>(*w, x, rows, y, *ep, ksplit);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(MV_THREADS);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cu_pdl_enabled() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, matvec_kernel<DT, RMAX, NR, NORM>, *w, x, rows, y, *ep, ksplit);
+}
+
+template <int DT, bool NORM>
+static void mv_launch_norm(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
+                           const struct cu_epilogue *ep) {
+    if (rows > 1)
+        mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM>(st, w, x, rows, y, ep);
+    else if (w->rows >= 16384)
+        mv_launch_nr<DT, 1, 4, NORM>(st, w, x, rows, y, ep);
+    else if (w->rows >= 8192)
+        mv_launch_nr<DT, 1, 2, NORM>(st, w, x, rows, y, ep);
+    else
+        mv_launch_nr<DT, 1, 1, NORM>(st, w, x, rows, y, ep);
 }
 
 template <int DT>
 static void mv_launch(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
                       const struct cu_epilogue *ep) {
-    if (rows > 1)
-        mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1>(st, w, x, rows, y, ep);
-    else if (w->rows >= 16384)
-        mv_launch_nr<DT, 1, 4>(st, w, x, rows, y, ep);
-    else if (w->rows >= 8192)
-        mv_launch_nr<DT, 1, 2>(st, w, x, rows, y, ep);
+    if (ep->norm_w)
+        mv_launch_norm<DT, true>(st, w, x, rows, y, ep);
     else
-        mv_launch_nr<DT, 1, 1>(st, w, x, rows, y, ep);
+        mv_launch_norm<DT, false>(st, w, x, rows, y, ep);
 }
 
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
@@ -388,9 +455,58 @@ __global__ void weight_to_bf16_kernel(struct cu_weight w, __nv_bfloat16 *out, in
         out[e] = __float2bfloat16_rn(cu_weight_elem(w, e / w.cols, e % w.cols));
 }
 
+/* Block-quantized fast paths: rows are whole 32-element blocks, so flat block b of the
+ * matrix has its scale at scales[b]. q8_0: a thread per 16 elements (one 16-byte
+ * load, two 16-byte stores); q4_0: a thread per block (16 bytes in, 64 out). Same
+ * arithmetic as cu_weight_elem: q * scale in f32, rounded to bf16. */
+static __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
+__global__ void q8_0_to_bf16_kernel(const int8_t *qs, const uint16_t *scales, uint4 *out, int64_t groups) {
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += (int64_t)gridDim.x * blockDim.x) {
+        const uint4 raw = ((const uint4 *)qs)[g];
+        const float sc = cu_f16(scales[g / 2]);
+        const int8_t *q = (const int8_t *)&raw;
+        uint32_t o[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) o[k] = bf16_pair((float)q[2 * k] * sc, (float)q[2 * k + 1] * sc);
+        out[2 * g] = make_uint4(o[0], o[1], o[2], o[3]);
+        out[2 * g + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+}
+
+__global__ void q4_0_to_bf16_kernel(const uint8_t *qs, const uint16_t *scales, uint4 *out, int64_t blocks) {
+    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < blocks; b += (int64_t)gridDim.x * blockDim.x) {
+        const uint4 raw = ((const uint4 *)qs)[b];
+        const float sc = cu_f16(scales[b]);
+        const uint8_t *q = (const uint8_t *)&raw;
+        uint32_t lo[8], hi[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            lo[k] = bf16_pair((float)((q[2 * k] & 15) - 8) * sc, (float)((q[2 * k + 1] & 15) - 8) * sc);
+            hi[k] = bf16_pair((float)((q[2 * k] >> 4) - 8) * sc, (float)((q[2 * k + 1] >> 4) - 8) * sc);
+        }
+        out[4 * b] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        out[4 * b + 1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+        out[4 * b + 2] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        out[4 * b + 3] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+    }
+}
+
 cudaError_t cu_weight_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out) {
     int64_t n = w->rows * w->cols;
     if (n <= 0) return cudaSuccess;
+    bool aligned = ((uintptr_t)w->data % 16) == 0 && ((uintptr_t)out % 16) == 0 && w->cols % 32 == 0;
+    if (aligned && w->dtype == CU_Q8_0) {
+        q8_0_to_bf16_kernel<<<4 * 132 * 8, 256, 0, st>>>((const int8_t *)w->data, w->scales, (uint4 *)out, n / 16);
+        return cudaGetLastError();
+    }
+    if (aligned && w->dtype == CU_Q4_0) {
+        q4_0_to_bf16_kernel<<<4 * 132 * 8, 256, 0, st>>>((const uint8_t *)w->data, w->scales, (uint4 *)out, n / 32);
+        return cudaGetLastError();
+    }
     weight_to_bf16_kernel<<<4 * 132 * 8, 256, 0, st>>>(*w, (__nv_bfloat16 *)out, n);
     return cudaGetLastError();
 }

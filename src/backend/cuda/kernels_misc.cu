@@ -4,6 +4,8 @@
  * unless a contiguous row can use a whole block. */
 #include "backend/cuda/cuda_device.cuh"
 
+#include <float.h>
+
 #define EW_THREADS 256
 
 /* Offsets of output element e in up to two inputs, from the output extent. */
@@ -27,6 +29,7 @@ static int64_t strided_numel(const struct cu_strided *s) {
 }
 
 __global__ void unary_kernel(int op, const float *x, float *o, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e < n) o[e] = cu_unary_apply(op, x[e]);
 }
@@ -38,12 +41,14 @@ cudaError_t cu_unary(cudaStream_t st, int op, const float *x, float *o, int64_t 
 }
 
 __global__ void binary_contig_kernel(int op, const float *a, const float *b, float *o, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e < n) o[e] = cu_binary_apply(op, a[e], b[e]);
 }
 
 __global__ void binary_strided_kernel(int op, const float *a, const float *b, float *o,
                                       struct cu_strided s, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t oa, ob;
@@ -64,6 +69,7 @@ cudaError_t cu_binary(cudaStream_t st, int op, const float *a, const float *b, f
 
 __global__ void strided_copy_kernel(const float *in, int64_t base, float *o, struct cu_strided s,
                                     int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t oa, ob;
@@ -224,6 +230,7 @@ cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer,
 /* rms_norm / layer_norm: one block per row */
 __global__ void norm_kernel(const float *x, const float *w, const float *b, float *o, int64_t d,
                             float eps, bool layer) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *orow = o + (int64_t)blockIdx.x * d;
@@ -257,6 +264,7 @@ cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float
 /* rope: one thread per (row, k < d/2) */
 __global__ void rope_kernel(const float *x, const float *c, const float *s, float *o, int64_t d,
                             struct cu_strided rows, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t half = d / 2, k = e % half, r = e / half;
@@ -298,3 +306,53 @@ cudaError_t cu_matmul(cudaStream_t st, const float *a, const float *b, float *o,
     matmul_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(a, b, o, p, k, q, *batch, n);
     return cudaGetLastError();
 }
+
+/* ---- greedy argmax over logits rows ---------------------------------------------------- */
+
+/* A float and its index as one 64-bit key whose unsigned order is the greedy order:
+ * the larger logit first, then the lower index (NaN as -inf, +inf as FLT_MAX). */
+static __device__ __forceinline__ unsigned long long argmax_key(float v, uint32_t idx) {
+    if (isnan(v)) v = -INFINITY;
+    if (v == INFINITY) v = FLT_MAX;
+    uint32_t u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (uint32_t)~idx;
+}
+
+#define ARGMAX_THREADS 256
+#define ARGMAX_PER_THREAD 8
+
+__global__ void argmax_rows_kernel(const float *x, int64_t len, unsigned long long *keys) {
+    __shared__ unsigned long long red[ARGMAX_THREADS / CU_WARP];
+    const float *row = x + (int64_t)blockIdx.y * len;
+    unsigned long long best = 0;
+    const int64_t stride = (int64_t)gridDim.x * ARGMAX_THREADS;
+    for (int64_t i = (int64_t)blockIdx.x * ARGMAX_THREADS + threadIdx.x; i < len; i += stride) {
+        unsigned long long k = argmax_key(row[i], (uint32_t)i);
+        best = k > best ? k : best;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+    }
+    if (threadIdx.x % CU_WARP == 0) red[threadIdx.x / CU_WARP] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_THREADS / CU_WARP; w++) best = red[w] > best ? red[w] : best;
+        atomicMax(keys + blockIdx.y, best);
+    }
+}
+
+cudaError_t cu_argmax_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, unsigned long long *keys) {
+    if (rows <= 0) return cudaSuccess;
+    if (len <= 0 || len > 0x7fffffff || rows > 65535) return cudaErrorInvalidValue;
+    cudaError_t e = cudaMemsetAsync(keys, 0, (size_t)rows * sizeof *keys, st);
+    if (e != cudaSuccess) return e;
+    int64_t blocks = (len + ARGMAX_THREADS * ARGMAX_PER_THREAD - 1) / (ARGMAX_THREADS * ARGMAX_PER_THREAD);
+    if (blocks > 128) blocks = 128;
+    argmax_rows_kernel<<<dim3((unsigned)blocks, (unsigned)rows), ARGMAX_THREADS, 0, st>>>(x, len, keys);
+    return cudaGetLastError();
+}
+
+int32_t cu_argmax_key_index(unsigned long long key) { return (int32_t)~(uint32_t)key; }
