@@ -211,6 +211,67 @@ uint64_t llmopt_session_kernels_run(const struct llmopt_session *s);
 /* Bytes of the backend's planned activation arena. */
 size_t llmopt_session_arena_bytes(const struct llmopt_session *s);
 
+/* ---- Profiling (llmopt profile) -----------------------------------------------------
+ * Per-node wall time of a session's forwards, summed by op family. Families come from
+ * the graph's structure, never from a model's name: a linear whose result reaches an
+ * attention's q/k/v through non-linear ops (rope, norms, reshapes) is QKV; a linear
+ * reading an attention's result is the attention output projection; the linear that
+ * produces the logits (through views and elementwise ops with a constant) is lm_head;
+ * other linears are MLP (docs/tools.md). */
+enum llmopt_op_family {
+    LLMOPT_OPS_ATTENTION,
+    LLMOPT_OPS_QKV,
+    LLMOPT_OPS_ATTN_OUT,
+    LLMOPT_OPS_MLP,
+    LLMOPT_OPS_LM_HEAD,
+    LLMOPT_OPS_NORM,
+    LLMOPT_OPS_ROPE,
+    LLMOPT_OPS_OTHER,
+    LLMOPT_OPS_COUNT
+};
+const char *llmopt_op_family_name(enum llmopt_op_family f); /* "qkv", "attn_out", ... */
+
+struct llmopt_op_family_stats {
+    double seconds;      /* wall time of the family's kernels */
+    uint64_t kernels;    /* kernels run */
+    uint64_t bytes_read; /* weights + activations (+ KV rows for attention) its kernels read */
+};
+struct llmopt_profile {
+    struct llmopt_op_family_stats family[LLMOPT_OPS_COUNT];
+    uint64_t steps, tokens;  /* forwards and tokens since the profile started */
+    double forward_seconds;  /* wall time of those forwards (kernels + the loop between) */
+};
+/* Starts per-node timing from zero (again, if already on); LLMOPT_ERR_UNSUPPORTED when
+ * the session's backend cannot time nodes. Off, forwards read no clock. */
+enum llmopt_status llmopt_session_profile_start(struct llmopt_session *s, struct llmopt_err *err);
+/* Totals since the profile started (all zero when it is off). */
+void llmopt_session_profile_read(const struct llmopt_session *s, struct llmopt_profile *out);
+void llmopt_session_profile_stop(struct llmopt_session *s);
+
+/* ---- Memory (llmopt mem) -------------------------------------------------------------
+ * What a session with the given options needs, computed from the model without
+ * allocating it: weights by stored type, the KV cache for n_ctx x n_slots (and conv
+ * state), and the planned activation arena for n_batch tokens. */
+#define LLMOPT_MEM_MAX_TYPES 8
+struct llmopt_memory {
+    int32_t n_weight_types;
+    struct {
+        const char *dtype;  /* "q8_0", "f32", ... */
+        int32_t tensors;
+        uint64_t bytes;
+    } weights[LLMOPT_MEM_MAX_TYPES];
+    uint64_t weight_bytes;     /* all of them (each bound tensor once) */
+    int32_t n_ctx, n_batch, n_slots; /* the options as a session resolves them */
+    int32_t kv_layers;
+    const char *kv_type;       /* element type of the KV cache ("f32") */
+    uint64_t kv_bytes;         /* K and V of every layer, every block of every slot */
+    uint64_t conv_state_bytes; /* short_conv state of every layer and slot */
+    uint64_t arena_bytes;      /* the memory plan for n_batch tokens */
+    uint64_t total_bytes;      /* weights + kv + conv state + arena */
+};
+enum llmopt_status llmopt_model_memory(const struct llmopt_model *m, const struct llmopt_session_opts *opts,
+                                       struct llmopt_memory *out, struct llmopt_err *err);
+
 /* ---- Sampling and generation ----------------------------------------------------- */
 struct llmopt_sampling {
     float temperature;     /* <= 0: greedy */

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <jansson.h>
 
 const char cli_usage_text[] =
     "usage: llmopt COMMAND ...\n"
@@ -38,6 +41,13 @@ const char cli_usage_text[] =
     "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B]\n"
     "        [--kv-type f16|q8_0|f32] [--json]\n"
     "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction\n"
+    "  profile MODEL [-p 128] [-n 64] [-r 3] [-t THREADS] [--profile P] [--kv-type T] [--json]\n"
+    "      decode time per op family (attention, qkv, attn_out, mlp, lm_head, norm, rope,\n"
+    "      other), kernels per token and each family's GB/s against the measured limit\n"
+    "  mem MODEL [--ctx N] [--parallel N] [--batch N] [--kv-type T] [--no-load] [-t N] [--json]\n"
+    "      weights by type, KV cache, planned arena and their total; then the measured peak RSS\n"
+    "  perplexity MODEL -f TEXT [--ctx N] [--batch N] [--chunks N] [-t N] [--backend B] [--json]\n"
+    "      mean negative log-likelihood and perplexity over a text (llama.cpp's method)\n"
     "  probe [-o PROFILE.json] [--quick] [-t THREADS] | --show PROFILE.json\n"
     "      measure this machine (dispatch, bandwidth, FMA and int8 peaks) into a target profile\n"
     "  synth --like NAME --type TYPE -o OUT.gguf [--seed S] [--layers N] [-t THREADS] | --list\n"
@@ -124,3 +134,84 @@ int cli_sampling_option(const char *cmd, const char *arg, const char *v, struct 
     return 0;
 }
 
+double cli_profile_read_bandwidth(const char *path) {
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    double best = 0;
+    const json_t *m = json_object_get(root, "measurements");
+    const char *keys[] = {"read_bandwidth_simd_all", "read_bandwidth_plain_all"};
+    for (int k = 0; k < 2; k++) {
+        double v = json_number_value(json_object_get(json_object_get(m, keys[k]), "best"));
+        if (v > best) best = v;
+    }
+    json_decref(root);
+    return best;
+}
+
+double cli_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_bench_opts *o) {
+    static const struct {
+        const char *flag;
+        long long lo, hi;
+    } counts[] = {{"-p", 1, 1 << 16}, {"-n", 1, 1 << 16}, {"-r", 1, 100}, {"-t", 1, 1024}};
+    long long *dst[] = {&o->n_prompt, &o->n_gen, &o->reps, &o->threads};
+    char msg[128];
+    for (int i = 0; i < argc; i++) {
+        const char *v = NULL;
+        int c = 0;
+        while (c < 4 && strcmp(argv[i], counts[c].flag)) c++;
+        if (!strcmp(argv[i], "--json")) {
+            o->json = true;
+        } else if (c < 4 && (v = option_value(argc, argv, &i))) {
+            if (!parse_long(v, counts[c].lo, counts[c].hi, dst[c])) {
+                snprintf(msg, sizeof msg, "%s: %s needs %lld..%lld, got '%%s'", cmd, counts[c].flag, counts[c].lo,
+                         counts[c].hi);
+                return usage_error(msg, v);
+            }
+        } else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) {
+            o->profile = v;
+        } else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) {
+            o->backend = v;
+        } else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) {
+            if (!llmopt_kv_type_parse(v, &o->kv_type)) return bad_option_value(cmd, "--kv-type needs f16, q8_0 or f32", v);
+        } else if (argv[i][0] == '-' || o->model) {
+            snprintf(msg, sizeof msg, "%s: %s '%%s'", cmd,
+                     argv[i][0] == '-' ? "unknown option or missing value" : "unexpected argument");
+            return usage_error(msg, argv[i]);
+        } else {
+            o->model = argv[i];
+        }
+    }
+    if (!o->model) {
+        snprintf(msg, sizeof msg, "%s: %%s", cmd);
+        return usage_error(msg, "missing MODEL");
+    }
+    return 0;
+}
+
+enum llmopt_status cli_bench_setup(const struct cli_bench_opts *o, struct llmopt_model **model,
+                                   struct llmopt_session **s, int32_t *tokens, struct llmopt_err *err) {
+    enum llmopt_status st = llmopt_model_load(o->model, NULL, model, err);
+    if (st) return st;
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)(o->n_prompt + o->n_gen + 1),
+                                     .n_batch = (int32_t)(o->n_prompt < 512 ? o->n_prompt : 512),
+                                     .n_threads = (int32_t)o->threads,
+                                     .backend = o->backend,
+                                     .kv_type = o->kv_type};
+    if ((st = llmopt_session_create(*model, &so, s, err))) return st;
+    int32_t n_vocab = llmopt_model_n_vocab(*model);
+    for (long long i = 0; i < o->n_prompt; i++) tokens[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));
+    return LLMOPT_OK;
+}
+
+int32_t cli_argmax(const float *logits, int32_t n) {
+    int32_t best = 0;
+    for (int32_t v = 1; v < n; v++)
+        if (logits[v] > logits[best]) best = v;
+    return best;
+}

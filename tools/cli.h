@@ -34,6 +34,29 @@ enum llmopt_status cli_template_from_text(const char *model, const char *text, s
 /* Replaces the generic "chat template" at the start of an error message with path. */
 void cli_name_template_error(struct llmopt_err *err, const char *path);
 
+/* Best all-thread read bandwidth (GB/s) of a `llmopt probe` profile; 0 when the file
+ * is unreadable or has none. */
+double cli_profile_read_bandwidth(const char *path);
+/* Options of bench and profile: MODEL [-p N] [-n N] [-r N] [-t N] [--profile P]
+ * [--backend B] [--kv-type T] [--json]. */
+struct cli_bench_opts {
+    const char *model, *profile, *backend;
+    long long n_prompt, n_gen, reps, threads; /* the caller sets the defaults */
+    enum llmopt_kv_type kv_type;
+    bool json;
+};
+/* Parses argv into o for command `cmd`; returns 0, or the usage exit code (printed). */
+int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_bench_opts *o);
+/* Loads o->model and a one-slot session for its prompt and generation (prompt chunks of
+ * up to 512 tokens), and fills tokens[o->n_prompt] with the prompt both commands feed:
+ * ordinary ids (the content does not change the cost). */
+enum llmopt_status cli_bench_setup(const struct cli_bench_opts *o, struct llmopt_model **model,
+                                   struct llmopt_session **s, int32_t *tokens, struct llmopt_err *err);
+/* Index of the largest of n logits (greedy choice). */
+int32_t cli_argmax(const float *logits, int32_t n);
+/* Monotonic clock in seconds. */
+double cli_now_s(void);
+
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
@@ -47,5 +70,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
+int cmd_mem(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 
 #endif

@@ -8,15 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
-
-#include <jansson.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -29,47 +20,13 @@ static double percentile(const double *sorted, int n, double p) {
     return sorted[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
-/* Read bandwidth (GB/s) from a probe profile: the best all-thread read. */
-static double profile_bandwidth(const char *path) {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    double best = 0;
-    const json_t *m = json_object_get(root, "measurements");
-    const char *keys[] = {"read_bandwidth_simd_all", "read_bandwidth_plain_all"};
-    for (int k = 0; k < 2; k++) {
-        double v = json_number_value(json_object_get(json_object_get(m, keys[k]), "best"));
-        if (v > best) best = v;
-    }
-    json_decref(root);
-    return best;
-}
-
 int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL, *profile = NULL, *backend = NULL;
-    long long n_prompt = 512, n_gen = 128, reps = 3, threads = 0;
-    bool as_json = false;
-    enum llmopt_kv_type kv_type = LLMOPT_KV_DEFAULT;
-    for (int i = 0; i < argc; i++) {
-        const char *v;
-        if (!strcmp(argv[i], "--json")) as_json = true;
-        else if (!strcmp(argv[i], "-p") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1 << 16, &n_prompt)) return usage_error("bench: -p needs 1..65536, got '%s'", v);
-        } else if (!strcmp(argv[i], "-n") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1 << 16, &n_gen)) return usage_error("bench: -n needs 1..65536, got '%s'", v);
-        } else if (!strcmp(argv[i], "-r") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 100, &reps)) return usage_error("bench: -r needs 1..100, got '%s'", v);
-        } else if (!strcmp(argv[i], "-t") && (v = option_value(argc, argv, &i))) {
-            if (!parse_long(v, 1, 1024, &threads)) return usage_error("bench: -t needs 1..1024, got '%s'", v);
-        } else if (!strcmp(argv[i], "--profile") && (v = option_value(argc, argv, &i))) profile = v;
-        else if (!strcmp(argv[i], "--backend") && (v = option_value(argc, argv, &i))) backend = v;
-        else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) {
-            if (!llmopt_kv_type_parse(v, &kv_type)) return usage_error("bench: --kv-type needs f16, q8_0 or f32, got '%s'", v);
-        }
-        else if (argv[i][0] == '-') return usage_error("bench: unknown option or missing value '%s'", argv[i]);
-        else if (!model_path) model_path = argv[i];
-        else return usage_error("bench: unexpected argument '%s'", argv[i]);
-    }
-    if (!model_path) return usage_error("bench: %s", "missing MODEL");
+    struct cli_bench_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 3};
+    int bad = cli_parse_bench_opts("bench", argc, argv, &o);
+    if (bad) return bad;
+    const char *model_path = o.model, *profile = o.profile, *backend = o.backend;
+    long long n_prompt = o.n_prompt, n_gen = o.n_gen, reps = o.reps, threads = o.threads;
+    bool as_json = o.json;
     struct llmopt_err err = {0};
     struct llmopt_model *model = NULL;
     struct llmopt_session *s = NULL;
@@ -79,28 +36,19 @@ int cmd_bench(int argc, char **argv) {
     double *decode_s = calloc((size_t)reps, sizeof(double));
     int32_t *tokens = malloc((size_t)n_prompt * sizeof(int32_t));
     if (!prefill_s || !itl || !decode_s || !tokens) goto done;
-    if (llmopt_model_load(model_path, NULL, &model, &err)) goto done;
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)(n_prompt + n_gen + 1),
-                                     .n_batch = (int32_t)(n_prompt < 512 ? n_prompt : 512),
-                                     .n_threads = (int32_t)threads,
-                                     .backend = backend,
-                                     .kv_type = kv_type};
-    if (llmopt_session_create(model, &so, &s, &err)) goto done;
-    int32_t n_vocab = llmopt_model_n_vocab(model);
-    /* a deterministic prompt of ordinary ids (the content does not change the cost) */
-    for (long long i = 0; i < n_prompt; i++) tokens[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));
+    if (cli_bench_setup(&o, &model, &s, tokens, &err)) goto done;
     int n_itl = 0;
     for (long long r = 0; r <= reps; r++) { /* r == 0 warms up */
         llmopt_session_reset(s, 0);
-        double t0 = now_s();
+        double t0 = cli_now_s();
         int32_t tok = 1;
         /* greedy decode: the backend picks the argmax (on the device for cuda) */
         if (llmopt_session_append_greedy(s, 0, tokens, (int32_t)n_prompt, &tok, &err)) goto done;
-        double t1 = now_s();
+        double t1 = cli_now_s();
         double prev = t1;
         for (long long g = 0; g < n_gen; g++) {
             if (llmopt_session_append_greedy(s, 0, &tok, 1, &tok, &err)) goto done;
-            double t = now_s();
+            double t = cli_now_s();
             if (r > 0) itl[n_itl++] = t - prev;
             prev = t;
         }
@@ -114,7 +62,7 @@ int cmd_bench(int argc, char **argv) {
     qsort(itl, (size_t)n_itl, sizeof(double), cmp_double);
     double pp = n_prompt / prefill_s[reps / 2], tg = n_gen / decode_s[reps / 2];
     uint64_t bytes = llmopt_model_weight_bytes_per_token(model);
-    double bw = profile ? profile_bandwidth(profile) : 0;
+    double bw = profile ? cli_profile_read_bandwidth(profile) : 0;
     double roof = bw > 0 ? bw * 1e9 / (double)bytes : 0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

@@ -71,12 +71,6 @@ static char *probe_end_of_turn(const struct llmopt_chat_template *tpl) {
     return eot;
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static bool push_message(json_t *messages, const char *role, const char *content) {
     json_t *m = json_pack("{s:s, s:s}", "role", role, "content", content);
     return m && json_array_append_new(messages, m) == 0;
@@ -174,7 +168,7 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
         keep = 0;
     }
     const float *logits = NULL;
-    double t0 = now_seconds();
+    double t0 = cli_now_s();
     st = llmopt_session_append(c->sess, 0, p_ids + keep, (int32_t)n_ids - keep, &logits, err);
     if (st) {
         c->n_kv = 0;
@@ -233,7 +227,7 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
     }
     if (a->verbose)
         fprintf(stderr, "[fed %d prompt tokens (%d reused from the cache), generated %d, stopped: %s, %.2f s]\n",
-                n_fed, keep, n_gen, why, now_seconds() - t0);
+                n_fed, keep, n_gen, why, cli_now_s() - t0);
     free(r.text);
     return st;
 }

@@ -22,6 +22,9 @@ static const struct {
     {"probe", cmd_probe},
     {"synth", cmd_synth},
     {"quantize", cmd_quantize},
+    {"profile", cmd_profile},
+    {"mem", cmd_mem},
+    {"perplexity", cmd_perplexity},
 };
 
 int main(int argc, char **argv) {

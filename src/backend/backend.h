@@ -44,6 +44,11 @@ struct backend_ops {
     void (*stats)(void *state, struct backend_stats *out);
     size_t (*arena_bytes)(void *state);
     void (*release)(void *state);
+    /* Optional (NULL: this backend cannot time nodes). With node_seconds, an array of
+     * the graph's n_nodes doubles, every later run adds each node's wall time in
+     * seconds to its entry; NULL turns timing off, and the run loop then reads no
+     * clock (one predictable branch per node). */
+    void (*set_node_timing)(void *state, double *node_seconds);
 };
 
 /* The CPU backend: fast kernels (SIMD chosen at run time) on a thread pool; with

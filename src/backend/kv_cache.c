@@ -153,10 +153,16 @@ void kv_cache_release(struct kv_cache *kv, int32_t slot) {
 
 int32_t kv_cache_blocks_in_use(const struct kv_cache *kv) { return kv->n_blocks - kv->n_free; }
 
-int64_t kv_cache_bytes(const struct kv_cache *kv) {
+int64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, enum kv_dtype dtype,
+                               int32_t n_blocks, int32_t block_size) {
     int64_t bytes = 0;
-    for (int32_t l = 0; l < kv->n_layers; l++) bytes += 2 * (int64_t)kv->n_blocks * kv->block_size * kv->row_bytes[l];
+    for (int32_t l = 0; l < n_layers; l++)
+        bytes += 2 * (int64_t)n_blocks * block_size * kv_dtype_bytes(dtype, row_elems[l]);
     return bytes;
+}
+
+int64_t kv_cache_bytes(const struct kv_cache *kv) {
+    return kv_cache_storage_bytes(kv->n_layers, kv->row_elems, kv->dtype, kv->n_blocks, kv->block_size);
 }
 
 void kv_cache_write(const struct kv_cache *kv, uint8_t *const *store, int32_t layer, int32_t slot,

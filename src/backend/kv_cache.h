@@ -74,6 +74,11 @@ enum llmopt_status kv_cache_create(int32_t n_layers, const int32_t *row_elems, e
 /* Bytes of K and V storage together (what the cache costs in memory). */
 int64_t kv_cache_bytes(const struct kv_cache *kv);
 void kv_cache_free(struct kv_cache *kv);
+/* Bytes kv_cache_create allocates for K and V of n_layers layers of row_elems[l]
+ * values of dtype per position, n_blocks blocks of block_size positions (llmopt mem
+ * sizes a cache with it before creating one). */
+int64_t kv_cache_storage_bytes(int32_t n_layers, const int32_t *row_elems, enum kv_dtype dtype,
+                               int32_t n_blocks, int32_t block_size);
 
 /* Adds conv state for n_layers short_conv layers (rows[l] = L - 1, channels[l] = C),
  * zeroed; once, after kv_cache_create. */

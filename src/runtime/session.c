@@ -2,6 +2,7 @@
  * forwards over them. A forward validates its batch, reserves KV blocks from the
  * preallocated pool and runs the plan: no heap allocation per step. */
 #include "runtime/model.h"
+#include "runtime/op_profile.h"
 #include "runtime/session.h"
 
 #include "backend/backend.h"
@@ -15,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SESSION_BLOCK_SIZE 16
 /* n_threads 0 ("every CPU") gives a CPU session at most one thread per this many bytes
@@ -37,11 +39,12 @@ struct llmopt_session {
     int32_t *next_pos;        /* (n_slots) scratch for batch validation */
     int32_t *chunk_pos;       /* (n_batch) */
     int32_t *chunk_slot;      /* (n_batch) */
+    struct op_profile *profile; /* per-node timing, or NULL: off */
 };
 
-enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
-                                         const struct llmopt_session_opts *opts,
-                                         struct llmopt_session **out, struct llmopt_err *err) {
+/* The options as a session uses them: defaults filled in, the batch capped. */
+static enum llmopt_status resolve_opts(const struct llmopt_model *m, const struct llmopt_session_opts *opts,
+                                       struct llmopt_session_opts *out, struct llmopt_err *err) {
     if (!m->ir.arena)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: the model was loaded vocab-only");
     struct llmopt_session_opts o = opts ? *opts : (struct llmopt_session_opts){0};
@@ -56,7 +59,58 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     if ((unsigned)o.kv_type >= LLMOPT_KV_TYPE_COUNT)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: unknown KV type %d", (int)o.kv_type);
     if (o.kv_type == LLMOPT_KV_DEFAULT) o.kv_type = m->kv_type != LLMOPT_KV_DEFAULT ? m->kv_type : LLMOPT_KV_F16;
+    /* the device cache is f32 (docs/cuda.md); the host one only holds metadata */
+    if (o.backend && !strcmp(o.backend, "cuda")) o.kv_type = LLMOPT_KV_F32;
     if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
+    *out = o;
+    return LLMOPT_OK;
+}
+
+/* Blocks of the KV pool: every slot can hold n_ctx positions. */
+static int32_t kv_pool_blocks(const struct llmopt_session_opts *o) {
+    return (o->n_ctx + SESSION_BLOCK_SIZE - 1) / SESSION_BLOCK_SIZE * o->n_slots;
+}
+
+static enum kv_dtype kv_dtype_of(enum llmopt_kv_type t) {
+    return t == LLMOPT_KV_Q8_0 ? KV_DTYPE_Q8_0 : t == LLMOPT_KV_F16 ? KV_DTYPE_F16 : KV_DTYPE_F32;
+}
+
+/* KV row width of each attention layer: Hkv * Dh of its K operand [1, Hkv, N, Dh];
+ * q8_0 rows need every head to start on a block. */
+static enum llmopt_status kv_row_elems(const struct ir_graph *g, enum llmopt_kv_type t, int32_t *row_elems,
+                                       struct llmopt_err *err) {
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_ATTENTION) continue;
+        const struct ir_shape *k = &g->nodes[n->in[1]].shape;
+        row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
+        if (t == LLMOPT_KV_Q8_0 && k->dims[3].coef % KV_Q8_0_BLOCK)
+            return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                           "session: --kv-type q8_0 needs a head size that is a multiple of %d, attention "
+                           "layer %d has %lld (use f16 or f32)",
+                           KV_Q8_0_BLOCK, n->attrs.kv_layer, (long long)k->dims[3].coef);
+    }
+    return LLMOPT_OK;
+}
+
+/* Conv state of each short_conv layer: L - 1 rows (rows[l]) of C floats (channels[l])
+ * per slot, from its kernel w [C, L] (or [C, 1, L]). */
+static void conv_state_dims(const struct ir_graph *g, int32_t n_conv, int32_t *rows, int32_t *channels) {
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_SHORT_CONV || n->attrs.kv_layer < 0 || n->attrs.kv_layer >= n_conv) continue;
+        const struct ir_shape *w = &g->nodes[n->in[1]].shape;
+        rows[n->attrs.kv_layer] = (int32_t)(w->dims[w->rank - 1].coef - 1);
+        channels[n->attrs.kv_layer] = (int32_t)w->dims[0].coef;
+    }
+}
+
+enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
+                                         const struct llmopt_session_opts *opts,
+                                         struct llmopt_session **out, struct llmopt_err *err) {
+    struct llmopt_session_opts o;
+    enum llmopt_status st = resolve_opts(m, opts, &o, err);
+    if (st) return st;
 
     const struct backend_ops *backend = NULL;
     if (!o.backend || !*o.backend || !strcmp(o.backend, "cpu")) {
@@ -69,7 +123,6 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         if (!cuda_device_available(why, sizeof why))
             return err_set(err, LLMOPT_ERR_UNSUPPORTED, "session: backend 'cuda': no usable device (%s)", why);
         backend = &cuda_backend_ops;
-        o.kv_type = LLMOPT_KV_F32; /* the device cache is f32 (docs/cuda.md); the host one only holds metadata */
 #else
         return err_set(err, LLMOPT_ERR_UNSUPPORTED,
                        "session: backend 'cuda' is not compiled in (this build found no nvcc)");
@@ -87,7 +140,6 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     s->n_batch = o.n_batch;
     s->n_slots = o.n_slots;
     s->kv_type = o.kv_type;
-    enum llmopt_status st = LLMOPT_OK;
     int32_t n_layers = m->ir.n_kv_layers;
     int32_t *row_elems = calloc((size_t)(n_layers ? n_layers : 1), sizeof *row_elems);
     s->next_pos = calloc((size_t)o.n_slots, sizeof *s->next_pos);
@@ -97,28 +149,10 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         st = err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
         goto fail;
     }
-    /* KV row width of each attention layer: Hkv * Dh of its K operand [1, Hkv, N, Dh]. */
-    for (int32_t i = 0; i < m->ir.n_nodes; i++) {
-        const struct ir_node *n = &m->ir.nodes[i];
-        if (n->op != IR_OP_ATTENTION) continue;
-        const struct ir_shape *k = &m->ir.nodes[n->in[1]].shape;
-        row_elems[n->attrs.kv_layer] = (int32_t)(k->dims[1].coef * k->dims[3].coef);
-        if (o.kv_type == LLMOPT_KV_Q8_0 && k->dims[3].coef % KV_Q8_0_BLOCK) {
-            st = err_set(err, LLMOPT_ERR_UNSUPPORTED,
-                         "session: --kv-type q8_0 needs a head size that is a multiple of %d, attention "
-                         "layer %d has %lld (use f16 or f32)",
-                         KV_Q8_0_BLOCK, n->attrs.kv_layer, (long long)k->dims[3].coef);
-            goto fail;
-        }
-    }
-    int32_t blocks_per_seq = (o.n_ctx + SESSION_BLOCK_SIZE - 1) / SESSION_BLOCK_SIZE;
-    enum kv_dtype dtype = o.kv_type == LLMOPT_KV_Q8_0 ? KV_DTYPE_Q8_0
-                        : o.kv_type == LLMOPT_KV_F16 ? KV_DTYPE_F16 : KV_DTYPE_F32;
-    st = kv_cache_create(n_layers, row_elems, dtype, o.n_slots, o.n_ctx, blocks_per_seq * o.n_slots,
+    if ((st = kv_row_elems(&m->ir, o.kv_type, row_elems, err))) goto fail;
+    st = kv_cache_create(n_layers, row_elems, kv_dtype_of(o.kv_type), o.n_slots, o.n_ctx, kv_pool_blocks(&o),
                          SESSION_BLOCK_SIZE, &s->kv, err);
     if (st) goto fail;
-    /* Conv state of each short_conv layer: L - 1 rows of C floats per slot, from its
-     * kernel w [C, L] (or [C, 1, L]). */
     int32_t n_conv = ir_count_conv_layers(&m->ir);
     if (n_conv) {
         int32_t *conv_dims = calloc((size_t)n_conv * 2, sizeof *conv_dims);
@@ -126,13 +160,7 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
             st = err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
             goto fail;
         }
-        for (int32_t i = 0; i < m->ir.n_nodes; i++) {
-            const struct ir_node *n = &m->ir.nodes[i];
-            if (n->op != IR_OP_SHORT_CONV || n->attrs.kv_layer < 0 || n->attrs.kv_layer >= n_conv) continue;
-            const struct ir_shape *w = &m->ir.nodes[n->in[1]].shape;
-            conv_dims[n->attrs.kv_layer] = (int32_t)(w->dims[w->rank - 1].coef - 1);
-            conv_dims[n_conv + n->attrs.kv_layer] = (int32_t)w->dims[0].coef;
-        }
+        conv_state_dims(&m->ir, n_conv, conv_dims, conv_dims + n_conv);
         st = kv_cache_add_conv_state(s->kv, n_conv, conv_dims, conv_dims + n_conv, err);
         free(conv_dims);
         if (st) goto fail;
@@ -158,6 +186,7 @@ fail:
 void llmopt_session_free(struct llmopt_session *s) {
     if (!s) return;
     if (s->plan) s->backend->release(s->plan);
+    op_profile_free(s->profile);
     kv_cache_free(s->kv);
     free(s->next_pos);
     free(s->chunk_pos);
@@ -202,9 +231,16 @@ static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, c
         if (st) return st;
     }
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
+    struct timespec t0, t1;
+    if (s->profile) clock_gettime(CLOCK_MONOTONIC, &t0);
     enum llmopt_status st = ids ? s->backend->run_argmax(s->plan, &b, s->kv, ids, err)
                                 : s->backend->run(s->plan, &b, s->kv, logits, err);
     if (st) return st;
+    if (s->profile) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        op_profile_add_forward(s->profile, &s->model->ir, &b, s->kv,
+                               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    }
     for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
     return LLMOPT_OK;
 }
@@ -309,6 +345,82 @@ uint64_t llmopt_session_kernels_run(const struct llmopt_session *s) {
 
 size_t llmopt_session_arena_bytes(const struct llmopt_session *s) {
     return s->backend->arena_bytes(s->plan);
+}
+
+enum llmopt_status llmopt_session_profile_start(struct llmopt_session *s, struct llmopt_err *err) {
+    if (!s->backend->set_node_timing)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED, "profile: backend '%s' cannot time nodes (use --backend cpu)",
+                       s->backend->name);
+    llmopt_session_profile_stop(s);
+    enum llmopt_status st = op_profile_create(&s->model->ir, &s->profile, err);
+    if (st) return st;
+    s->backend->set_node_timing(s->plan, s->profile->node_seconds);
+    return LLMOPT_OK;
+}
+
+void llmopt_session_profile_read(const struct llmopt_session *s, struct llmopt_profile *out) {
+    if (s->profile) op_profile_read(s->profile, &s->model->ir, out);
+    else memset(out, 0, sizeof *out);
+}
+
+void llmopt_session_profile_stop(struct llmopt_session *s) {
+    if (!s->profile) return;
+    s->backend->set_node_timing(s->plan, NULL);
+    op_profile_free(s->profile);
+    s->profile = NULL;
+}
+
+enum llmopt_status llmopt_model_memory(const struct llmopt_model *m, const struct llmopt_session_opts *opts,
+                                       struct llmopt_memory *out, struct llmopt_err *err) {
+    struct llmopt_session_opts o;
+    enum llmopt_status st = resolve_opts(m, opts, &o, err);
+    if (st) return st;
+    memset(out, 0, sizeof *out);
+    out->n_ctx = o.n_ctx;
+    out->n_batch = o.n_batch;
+    out->n_slots = o.n_slots;
+    const struct ir_graph *g = &m->ir;
+    /* Weights by stored type; a tensor bound to two parameters counts once. */
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_PARAM) continue;
+        bool seen = false;
+        for (int32_t j = 0; j < i && !seen; j++)
+            seen = g->nodes[j].op == IR_OP_PARAM && g->nodes[j].weight.data == n->weight.data;
+        if (seen) continue;
+        const char *type = ir_dtype_name(n->weight.dtype);
+        int32_t k = 0;
+        while (k < out->n_weight_types && strcmp(out->weights[k].dtype, type)) k++;
+        if (k == out->n_weight_types) {
+            LLMOPT_ASSERT(k < LLMOPT_MEM_MAX_TYPES && IR_DTYPE_COUNT <= LLMOPT_MEM_MAX_TYPES);
+            out->weights[out->n_weight_types++].dtype = type;
+        }
+        out->weights[k].tensors++;
+        out->weights[k].bytes += n->weight.n_bytes;
+        out->weight_bytes += n->weight.n_bytes;
+    }
+    out->kv_layers = g->n_kv_layers;
+    out->kv_type = llmopt_kv_type_name(o.kv_type);
+    int32_t n_conv = ir_count_conv_layers(g);
+    int32_t *dims = calloc((size_t)(g->n_kv_layers + 2 * n_conv + 1), sizeof *dims);
+    if (!dims) return err_set(err, LLMOPT_ERR_NOMEM, "mem: out of memory");
+    if ((st = kv_row_elems(g, o.kv_type, dims, err))) {
+        free(dims);
+        return st;
+    }
+    out->kv_bytes = (uint64_t)kv_cache_storage_bytes(g->n_kv_layers, dims, kv_dtype_of(o.kv_type), kv_pool_blocks(&o),
+                                                     SESSION_BLOCK_SIZE);
+    int32_t *rows = dims + g->n_kv_layers, *channels = rows + n_conv;
+    conv_state_dims(g, n_conv, rows, channels);
+    for (int32_t l = 0; l < n_conv; l++)
+        out->conv_state_bytes += (uint64_t)o.n_slots * (uint64_t)rows[l] * (uint64_t)channels[l] * sizeof(float);
+    free(dims);
+    size_t naive;
+    size_t arena;
+    llmopt_model_plan_bytes(m, o.n_batch, &arena, &naive);
+    out->arena_bytes = arena;
+    out->total_bytes = out->weight_bytes + out->kv_bytes + out->conv_state_bytes + out->arena_bytes;
+    return LLMOPT_OK;
 }
 
 int32_t session_n_ctx(const struct llmopt_session *s) { return s->n_ctx; }

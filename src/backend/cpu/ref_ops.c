@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct cpu_state {
     const struct ir_graph *g;
@@ -36,6 +37,7 @@ struct cpu_state {
     size_t linear_scratch_bytes;
     float *att_scratch;  /* (n_threads, att_per_thread) */
     int64_t att_per_thread;
+    double *node_seconds; /* (n_nodes) per-node wall time added by each run, or NULL: off */
 };
 
 /* A node's f32 data: bound weights for params (the binder gives 1-D params f32), the
@@ -812,8 +814,14 @@ static enum llmopt_status cpu_run(void *state, const struct exec_batch *b, struc
         const struct ir_node *n = &g->nodes[i];
         if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE)
             continue;
+        struct timespec t0, t1;
+        if (s->node_seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
         enum llmopt_status st = run_node_kernel(s, i, kv, err);
         if (st) return st;
+        if (s->node_seconds) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            s->node_seconds[i] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        }
         s->stats.kernels_run++;
     }
     s->stats.steps++;
@@ -829,6 +837,10 @@ static size_t cpu_arena_bytes(void *state) {
     return ((struct cpu_state *)state)->plan.arena_bytes;
 }
 
+static void cpu_set_node_timing(void *state, double *node_seconds) {
+    ((struct cpu_state *)state)->node_seconds = node_seconds;
+}
+
 const struct backend_ops cpu_backend_ops = {
     .name = "cpu",
     .prepare = cpu_prepare,
@@ -836,6 +848,7 @@ const struct backend_ops cpu_backend_ops = {
     .stats = cpu_stats,
     .arena_bytes = cpu_arena_bytes,
     .release = cpu_release,
+    .set_node_timing = cpu_set_node_timing,
 };
 
 const struct backend_ops cpu_ref_backend_ops = {
@@ -845,4 +858,5 @@ const struct backend_ops cpu_ref_backend_ops = {
     .stats = cpu_stats,
     .arena_bytes = cpu_arena_bytes,
     .release = cpu_release,
+    .set_node_timing = cpu_set_node_timing,
 };

@@ -1170,4 +1170,5 @@ static void cuda_release(void *state) {
 
 extern "C" const struct backend_ops cuda_backend_ops = {
     "cuda", cuda_prepare, cuda_run, cuda_run_argmax, cuda_stats, cuda_arena_bytes, cuda_release,
+    NULL, /* set_node_timing: no per-node timing on CUDA yet (llmopt profile says so) */
 };
