@@ -252,7 +252,7 @@ void llmopt_session_profile_stop(struct llmopt_session *s);
  * What a session with the given options needs, computed from the model without
  * allocating it: weights by stored type, the KV cache for n_ctx x n_slots (and conv
  * state), and the planned activation arena for n_batch tokens. */
-#define LLMOPT_MEM_MAX_TYPES 8
+#define LLMOPT_MEM_MAX_TYPES 16
 struct llmopt_memory {
     int32_t n_weight_types;
     struct {

@@ -323,6 +323,7 @@ uint64_t llmopt_session_kv_bytes(const struct llmopt_session *s) { return (uint6
 
 static const char *const kv_type_names[] = {"default", "f32", "f16", "q8_0"};
 _Static_assert(sizeof kv_type_names / sizeof *kv_type_names == LLMOPT_KV_TYPE_COUNT, "kv type names");
+_Static_assert(IR_DTYPE_COUNT <= LLMOPT_MEM_MAX_TYPES, "llmopt_memory.weights has a row per weight dtype");
 
 const char *llmopt_kv_type_name(enum llmopt_kv_type t) {
     return (unsigned)t < LLMOPT_KV_TYPE_COUNT ? kv_type_names[t] : "?";
@@ -392,7 +393,7 @@ enum llmopt_status llmopt_model_memory(const struct llmopt_model *m, const struc
         int32_t k = 0;
         while (k < out->n_weight_types && strcmp(out->weights[k].dtype, type)) k++;
         if (k == out->n_weight_types) {
-            LLMOPT_ASSERT(k < LLMOPT_MEM_MAX_TYPES && IR_DTYPE_COUNT <= LLMOPT_MEM_MAX_TYPES);
+            LLMOPT_ASSERT(k < LLMOPT_MEM_MAX_TYPES);
             out->weights[out->n_weight_types++].dtype = type;
         }
         out->weights[k].tensors++;
