@@ -391,9 +391,11 @@ static void test_unknown_feature_skipped(void) {
 
 /* ---- Measuring ---------------------------------------------------------------------------- */
 
+/* Plausible means the right unit, not a fast machine: GB/s, with a floor low enough for
+ * an instrumented (ASan) plain-C loop on a CPU other jobs share (0.7 GB/s seen). */
 static void check_plausible(const struct target_profile *p) {
     for (int i = TARGET_READ_BW_PLAIN_1T; i <= TARGET_READ_BW_SIMD_ALL; i++)
-        CHECK_MSG(p->m[i].best >= 1 && p->m[i].best <= 1000, "%s = %g GB/s", target_metric_name(i),
+        CHECK_MSG(p->m[i].best >= 0.1 && p->m[i].best <= 1000, "%s = %g GB/s", target_metric_name(i),
                   p->m[i].best);
     for (int i = TARGET_F32_FMA_1T; i <= TARGET_INT8_DOT_ALL; i++)
         CHECK_MSG(p->m[i].best > 0, "%s = %g", target_metric_name(i), p->m[i].best);
