@@ -29,7 +29,7 @@ assert d["format"] == "llmopt-target-profile" and d["version"] == 1, d.get("form
 m = d["measurements"]
 for k in ("read_bandwidth_plain_1t", "read_bandwidth_plain_all", "read_bandwidth_simd_1t",
           "read_bandwidth_simd_all"):
-    assert m[k]["unit"] == "GB/s" and 1 <= m[k]["best"] <= 1000, (k, m[k])
+    assert m[k]["unit"] == "GB/s" and 0.1 <= m[k]["best"] <= 1000, (k, m[k])
 for k in ("f32_fma_1t", "f32_fma_all", "int8_dot_1t", "int8_dot_all"):
     assert m[k]["best"] > 0, (k, m[k])
 assert m["dispatch_spin"]["unit"] == "ns" and m["dispatch_spin"]["best"] > 0

@@ -11,6 +11,14 @@
 
 static int test_failures_in_current;
 
+/* True under the sanitizer stage of `make test` (LLMOPT_TEST_SANITIZED=1): the slowest
+ * sweeps run a subset there (the release stage runs them whole); sanitizers look for
+ * memory errors, which every code path still meets in the subset. */
+static inline int test_sanitized(void) {
+    const char *e = getenv("LLMOPT_TEST_SANITIZED");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 #define CHECK(cond)                                                                \
     do {                                                                           \
         if (!(cond)) {                                                             \

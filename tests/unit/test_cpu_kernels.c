@@ -352,8 +352,9 @@ static void run_linear_cases(int n_threads, int n_random) {
             /* block types: k a multiple of the block (32, or 256 for K-quants, IQ4_XS) */
             int64_t blk = ir_dtype_block_elems(wt);
             bool quant = blk > 1;
-            /* Every row count 1..67 once, with varying K, columns and epilogues. */
-            for (int64_t rows = 1; rows <= 67 && failures < 3; rows++) {
+            /* Every row count 1..67 once (under sanitizers: 1..9, then every 7th), with
+             * varying K, columns and epilogues. */
+            for (int64_t rows = 1; rows <= 67 && failures < 3; rows += test_sanitized() && rows >= 9 ? 7 : 1) {
                 struct linear_case lc = {
                     .wt = wt, .rows = rows,
                     .k = quant ? blk * (1 + rng_u32() % (blk > 32 ? 3 : 12)) : 1 + rng_u32() % 300,
@@ -364,7 +365,7 @@ static void run_linear_cases(int n_threads, int n_random) {
                 if (!check_linear(kern, pool, &lc)) failures++;
             }
             /* Random larger shapes, big enough to spread over the threads. */
-            for (int i = 0; i < n_random && failures < 3; i++) {
+            for (int i = 0; i < (test_sanitized() ? n_random / 5 + 1 : n_random) && failures < 3; i++) {
                 struct linear_case lc = {
                     .wt = wt, .rows = 1 + rng_u32() % (i % 2 ? 20 : 90),
                     .k = quant ? blk * (1 + rng_u32() % (blk > 32 ? 5 : 40)) : 1 + rng_u32() % 1100,
@@ -498,7 +499,7 @@ static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool 
 
 static void test_attention(void) {
     struct llmopt_err err = {0};
-    for (int nt = 1; nt <= 3; nt++) {
+    for (int nt = 1; nt <= 3; nt += test_sanitized() ? 2 : 1) {
         struct cpu_pool *pool = NULL;
         CHECK_MSG(pool_create(nt, &pool, &err) == LLMOPT_OK, "%s", err.msg);
         for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
