@@ -33,6 +33,22 @@ KQ_INLINE __m512i kq5_q4k_pair(const uint8_t *blk, const int p) {
     return _mm512_and_si512(q, _mm512_set1_epi8(0x0f));
 }
 
+/* Q4_K's 8 sub-block scales times d (lanes 0..7) and 8 mins times dmin (8..15), the
+ * 6-bit fields of quant_k.h's 12 bytes unpacked with two byte shuffles. */
+KQ_INLINE __m512 kq5_q4k_scales(const uint8_t *blk) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)blk); /* d, dmin, scales[12] */
+    /* scales[i] is byte 4 + i: low fields (scales 0..3 | 4..7 low nibbles | mins 0..3 |
+     * 4..7 high nibbles), then the top 2 bits of scales[0..3] / [4..7] for fields 4..7 */
+    __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    lo = _mm_mask_blend_epi8((__mmask16)0xf000, lo, _mm_srli_epi16(lo, 4));
+    lo = _mm_and_si128(lo, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+    __m128i u = _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+    __m512 dd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                      _mm512_castps128_ps512(_mm_cvtph_ps(v)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), dd);
+}
+
 /* Q6_K values 64p .. 64p + 63 (u = q + 32, 0..63): low nibbles of ql[64 h ..] for even
  * p, high nibbles for odd p (h = p / 2), with bits 4..5 from qh[32 h ..]: bit pairs
  * 0 / 2 (lower / upper 32 values) for even p, 4 / 6 for odd p. */
@@ -65,7 +81,7 @@ KQ_INLINE void kq5_tile(const struct cpu_qact *qa, int64_t r0, const uint8_t *w,
     const __m512i l8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i l4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t sb = 0; sb < nb / 8; sb++) {
-        __m512 dx[KQ_PASS_R], dmin[KQ_PASS_R];
+        __m512 dx[KQ_PASS_R];
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
             const int64_t at = (r0 + r) * nb + sb * 8;
@@ -74,11 +90,11 @@ KQ_INLINE void kq5_tile(const struct cpu_qact *qa, int64_t r0, const uint8_t *w,
                 dx[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                                   11, 12, 13, 14, 15), 1),
                                               _mm512_castps256_ps512(d8));
-            } else {
-                dx[r] = _mm512_castps256_ps512(d8);
-                /* - mins * dx * sum(qx) = mins * dx * bsum / 128, lane per sub-block */
-                dmin[r] = _mm512_zextps256_ps512(_mm256_mul_ps(
-                    _mm256_mul_ps(d8, _mm256_set1_ps(1.0f / 128.0f)), _mm256_cvtepi32_ps(kq_load(qa->bsum + at))));
+            } else { /* lanes 0..7: dx; 8..15: - dx * sum(qx) = dx * bsum / 128, for the mins */
+                __m256 db = _mm256_mul_ps(_mm256_mul_ps(d8, _mm256_set1_ps(1.0f / 128.0f)),
+                                          _mm256_cvtepi32_ps(kq_load(qa->bsum + at)));
+                dx[r] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d8)),
+                                                            _mm256_castps_pd(db), 1));
             }
         }
 #pragma GCC unroll 4
@@ -90,16 +106,13 @@ KQ_INLINE void kq5_tile(const struct cpu_qact *qa, int64_t r0, const uint8_t *w,
                 _mm_prefetch((const char *)(blk + nc * ldw + oo), _MM_HINT_T0);
                 _mm_prefetch((const char *)(blk + KQ_PF_L2_TILES * nc * ldw + oo), _MM_HINT_T1);
             }
-            __m512 sw, mn = _mm512_setzero_ps();
+            __m512 sw;
             if (T == KQ_Q6_K) {
                 __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + offsetof(block_q6_K, scales)));
                 sw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s8)),
                                    _mm512_set1_ps(kq_f16(blk + offsetof(block_q6_K, d))));
             } else {
-                __m256 s, s_hi, m;
-                kq_scales(blk, T, &s, &s_hi, &m);
-                sw = _mm512_castps256_ps512(s);
-                mn = _mm512_zextps256_ps512(m);
+                sw = kq5_q4k_scales(blk);
             }
             __m512i u[4];
 #pragma GCC unroll 4
@@ -109,7 +122,8 @@ KQ_INLINE void kq5_tile(const struct cpu_qact *qa, int64_t r0, const uint8_t *w,
                 const int64_t row = r0 + r;
                 const int8_t *xp = qa->qs + row * k + sb * 256;
                 __m512 f = _mm512_mul_ps(sw, dx[r]);
-                if (T != KQ_Q6_K) acc[r][c] = _mm512_fmadd_ps(mn, dmin[r], acc[r][c]);
+                if (T != KQ_Q6_K) /* lanes 8..15: the mins' terms */
+                    acc[r][c] = _mm512_mask_add_ps(acc[r][c], (__mmask16)0xff00, acc[r][c], f);
 #pragma GCC unroll 4
                 for (int p = 0; p < 4; p++) {
                     __m512i init = _mm512_setzero_si512();
