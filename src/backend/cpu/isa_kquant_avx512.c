@@ -26,11 +26,11 @@
 #define KQ_PF_L2_TILES 4 /* rows this many tiles ahead go to L2 (like isa_avx512.c) */
 
 /* Q4_K values 64p .. 64p + 63: the 32 bytes of nibbles qs[32p ..] in both halves, the
- * upper half shifted down by 4 (its high nibbles), masked to 4 bits. */
+ * low nibbles kept in the lower half, the high ones in place (16 u) in the upper half:
+ * the odd sub-blocks' factors carry 1 / 16 (exact). */
 KQ_INLINE __m512i kq5_q4k_pair(const uint8_t *blk, const int p) {
     __m512i q = _mm512_broadcast_i64x4(kq_load(blk + offsetof(block_q4_K, qs) + 32 * p));
-    q = _mm512_mask_srli_epi16(q, (__mmask32)0xffff0000u, q, 4);
-    return _mm512_and_si512(q, _mm512_set1_epi8(0x0f));
+    return _mm512_and_si512(q, _mm512_inserti64x4(_mm512_set1_epi8(0x0f), _mm256_set1_epi8((char)0xf0), 1));
 }
 
 /* Q4_K's 8 sub-block scales times d (lanes 0..7) and 8 mins times dmin (8..15), the
@@ -93,6 +93,8 @@ KQ_INLINE void kq5_tile(const struct cpu_qact *qa, int64_t r0, const uint8_t *w,
             } else { /* lanes 0..7: dx; 8..15: - dx * sum(qx) = dx * bsum / 128, for the mins */
                 __m256 db = _mm256_mul_ps(_mm256_mul_ps(d8, _mm256_set1_ps(1.0f / 128.0f)),
                                           _mm256_cvtepi32_ps(kq_load(qa->bsum + at)));
+                d8 = _mm256_mul_ps(d8, _mm256_setr_ps(1.0f, 1.0f / 16.0f, 1.0f, 1.0f / 16.0f, 1.0f, 1.0f / 16.0f,
+                                                      1.0f, 1.0f / 16.0f)); /* kq5_q4k_pair's 16 u */
                 dx[r] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d8)),
                                                             _mm256_castps_pd(db), 1));
             }
