@@ -301,8 +301,8 @@ KQ_INLINE void kq_tile_rc(const struct cpu_qact *qa, int64_t r0, const uint8_t *
 #endif
 
 #define KQ_DEFINE_TILE(name, T)                                                                 \
-    static void name(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, int nr, int nc, \
-                     float *out) {                                                              \
+    static __attribute__((unused)) void name(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, \
+                                             int nr, int nc, float *out) {                     \
         for (int rp = 0; rp < nr; rp += KQ_PASS_R) {                                            \
             int pr = nr - rp < KQ_PASS_R ? nr - rp : KQ_PASS_R;                                 \
             KQ_PASS_SWITCH(T)                                                                   \
