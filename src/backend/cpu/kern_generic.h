@@ -608,6 +608,34 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
         }
 }
 
+/* acc[g * dh + 0..dh) += sum_j p[g * ld + j] * rows[j][0..dh) for the G heads of a
+ * group, dh <= VLEN: each V row is loaded once for all of them, two rows interleaved. */
+KG_INLINE void kg_weighted_sum_heads(float *acc, const float *p, int64_t ld, const uint8_t *const *rows, int n,
+                                     int dh, const int G, const int kt) {
+    vf a[4], b[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        a[g] = v_load_n(acc + g * dh, dh);
+        b[g] = v_zero();
+    }
+    int j = 0;
+    for (; j + 2 <= n; j += 2) {
+        vf v0 = kg_load_kv_n(rows[j], 0, dh, kt), v1 = kg_load_kv_n(rows[j + 1], 0, dh, kt);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            a[g] = v_fma(v_set1(p[g * ld + j]), v0, a[g]);
+            b[g] = v_fma(v_set1(p[g * ld + j + 1]), v1, b[g]);
+        }
+    }
+    if (j < n) {
+        vf v0 = kg_load_kv_n(rows[j], 0, dh, kt);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a[g] = v_fma(v_set1(p[g * ld + j]), v0, a[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) v_store_n(acc + g * dh, v_add(a[g], b[g]), dh);
+}
+
 /* Decode: one query token t (a run of one, the common case of a continuous batch) and
  * the n_heads / n_kv_heads query heads that read KV head kvh. Cheaper per call than the
  * block above, which small heads (stories260K: head_dim 8, ~0.7 us a call) feel: one
@@ -632,6 +660,8 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
     const int32_t *table = kv->block_table + (int64_t)a->slot[t] * kv->max_blocks_per_slot;
     const uint8_t *kbase = kv->k[a->layer] + col, *vbase = kv->v[a->layer] + col;
     const vf vscale = v_set1(a->scale);
+    /* heads of one vector, few to a group: their weighted sums share the V loads */
+    const bool small = dh <= VLEN && group <= 4;
     for (int64_t e = 0; e < group * dh; e++) acc[e] = 0;
     for (int64_t g = 0; g < group; g++) {
         mx[g] = -INFINITY;
@@ -678,8 +708,14 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
                 mx[g] = m_new;
             }
             l[g] += sum;
-            kg_weighted_sum(acc + g * dh, s, vrows, n, dh, rt);
+            if (!small) kg_weighted_sum(acc + g * dh, s, vrows, n, dh, rt);
         }
+        if (small) switch (group) {
+            case 1: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 1, rt); break;
+            case 2: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 2, rt); break;
+            case 3: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 3, rt); break;
+            default: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 4, rt); break;
+            }
     }
     for (int64_t g = 0; g < group; g++) {
         float *ov = a->out + (t * a->n_heads + kvh * group + g) * dh; /* out (N, H, Dh) */
