@@ -526,12 +526,12 @@ static void test_attention(void) {
                         check_attention(kern, pool, t, h, hkv, dh, 50, 40, 20, 1, 16, &failures);
                         /* decode batches: one token for each of several sequences (the
                          * decode kernel), contexts across its 128-position chunks, with
-                         * and without a window */
+                         * and without a window, blocks VLEN does not divide; one thread
+                         * count is enough for them (the kernel runs per work item) */
+                        if (nt != 1) continue;
                         check_attention(kern, pool, t, h, hkv, dh, 3, 8, 0, 8, 16, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 127, 5, 0, 5, 16, &failures);
-                        /* blocks that VLEN does not divide */
-                        check_attention(kern, pool, t, h, hkv, dh, 140, 3, 0, 3, 5, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 300, 4, 150, 4, 16, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 127, 3, 0, 3, 5, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 200, 2, 150, 2, 16, &failures);
                     }
             CHECK_MSG(failures == 0, "%s, %d threads: attention failed", cpu_isa_name(kern->isa), nt);
         }

@@ -284,7 +284,7 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
  * heads of a group stay in L1 together with the chunk's K and V rows. */
 #define KG_ATT_CHUNK 32
 /* Positions per online-softmax step of the decode kernel (a multiple of VLEN). */
-#define KG_DEC_CHUNK 128
+#define KG_DEC_CHUNK CPU_ATT_DEC_CHUNK
 /* KV rows are byte pointers to a head's first value, f32 or f16 (kt, enum kv_dtype, a
  * constant after inlining); VLEN values from value d on, widened in registers. */
 KG_INLINE vf kg_load_kv(const uint8_t *row, int64_t d, const int kt) {

@@ -350,9 +350,9 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
     /* the block kernel: acc, max, sum, a chunk of scores per query; one chunk of K and
      * V rows widened */
     int64_t block = nq * (head_dim + 2 + 64 + 16) + 64 + 2 * 64 * head_dim;
-    /* the decode kernel: the same per head of a group (128-position chunks, 16 lanes of
-     * padding), and 128 K and V rows widened */
-    int64_t decode = group * (head_dim + 2 + 128 + 16) + 2 * 128 * head_dim;
+    /* the decode kernel: the same per head of a group (chunks of CPU_ATT_DEC_CHUNK
+     * positions, 16 lanes of padding), and a chunk of K and V rows widened */
+    int64_t decode = group * (head_dim + 2 + CPU_ATT_DEC_CHUNK + 16) + 2 * CPU_ATT_DEC_CHUNK * head_dim;
     return block > decode ? block : decode;
 }
 
