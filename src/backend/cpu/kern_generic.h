@@ -643,16 +643,14 @@ KG_INLINE void kg_weighted_sum_heads(float *acc, const float *p, int64_t ld, con
  * KG_DEC_CHUNK positions (one online-softmax step for most contexts), the row maximum is
  * taken over whole score vectors, and nothing is set up per query but its accumulator.
  * Scratch: (group, dh) accumulators, (group, KG_DEC_CHUNK + VLEN) scores, running max
- * and sum per head, and a chunk of q8_0 K and V rows widened to f32. */
+ * and sum per head. f32 and f16 caches (kt); q8_0 stays with the block kernel, whose
+ * widened chunks measured 10-25% faster on Qwen3-shaped heads
+ * (bench/results/server-2026-11-29.md). */
 KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch,
                                       const int kt) {
     const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, ld = KG_DEC_CHUNK + VLEN;
-    /* q8_0 chunks are widened: keep them in L1 */
-    const int chunk = kt == KV_DTYPE_Q8_0 ? KG_ATT_CHUNK : KG_DEC_CHUNK;
     const struct kv_cache *kv = a->kv;
-    const int rt = kt == KV_DTYPE_Q8_0 ? KV_DTYPE_F32 : kt; /* type the inner kernels read */
     float *acc = scratch, *sc = acc + group * dh, *mx = sc + group * ld, *l = mx + group;
-    float *kwide = l + group, *vwide = kwide + KG_DEC_CHUNK * dh;
     const uint8_t *krows[KG_DEC_CHUNK + VLEN], *vrows[KG_DEC_CHUNK];
     const int32_t p = a->pos[t], bs = kv->block_size;
     const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
@@ -667,8 +665,8 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
         mx[g] = -INFINITY;
         l[g] = 0;
     }
-    for (int32_t j0 = first; j0 <= p; j0 += chunk) {
-        const int n = p + 1 - j0 < chunk ? p + 1 - j0 : chunk, n_padded = (n + VLEN - 1) / VLEN * VLEN;
+    for (int32_t j0 = first; j0 <= p; j0 += KG_DEC_CHUNK) {
+        const int n = p + 1 - j0 < KG_DEC_CHUNK ? p + 1 - j0 : KG_DEC_CHUNK, n_padded = (n + VLEN - 1) / VLEN * VLEN;
         /* rows of positions j0 .. j0 + n: one block-table lookup per block */
         for (int i = 0; i < n;) {
             int32_t pos = j0 + i, off = pos % bs;
@@ -678,13 +676,6 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
                 vrows[i] = vbase + r;
             }
         }
-        if (kt == KV_DTYPE_Q8_0)
-            for (int jj = 0; jj < n; jj++) {
-                kg_widen_q8_0(krows[jj], dh, kwide + jj * dh);
-                kg_widen_q8_0(vrows[jj], dh, vwide + jj * dh);
-                krows[jj] = (const uint8_t *)(kwide + jj * dh);
-                vrows[jj] = (const uint8_t *)(vwide + jj * dh);
-            }
         /* lanes past the last position repeat its row: a repeated score leaves the
          * maximum as it is, and the exponentials below stop at n */
         for (int jj = n; jj < n_padded; jj++) krows[jj] = krows[n - 1];
@@ -693,7 +684,7 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
             float *s = sc + g * ld;
             vf vmax = v_set1(-INFINITY);
             for (int jj = 0; jj < n_padded; jj += VLEN) {
-                vf d = v_mul(kg_dots(qv, krows + jj, dh, rt), vscale);
+                vf d = v_mul(kg_dots(qv, krows + jj, dh, kt), vscale);
                 v_store(s + jj, d);
                 vmax = v_max(vmax, d);
             }
@@ -708,13 +699,13 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
                 mx[g] = m_new;
             }
             l[g] += sum;
-            if (!small) kg_weighted_sum(acc + g * dh, s, vrows, n, dh, rt);
+            if (!small) kg_weighted_sum(acc + g * dh, s, vrows, n, dh, kt);
         }
         if (small) switch (group) {
-            case 1: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 1, rt); break;
-            case 2: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 2, rt); break;
-            case 3: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 3, rt); break;
-            default: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 4, rt); break;
+            case 1: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 1, kt); break;
+            case 2: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 2, kt); break;
+            case 3: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 3, kt); break;
+            default: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 4, kt); break;
             }
     }
     for (int64_t g = 0; g < group; g++) {
@@ -731,7 +722,7 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
     if (t1 - t0 == 1) {
         switch (a->kv->dtype) {
         case KV_DTYPE_F16: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_F16); return;
-        case KV_DTYPE_Q8_0: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_Q8_0); return;
+        case KV_DTYPE_Q8_0: break; /* the block kernel, see above */
         default: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_F32); return;
         }
     }

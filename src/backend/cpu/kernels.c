@@ -351,8 +351,8 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
      * V rows widened */
     int64_t block = nq * (head_dim + 2 + 64 + 16) + 64 + 2 * 64 * head_dim;
     /* the decode kernel: the same per head of a group (chunks of CPU_ATT_DEC_CHUNK
-     * positions, 16 lanes of padding), and a chunk of K and V rows widened */
-    int64_t decode = group * (head_dim + 2 + CPU_ATT_DEC_CHUNK + 16) + 2 * CPU_ATT_DEC_CHUNK * head_dim;
+     * positions, 16 lanes of padding) */
+    int64_t decode = group * (head_dim + 2 + CPU_ATT_DEC_CHUNK + 16);
     return block > decode ? block : decode;
 }
 
