@@ -433,6 +433,17 @@ int main(int argc, char **argv) {
                        kv_dtype_name((enum kv_dtype)dt), ctxs[c], gbs, us);
                 fflush(stdout);
             }
+        /* stories260K's tiny heads, where the cost per call shows rather than bandwidth */
+        int32_t small_ctxs[] = {16, 64, 256};
+        for (int dt = 0; dt < KV_DTYPE_COUNT && wanted("attention"); dt++)
+            for (int c = 0; c < 3; c++) {
+                double us = 0;
+                if ((enum kv_dtype)dt == KV_DTYPE_Q8_0) continue; /* q8_0 needs Dh % 32 == 0 */
+                bench_attention(kern, pool, (enum kv_dtype)dt, 8, 4, 8, small_ctxs[c], reps, &us);
+                printf("| attention decode kv %s | H 8, Hkv 4, Dh 8, ctx %d | %.3f us |\n",
+                       kv_dtype_name((enum kv_dtype)dt), small_ctxs[c], us);
+                fflush(stdout);
+            }
         if (wanted("rms_norm")) {
             printf("| rms_norm | rows 1, d 1024 | %.2f us |\n", bench_rms_norm(kern, pool, 1, 1024, reps));
             printf("| rms_norm | rows 256, d 1024 | %.2f us |\n", bench_rms_norm(kern, pool, 256, 1024, reps));

@@ -410,12 +410,13 @@ static void test_linear_3_threads(void) {
  * the tolerance is the f32 one for every type. */
 static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, enum kv_dtype dtype,
                             int64_t n_heads, int64_t n_kv_heads, int64_t dh, int32_t ctx_before, int32_t n_tok,
-                            int64_t window, int32_t n_slots, int *failures) {
+                            int64_t window, int32_t n_slots, int32_t block_size, int *failures) {
     struct llmopt_err err = {0};
     struct kv_cache *kv = NULL;
     int32_t row_elems[2] = {(int32_t)(n_kv_heads * dh), (int32_t)(n_kv_heads * dh)};
     int32_t max_pos = ctx_before + n_tok + 1;
-    CHECK_MSG(kv_cache_create(2, row_elems, dtype, n_slots, max_pos, n_slots * ((max_pos + 15) / 16), 16, &kv,
+    CHECK_MSG(kv_cache_create(2, row_elems, dtype, n_slots, max_pos, n_slots * ((max_pos + block_size - 1) / block_size),
+                              block_size, &kv,
                               &err) == LLMOPT_OK,
               "%s", err.msg);
     if (!kv) return;
@@ -517,13 +518,21 @@ static void test_attention(void) {
                         /* decode at several lengths (chunk edges at 64), and a prefill chunk */
                         int32_t ctxs[] = {0, 1, 63, 64, 130};
                         for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
-                            check_attention(kern, pool, t, h, hkv, dh, ctxs[ci], 1, 0, 1, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 0, 70, 0, 1, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 5, 9, 4, 3, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 90, 3, 70, 2, &failures);
+                            check_attention(kern, pool, t, h, hkv, dh, ctxs[ci], 1, 0, 1, 16, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 0, 70, 0, 1, 16, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 5, 9, 4, 3, 16, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 90, 3, 70, 2, 16, &failures);
                         /* a prefill chunk continuing a sequence, with a window inside the
                          * query blocks and across position chunks */
-                        check_attention(kern, pool, t, h, hkv, dh, 50, 40, 20, 1, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 50, 40, 20, 1, 16, &failures);
+                        /* decode batches: one token for each of several sequences (the
+                         * decode kernel), contexts across its 128-position chunks, with
+                         * and without a window, blocks VLEN does not divide; one thread
+                         * count is enough for them (the kernel runs per work item) */
+                        if (nt != 1) continue;
+                        check_attention(kern, pool, t, h, hkv, dh, 3, 8, 0, 8, 16, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 127, 3, 0, 3, 5, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 200, 2, 150, 2, 16, &failures);
                     }
             CHECK_MSG(failures == 0, "%s, %d threads: attention failed", cpu_isa_name(kern->isa), nt);
         }

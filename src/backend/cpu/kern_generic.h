@@ -283,6 +283,8 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
 /* Positions per online-softmax step (a multiple of VLEN): scores of one chunk for all
  * heads of a group stay in L1 together with the chunk's K and V rows. */
 #define KG_ATT_CHUNK 32
+/* Positions per online-softmax step of the decode kernel (a multiple of VLEN). */
+#define KG_DEC_CHUNK CPU_ATT_DEC_CHUNK
 /* KV rows are byte pointers to a head's first value, f32 or f16 (kt, enum kv_dtype, a
  * constant after inlining); VLEN values from value d on, widened in registers. */
 KG_INLINE vf kg_load_kv(const uint8_t *row, int64_t d, const int kt) {
@@ -606,9 +608,124 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
         }
 }
 
-/* One instance of the block per KV element type. */
+/* acc[g * dh + 0..dh) += sum_j p[g * ld + j] * rows[j][0..dh) for the G heads of a
+ * group, dh <= VLEN: each V row is loaded once for all of them, two rows interleaved. */
+KG_INLINE void kg_weighted_sum_heads(float *acc, const float *p, int64_t ld, const uint8_t *const *rows, int n,
+                                     int dh, const int G, const int kt) {
+    vf a[4], b[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        a[g] = v_load_n(acc + g * dh, dh);
+        b[g] = v_zero();
+    }
+    int j = 0;
+    for (; j + 2 <= n; j += 2) {
+        vf v0 = kg_load_kv_n(rows[j], 0, dh, kt), v1 = kg_load_kv_n(rows[j + 1], 0, dh, kt);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            a[g] = v_fma(v_set1(p[g * ld + j]), v0, a[g]);
+            b[g] = v_fma(v_set1(p[g * ld + j + 1]), v1, b[g]);
+        }
+    }
+    if (j < n) {
+        vf v0 = kg_load_kv_n(rows[j], 0, dh, kt);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a[g] = v_fma(v_set1(p[g * ld + j]), v0, a[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) v_store_n(acc + g * dh, v_add(a[g], b[g]), dh);
+}
+
+/* Decode: one query token t (a run of one, the common case of a continuous batch) and
+ * the n_heads / n_kv_heads query heads that read KV head kvh. Cheaper per call than the
+ * block above, which small heads (stories260K: head_dim 8, ~0.7 us a call) feel: one
+ * walk of the block table per chunk fills the K and V row pointers together, chunks are
+ * KG_DEC_CHUNK positions (one online-softmax step for most contexts), the row maximum is
+ * taken over whole score vectors, and nothing is set up per query but its accumulator.
+ * Scratch: (group, dh) accumulators, (group, KG_DEC_CHUNK + VLEN) scores, running max
+ * and sum per head. f32 and f16 caches (kt); q8_0 stays with the block kernel, whose
+ * widened chunks measured 10-25% faster on Qwen3-shaped heads
+ * (bench/results/server-2026-11-29.md). */
+KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch,
+                                      const int kt) {
+    const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, ld = KG_DEC_CHUNK + VLEN;
+    const struct kv_cache *kv = a->kv;
+    float *acc = scratch, *sc = acc + group * dh, *mx = sc + group * ld, *l = mx + group;
+    const uint8_t *krows[KG_DEC_CHUNK + VLEN], *vrows[KG_DEC_CHUNK];
+    const int32_t p = a->pos[t], bs = kv->block_size;
+    const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    const int64_t row_bytes = kv->row_bytes[a->layer], col = kv_dtype_bytes(kt, kvh * dh);
+    const int32_t *table = kv->block_table + (int64_t)a->slot[t] * kv->max_blocks_per_slot;
+    const uint8_t *kbase = kv->k[a->layer] + col, *vbase = kv->v[a->layer] + col;
+    const vf vscale = v_set1(a->scale);
+    /* heads of one vector, few to a group: their weighted sums share the V loads */
+    const bool small = dh <= VLEN && group <= 4;
+    for (int64_t e = 0; e < group * dh; e++) acc[e] = 0;
+    for (int64_t g = 0; g < group; g++) {
+        mx[g] = -INFINITY;
+        l[g] = 0;
+    }
+    for (int32_t j0 = first; j0 <= p; j0 += KG_DEC_CHUNK) {
+        const int n = p + 1 - j0 < KG_DEC_CHUNK ? p + 1 - j0 : KG_DEC_CHUNK, n_padded = (n + VLEN - 1) / VLEN * VLEN;
+        /* rows of positions j0 .. j0 + n: one block-table lookup per block */
+        for (int i = 0; i < n;) {
+            int32_t pos = j0 + i, off = pos % bs;
+            int64_t r = ((int64_t)table[pos / bs] * bs + off) * row_bytes;
+            for (; off < bs && i < n; off++, i++, r += row_bytes) {
+                krows[i] = kbase + r;
+                vrows[i] = vbase + r;
+            }
+        }
+        /* lanes past the last position repeat its row: a repeated score leaves the
+         * maximum as it is, and the exponentials below stop at n */
+        for (int jj = n; jj < n_padded; jj++) krows[jj] = krows[n - 1];
+        for (int64_t g = 0; g < group; g++) {
+            const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
+            float *s = sc + g * ld;
+            vf vmax = v_set1(-INFINITY);
+            for (int jj = 0; jj < n_padded; jj += VLEN) {
+                vf d = v_mul(kg_dots(qv, krows + jj, dh, kt), vscale);
+                v_store(s + jj, d);
+                vmax = v_max(vmax, d);
+            }
+            float cmax = v_hmax(vmax), m_new = cmax > mx[g] ? cmax : mx[g];
+            float sum = kg_exp_sub_sum(s, m_new, n);
+            if (mx[g] != m_new) {
+                if (j0 != first) { /* acc and l are 0 on the first chunk */
+                    float alpha = expf(mx[g] - m_new);
+                    l[g] *= alpha;
+                    kg_scale(acc + g * dh, alpha, dh);
+                }
+                mx[g] = m_new;
+            }
+            l[g] += sum;
+            if (!small) kg_weighted_sum(acc + g * dh, s, vrows, n, dh, kt);
+        }
+        if (small) switch (group) {
+            case 1: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 1, kt); break;
+            case 2: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 2, kt); break;
+            case 3: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 3, kt); break;
+            default: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 4, kt); break;
+            }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *ov = a->out + (t * a->n_heads + kvh * group + g) * dh; /* out (N, H, Dh) */
+        kg_scale(acc + g * dh, 1.0f / l[g], dh);
+        for (int64_t e = 0; e < dh; e++) ov[e] = acc[g * dh + e];
+    }
+}
+
+/* One instance of the block per KV element type; single-token runs take the decode
+ * kernel. */
 static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
                                float *scratch) {
+    if (t1 - t0 == 1) {
+        switch (a->kv->dtype) {
+        case KV_DTYPE_F16: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_F16); return;
+        case KV_DTYPE_Q8_0: break; /* the block kernel, see above */
+        default: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_F32); return;
+        }
+    }
     switch (a->kv->dtype) {
     case KV_DTYPE_F16: kg_attention_block_kt(a, t0, t1, kvh, scratch, KV_DTYPE_F16); return;
     case KV_DTYPE_Q8_0: kg_attention_block_kt(a, t0, t1, kvh, scratch, KV_DTYPE_Q8_0); return;

@@ -347,8 +347,13 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
 
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
     int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : n_heads, nq = CPU_ATT_QBLOCK * group + 4;
-    /* acc, max, sum, a chunk of scores per query; one chunk of K and V rows widened */
-    return nq * (head_dim + 2 + 64 + 16) + 64 + 2 * 64 * head_dim;
+    /* the block kernel: acc, max, sum, a chunk of scores per query; one chunk of K and
+     * V rows widened */
+    int64_t block = nq * (head_dim + 2 + 64 + 16) + 64 + 2 * 64 * head_dim;
+    /* the decode kernel: the same per head of a group (chunks of CPU_ATT_DEC_CHUNK
+     * positions, 16 lanes of padding) */
+    int64_t decode = group * (head_dim + 2 + CPU_ATT_DEC_CHUNK + 16);
+    return block > decode ? block : decode;
 }
 
 struct attention_ctx {

@@ -97,6 +97,8 @@ struct cpu_attention {
 };
 /* Query tokens one attention work item takes together (their K/V reads are shared). */
 #define CPU_ATT_QBLOCK 16
+/* Positions per online-softmax step of the single-token (decode) attention kernel. */
+#define CPU_ATT_DEC_CHUNK 128
 /* Scratch floats one thread needs for attention with these head counts / size. */
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
 
