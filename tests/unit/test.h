@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int test_failures_in_current;
 
@@ -55,12 +56,16 @@ static inline int test_run_all(const char *const *names, const test_fn *fns, int
     int passed = 0, failed = 0;
     for (int i = 0; i < n; i++) {
         test_failures_in_current = 0;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         fns[i]();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         if (test_failures_in_current) {
-            fprintf(stderr, "FAIL %s\n", names[i] ? names[i] : "?");
+            fprintf(stderr, "FAIL %s (%.1f s)\n", names[i] ? names[i] : "?", s);
             failed++;
         } else {
-            fprintf(stderr, "ok   %s\n", names[i] ? names[i] : "?");
+            fprintf(stderr, "ok   %s (%.1f s)\n", names[i] ? names[i] : "?", s);
             passed++;
         }
     }
