@@ -16,6 +16,7 @@
 #include "base/fp16.h"
 #include "format/quant.h"
 #include "llmopt.h"
+#include "golden_row.h"
 #include "test.h"
 
 #ifdef LLMOPT_HAVE_CUDA
@@ -821,16 +822,8 @@ static void golden_dir(const char *dir, int *n_rows_checked) {
             const json_t *argmax = json_object_get(s, "argmax");
             for (int r = 0; r < m_rows && r < (int)json_array_size(want_rows); r++) {
                 const json_t *want = json_array_get(want_rows, (size_t)r);
-                double max_ref = 0, max_diff = 0;
-                int best = 0;
-                for (int v = 0; v < n_vocab; v++) {
-                    double w = json_number_value(json_array_get(want, (size_t)v));
-                    double d = fabs((double)logits[r * n_vocab + v] - w);
-                    max_ref = fabs(w) > max_ref ? fabs(w) : max_ref;
-                    max_diff = d > max_diff ? d : max_diff;
-                    if (logits[r * n_vocab + v] > logits[r * n_vocab + best]) best = v;
-                }
-                double rel = max_ref > 0 ? max_diff / max_ref : max_diff;
+                int best;
+                double rel = golden_row_error(logits + r * n_vocab, want, n_vocab, &best);
                 worst = rel > worst ? rel : worst;
                 CHECK_MSG(rel <= 1e-4, "%s case %zu step %zu row %d: relative error %.3g", dir, ci, si, r, rel);
                 CHECK_MSG(best == json_integer_value(json_array_get(argmax, (size_t)r)),

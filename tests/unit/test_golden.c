@@ -8,6 +8,7 @@
  * models have near-ties); q8_0 skips models whose head size is not a multiple of 32. */
 #include "format/graph_file.h"
 #include "llmopt.h"
+#include "golden_row.h"
 #include "test.h"
 
 #include <dirent.h>
@@ -83,16 +84,8 @@ static void check_case_dir(const char *dir, const char *weights, int kvc, int *n
             for (int r = 0; r < m_rows && r < (int)json_array_size(want_rows); r++) {
                 const json_t *want = json_array_get(want_rows, (size_t)r);
                 CHECK_EQ_INT(json_array_size(want), n_vocab);
-                double max_ref = 0, max_diff = 0;
-                int best = 0;
-                for (int v = 0; v < n_vocab; v++) {
-                    double w = json_number_value(json_array_get(want, (size_t)v));
-                    double d = fabs((double)logits[r * n_vocab + v] - w);
-                    max_ref = fabs(w) > max_ref ? fabs(w) : max_ref;
-                    max_diff = d > max_diff ? d : max_diff;
-                    if (logits[r * n_vocab + v] > logits[r * n_vocab + best]) best = v;
-                }
-                double rel = max_ref > 0 ? max_diff / max_ref : max_diff;
+                int best;
+                double rel = golden_row_error(logits + r * n_vocab, want, n_vocab, &best);
                 worst = rel > worst ? rel : worst;
                 CHECK_MSG(rel <= tol, "%s kv %s case %zu step %zu row %d: relative error %.3g", dir,
                           llmopt_kv_type_name(kv_type), ci, si, r, rel);
