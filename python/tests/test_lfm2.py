@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 from llmopt import archs, ir, llamacpp, vocabs  # noqa: E402
 from llmopt import ref_interp as RI  # noqa: E402
+from capture_emulation import EmulatedCapture  # noqa: E402
 from llmopt.gguf_writer import GGUFFile  # noqa: E402
 from llmopt.safetensors_io import HFCheckpoint, write_bytes  # noqa: E402
 
@@ -29,47 +30,9 @@ KIND = {"conv": 0, "full_attention": 1}
 def emulate_lfm2_capture(layer_types):
     """The canonical nodes capture emits for HF Lfm2ForCausalLM with llmopt's short_conv
     forward (ops.lfm2_short_conv_forward), layer-tagged."""
-    b = ir.Builder()
-    inp = {n: ("input", n) for n in ("tokens", "positions", "seq_slots", "out_rows")}
-
-    def P(name, shape):
-        return b.param(name, "f32", shape)
-
-    def add(op, ins, attrs, shape, layer=None, dtype="f32"):
-        return b.add(op, ins, attrs, dtype, shape, layer)
-
-    freqs = add("rope_freqs", [], {"dim": "head_dim", "theta": "rope_theta"}, ["head_dim/2"])
-    ids = add("reshape", [inp["tokens"]], {"shape": ["1", "N"]}, ["1", "N"], dtype="i32")
-    h = add("embedding", [P("model.embed_tokens.weight", ["vocab", "d_model"]), ids], {}, ["1", "N", "d_model"])
-    f3 = add("reshape", [freqs], {"shape": ["1", "head_dim/2", "1"]}, ["1", "head_dim/2", "1"])
-    pf = add("cast", [inp["positions"]], {"dtype": "f32"}, ["N"])
-    p3 = add("reshape", [pf], {"shape": ["1", "1", "N"]}, ["1", "1", "N"])
-    fr = add("matmul", [f3, p3], {}, ["1", "head_dim/2", "N"])
-    frt = add("permute", [fr], {"perm": [0, 2, 1]}, ["1", "N", "head_dim/2"])
-    emb = add("concat", [frt, frt], {"dim": -1}, ["1", "N", "head_dim"])
-    cos = add("cos", [emb], {}, ["1", "N", "head_dim"])
-    sin = add("sin", [emb], {}, ["1", "N", "head_dim"])
+    e = EmulatedCapture()
+    b, inp, h, add, P, rms, rope = e.b, e.inp, e.h, e.add, e.param, e.rms, e.rope
     D = ["1", "N", "d_model"]
-
-    def rms(x, w, shape, layer):
-        red = shape[:-1] + ["1"]
-        sq = add("pow", [x, add("const", [], {"value": 2}, [], layer)], {}, shape, layer)
-        m = add("mean", [sq], {"dims": [-1], "keepdim": 1}, red, layer)
-        e = add("add", [m, add("const", [], {"value": "rms_eps"}, [], layer)], {}, red, layer)
-        r = add("rsqrt", [e], {}, red, layer)
-        y = add("mul", [x, r], {}, shape, layer)
-        return add("mul", [w, y], {}, shape, layer)
-
-    def rope(x, heads, layer):
-        S = ["1", heads, "N", "head_dim"]
-        c4 = add("reshape", [cos], {"shape": ["1", "1", "N", "head_dim"]}, ["1", "1", "N", "head_dim"], layer)
-        s4 = add("reshape", [sin], {"shape": ["1", "1", "N", "head_dim"]}, ["1", "1", "N", "head_dim"], layer)
-        xc = add("mul", [x, c4], {}, S, layer)
-        H2 = ["1", heads, "N", "head_dim/2"]
-        x1 = add("slice", [x], {"dim": -1, "start": 0, "end": "head_dim/2", "step": 1}, H2, layer)
-        x2 = add("slice", [x], {"dim": -1, "start": "head_dim/2", "end": "head_dim", "step": 1}, H2, layer)
-        rot = add("concat", [add("neg", [x2], {}, H2, layer), x1], {"dim": -1}, S, layer)
-        return add("add", [xc, add("mul", [rot, s4], {}, S, layer)], {}, S, layer)
 
     for i, kind in enumerate(layer_types):
         pre = "model.layers.%d." % i

@@ -20,6 +20,7 @@ from llmopt import ir  # noqa: E402
 from llmopt.archs import LLAMA_GGUF_MAP, PROBE, DIM_EXPRS, FLOAT_EXPRS  # noqa: E402
 from llmopt.gguf_writer import GGUFWriter, GGUFFile, STRING, FLOAT32, INT32, UINT8, GGML_F32, GGML_F16, f16_bytes  # noqa: E402
 from llmopt import ref_interp as RI  # noqa: E402
+from capture_emulation import EmulatedCapture  # noqa: E402
 
 
 class TestExpr(unittest.TestCase):
@@ -128,48 +129,14 @@ class TestPermute(unittest.TestCase):
 
 def emulate_llama_capture(n_layers=2):
     """The canonical nodes capture is expected to emit for HF Llama (layer-tagged)."""
-    b = ir.Builder()
-    inp = {n: ("input", n) for n in ("tokens", "positions", "seq_slots", "out_rows")}
-
-    def P(name, shape):
-        return b.param(name, "f32", shape)
-
-    def add(op, ins, attrs, shape, layer=None, dtype="f32"):
-        return b.add(op, ins, attrs, dtype, shape, layer)
-
-    freqs = add("rope_freqs", [], {"dim": "head_dim", "theta": "rope_theta"}, ["head_dim/2"])
-    ids = add("reshape", [inp["tokens"]], {"shape": ["1", "N"]}, ["1", "N"], dtype="i32")
-    h = add("embedding", [P("model.embed_tokens.weight", ["vocab", "d_model"]), ids], {}, ["1", "N", "d_model"])
-    f3 = add("reshape", [freqs], {"shape": ["1", "head_dim/2", "1"]}, ["1", "head_dim/2", "1"])
-    pf = add("cast", [inp["positions"]], {"dtype": "f32"}, ["N"])
-    p3 = add("reshape", [pf], {"shape": ["1", "1", "N"]}, ["1", "1", "N"])
-    fr = add("matmul", [f3, p3], {}, ["1", "head_dim/2", "N"])
-    frt = add("permute", [fr], {"perm": [0, 2, 1]}, ["1", "N", "head_dim/2"])
-    emb = add("concat", [frt, frt], {"dim": -1}, ["1", "N", "head_dim"])
-    cos = add("cos", [emb], {}, ["1", "N", "head_dim"])
-    sin = add("sin", [emb], {}, ["1", "N", "head_dim"])
+    e = EmulatedCapture()
+    b, inp, h, add, P = e.b, e.inp, e.h, e.add, e.param
     D = ["1", "N", "d_model"]
 
     def rms(x, w, layer):
-        sq = add("pow", [x, add("const", [], {"value": 2}, [], layer)], {}, D, layer)
-        m = add("mean", [sq], {"dims": [-1], "keepdim": 1}, ["1", "N", "1"], layer)
-        e = add("add", [m, add("const", [], {"value": "rms_eps"}, [], layer)], {}, ["1", "N", "1"], layer)
-        r = add("rsqrt", [e], {}, ["1", "N", "1"], layer)
-        y = add("mul", [x, r], {}, D, layer)
-        return add("mul", [w, y], {}, D, layer)
+        return e.rms(x, w, D, layer)
 
-    def rope(x, heads, layer):
-        S = ["1", heads, "N", "head_dim"]
-        c4 = add("reshape", [cos], {"shape": ["1", "1", "N", "head_dim"]}, ["1", "1", "N", "head_dim"], layer)
-        s4 = add("reshape", [sin], {"shape": ["1", "1", "N", "head_dim"]}, ["1", "1", "N", "head_dim"], layer)
-        xc = add("mul", [x, c4], {}, S, layer)
-        H2 = ["1", heads, "N", "head_dim/2"]
-        x1 = add("slice", [x], {"dim": -1, "start": 0, "end": "head_dim/2", "step": 1}, H2, layer)
-        x2 = add("slice", [x], {"dim": -1, "start": "head_dim/2", "end": "head_dim", "step": 1}, H2, layer)
-        nx2 = add("neg", [x2], {}, H2, layer)
-        rot = add("concat", [nx2, x1], {"dim": -1}, S, layer)
-        rs = add("mul", [rot, s4], {}, S, layer)
-        return add("add", [xc, rs], {}, S, layer)
+    rope = e.rope
 
     for i in range(n_layers):
         pre = "model.layers.%d." % i
