@@ -466,3 +466,36 @@ ARCHS = {
         notes="LFM2 hybrid (gated short-convolution layers beside GQA attention with QK RMSNorm); tied or "
               "untied lm_head"),
 }
+
+
+# --------------------------------------------------------------- command-line helpers
+
+def names_from_arg(ap, value):
+    """The architectures an --arch style argument names: one, a comma-separated list, or
+    `all`; an unknown name is an argparse error naming the known ones."""
+    names = sorted(ARCHS) if value == "all" else [a for a in value.split(",") if a]
+    unknown = [a for a in names if a not in ARCHS]
+    if unknown or not names:
+        ap.error("unknown architecture(s) %s; known: %s" % (unknown, ", ".join(sorted(ARCHS))))
+    return names
+
+
+def run_each(label, names, one):
+    """one(name) for every architecture, each under a banner; one failure must not hide
+    the others, so each is caught, printed and listed. Returns the exit status."""
+    import sys
+    import traceback
+    failed = []
+    for name in names:
+        print("==================== %s %s ====================" % (label, name), flush=True)
+        try:
+            one(name)
+            print("%s %s: OK" % (label, name), flush=True)
+        except Exception as e:
+            traceback.print_exc()
+            print("%s %s failed: %s: %s" % (label, name, type(e).__name__, e), file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        print("%s failed for: %s" % (label, " ".join(failed)), file=sys.stderr)
+        return 1
+    return 0

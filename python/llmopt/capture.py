@@ -20,7 +20,7 @@ import sys
 import time
 
 from . import ir
-from .archs import ARCHS
+from .archs import ARCHS, names_from_arg, run_each
 from .expr import Symbolizer
 
 
@@ -283,27 +283,15 @@ def main(argv=None):
     ap.add_argument("-o", "--out", required=True, help="output folder (graph.json, map.json)")
     ap.add_argument("--debug-dir", help="write the raw exported graph and the capture IR here")
     args = ap.parse_args(argv)
-    names = sorted(ARCHS) if args.hf_arch == "all" else [a for a in args.hf_arch.split(",") if a]
-    unknown = [a for a in names if a not in ARCHS]
-    if unknown or not names:
-        ap.error("unknown architecture(s) %s; known: %s" % (unknown, ", ".join(sorted(ARCHS))))
-    failed = []
-    for name in names:
-        out = os.path.join(args.out, name) if args.hf_arch == "all" or "," in args.hf_arch else args.out
+    names = names_from_arg(ap, args.hf_arch)
+    several = args.hf_arch == "all" or "," in args.hf_arch
+
+    def one(name):
+        out = os.path.join(args.out, name) if several else args.out
         cmd = "python3 -m llmopt.capture --hf-arch %s -o programs/%s" % (name, name)
-        print("==================== capture %s ====================" % name, flush=True)
-        try:
-            capture(name, out, debug_dir=args.debug_dir, command=cmd)
-            print("capture %s: OK" % name, flush=True)
-        except Exception as e:  # one architecture's failure must not hide the others'
-            import traceback
-            traceback.print_exc()
-            print("capture %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr, flush=True)
-            failed.append(name)
-    if failed:
-        print("capture failed for: %s" % " ".join(failed), file=sys.stderr)
-        return 1
-    return 0
+        capture(name, out, debug_dir=args.debug_dir, command=cmd)
+
+    return run_each("capture", names, one)
 
 
 if __name__ == "__main__":

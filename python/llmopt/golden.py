@@ -415,27 +415,12 @@ def main(argv=None):
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args(argv)
-    from .archs import ARCHS
-    names = sorted(ARCHS) if args.arch == "all" else [a for a in args.arch.split(",") if a]
-    unknown = [a for a in names if a not in ARCHS]
-    if unknown or not names:
-        ap.error("unknown architecture(s) %s; known: %s" % (unknown, ", ".join(sorted(ARCHS))))
-    failed = []
-    for name in names:
-        out = os.path.join(args.out, "%s_tiny" % name) if args.arch == "all" or "," in args.arch else args.out
-        print("==================== golden %s ====================" % name, flush=True)
-        try:
-            make_golden(name, out, args.seed)
-            print("golden %s: OK" % name, flush=True)
-        except Exception as e:  # one architecture's failure must not hide the others'
-            import traceback
-            traceback.print_exc()
-            print("golden %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr, flush=True)
-            failed.append(name)
-    if failed:
-        print("golden failed for: %s" % " ".join(failed), file=sys.stderr)
-        return 1
-    return 0
+    from .archs import names_from_arg, run_each
+    names = names_from_arg(ap, args.arch)
+    several = args.arch == "all" or "," in args.arch
+    return run_each("golden", names,
+                    lambda name: make_golden(name, os.path.join(args.out, "%s_tiny" % name) if several else args.out,
+                                             args.seed))
 
 
 if __name__ == "__main__":

@@ -32,13 +32,6 @@ class InterpError(RuntimeError):
 
 # --------------------------------------------------------------------------- tensors
 
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _strides(shape):
     st = [1] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
@@ -61,7 +54,7 @@ class Tensor:
         self.shape = tuple(int(d) for d in shape)
         self.data = data
         self.dtype = dtype
-        if len(data) != _numel(self.shape):
+        if len(data) != math.prod(self.shape):
             raise InterpError("tensor data has %d elements for shape %r" % (len(data), self.shape))
 
     def __repr__(self):
@@ -150,11 +143,11 @@ def slice_(t, dim, start, end, step):
 def concat(ts, dim):
     nd = len(ts[0].shape)
     dim = _norm_axis(dim, nd)
-    outer = _numel(ts[0].shape[:dim])
+    outer = math.prod(ts[0].shape[:dim])
     for t in ts:
         if len(t.shape) != nd or t.shape[:dim] != ts[0].shape[:dim] or t.shape[dim + 1:] != ts[0].shape[dim + 1:]:
             raise InterpError("concat of %r" % ([t.shape for t in ts],))
-    chunks = [_numel(t.shape[dim:]) for t in ts]
+    chunks = [math.prod(t.shape[dim:]) for t in ts]
     data = []
     for o in range(outer):
         for t, c in zip(ts, chunks):
@@ -211,7 +204,7 @@ def matmul(a, b):
     Q = b.shape[-1]
     a = expand_to(a, batch + (P, K))
     b = expand_to(b, batch + (K, Q))
-    nb = _numel(batch)
+    nb = math.prod(batch)
     out = []
     for i in range(nb):
         ar = [a.data[i * P * K + p * K: i * P * K + (p + 1) * K] for p in range(P)]
@@ -227,7 +220,7 @@ def reduce_(t, dims, keepdim, kind):
     dims = sorted(set(_norm_axis(d, nd) for d in dims))
     keep = [d for d in range(nd) if d not in dims]
     p = permute(t, keep + dims)
-    inner = _numel([t.shape[d] for d in dims])
+    inner = math.prod([t.shape[d] for d in dims])
     data = p.data
     out = []
     for i in range(0, len(data), inner):
@@ -323,38 +316,36 @@ def _subst_layer(name, i):
     return name.replace("{i}", str(i))
 
 
-def unpermute_rope_rows(shape, data, heads):
-    """File order (interleaved pairs per head) -> graph order (split halves)."""
+def _move_rope_rows(shape, data, heads, to_graph):
+    """Reorder the rows of a q/k weight between the two RoPE layouts: file order
+    (llama.cpp's converter interleaves each head's rotary pairs: row 2*j+half) and graph
+    order (HF splits each head into halves: row half*(Dh/2)+j). `to_graph` picks the way."""
     rows = shape[0]
     if rows % heads:
-        raise InterpError("unpermute_rope_rows: %d rows for %d heads" % (rows, heads))
+        raise InterpError("rope row permutation: %d rows for %d heads" % (rows, heads))
     dh = rows // heads
     if dh % 2:
-        raise InterpError("unpermute_rope_rows: odd head size %d" % dh)
-    k = _numel(shape[1:])
+        raise InterpError("rope row permutation: odd head size %d" % dh)
+    k = math.prod(shape[1:])
     out = [None] * len(data)
     for h in range(heads):
         for half in range(2):
             for j in range(dh // 2):
-                dst = h * dh + half * (dh // 2) + j
-                src = h * dh + 2 * j + half
+                graph_row = h * dh + half * (dh // 2) + j
+                file_row = h * dh + 2 * j + half
+                dst, src = (graph_row, file_row) if to_graph else (file_row, graph_row)
                 out[dst * k:(dst + 1) * k] = data[src * k:(src + 1) * k]
     return out
+
+
+def unpermute_rope_rows(shape, data, heads):
+    """File order (interleaved pairs per head) -> graph order (split halves)."""
+    return _move_rope_rows(shape, data, heads, True)
 
 
 def permute_rope_rows(shape, data, heads):
     """Graph order -> file order (what llama.cpp's converter writes)."""
-    rows = shape[0]
-    dh = rows // heads
-    k = _numel(shape[1:])
-    out = [None] * len(data)
-    for h in range(heads):
-        for half in range(2):
-            for j in range(dh // 2):
-                src = h * dh + half * (dh // 2) + j
-                dst = h * dh + 2 * j + half
-                out[dst * k:(dst + 1) * k] = data[src * k:(src + 1) * k]
-    return out
+    return _move_rope_rows(shape, data, heads, False)
 
 
 def _resolve_hparams(names, lookup):
@@ -581,7 +572,7 @@ def _file_shape_ok(p, m, shape, env):
         stored = [E.eval_int(d, env) for d in tr["shape"]]
         if list(shape) != stored:
             return None, stored
-        if _numel(stored) != _numel(want) or (stored and want and stored[-1] != want[-1]):
+        if math.prod(stored) != math.prod(want) or (stored and want and stored[-1] != want[-1]):
             raise BindError("param %r: reshape from %r to %r changes the rows" % (p["name"], stored, want))
         return want, stored
     return (want if list(shape) == want else None), want
@@ -838,7 +829,7 @@ class Program:
             return Tensor(x.shape, out)
         if op == "reshape":
             shape = [E.eval_int(d, env) for d in at["shape"]]
-            if _numel(shape) != len(a[0].data):
+            if math.prod(shape) != len(a[0].data):
                 raise InterpError("reshape %r to %r" % (a[0].shape, shape))
             return Tensor(shape, a[0].data, a[0].dtype)
         if op == "permute":

@@ -8,6 +8,7 @@ relative to the byte after the header). Shapes are row-major.
 """
 
 import json
+import math
 import os
 import struct
 import sys
@@ -19,13 +20,6 @@ MAX_HEADER = 100 << 20
 
 class SafetensorsError(ValueError):
     pass
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _f32_bytes(values):
@@ -45,7 +39,7 @@ def write_bytes(tensors, metadata=None):
     for name, shape, values in tensors:
         if name in header:
             raise SafetensorsError("duplicate tensor %r" % name)
-        if len(values) != _numel(shape):
+        if len(values) != math.prod(shape):
             raise SafetensorsError("tensor %r: %d values for shape %r" % (name, len(values), shape))
         b = _f32_bytes(values)
         header[name] = {"dtype": "F32", "shape": [int(d) for d in shape], "data_offsets": [off, off + len(b)]}
@@ -94,7 +88,7 @@ class SafetensorsFile:
                     or not all(isinstance(o, int) for o in offs)):
                 raise SafetensorsError("%s: tensor %r: bad shape or data_offsets" % (where, name))
             b, e = offs
-            if not 0 <= b <= e <= size or e - b != _numel(shape) * DTYPE_SIZE[t["dtype"]]:
+            if not 0 <= b <= e <= size or e - b != math.prod(shape) * DTYPE_SIZE[t["dtype"]]:
                 raise SafetensorsError("%s: tensor %r: data_offsets %r do not fit shape %r %s in %d data bytes" % (
                     where, name, offs, shape, t["dtype"], size))
             self.tensors[name] = {"dtype": t["dtype"], "shape": list(shape), "begin": b, "end": e}
@@ -104,7 +98,7 @@ class SafetensorsFile:
         """Flat list of floats (row-major)."""
         t = self.tensors[name]
         raw = self.blob[self.data_start + t["begin"]:self.data_start + t["end"]]
-        n = _numel(t["shape"])
+        n = math.prod(t["shape"])
         if t["dtype"] == "F32":
             a = array("f")
             a.frombytes(raw)
