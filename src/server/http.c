@@ -1,4 +1,5 @@
 /* libmicrohttpd glue (see http.h). */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include "server/http.h"
 
 #include "server/srv_buf.h"
@@ -6,6 +7,8 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +54,23 @@ static int http_conn_fd(struct MHD_Connection *c) {
     return ci ? (int)ci->connect_fd : -1;
 }
 
+/* Connection threads run as SCHED_BATCH: a thread woken for a token's bytes then waits
+ * for a free core or the next tick instead of preempting the scheduler thread, whose
+ * step every request waits on (LLMOPT_SERVER_HTTP_POLICY=other keeps SCHED_OTHER, to
+ * compare). Any thread may lower its own policy this way; no privilege is needed. */
+static void http_thread_policy(void) {
+    static _Thread_local bool done;
+    if (done) return;
+    done = true;
+    const char *e = getenv("LLMOPT_SERVER_HTTP_POLICY");
+    if (e && !strcmp(e, "other")) return;
+    struct sched_param sp = {0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+}
+
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
+    http_thread_policy();
     struct http_stream *hs = cls;
     ssize_t n = srv_stream_read(hs->stream, buf, max, http_gone, &hs->fd);
     if (n > 0) return n;
@@ -119,6 +137,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
                                        const char *upload_data, size_t *upload_data_size,
                                        void **con_cls) {
     (void)version;
+    http_thread_policy();
     struct http_server *h = cls;
     struct http_request *hr = *con_cls;
     struct srv_reply reply;
