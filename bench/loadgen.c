@@ -334,7 +334,7 @@ _Static_assert(sizeof sched_keys / sizeof sched_keys[0] == SCHED_COUNT, "one key
 enum { GROUP_SCHED, GROUP_HTTP, GROUP_OTHER, GROUP_COUNT };
 
 struct server_sample {
-    bool have_metrics;
+    bool have_metrics, have_threads;
     double sched[SCHED_COUNT];
     double group_cpu[GROUP_COUNT];
     long long preempt[GROUP_COUNT];
@@ -369,6 +369,7 @@ static void server_sample(struct lg_conn *mc, const struct lg_opts *o, struct se
     snprintf(path, sizeof path, "/proc/%d/task", o->pid);
     DIR *d = opendir(path);
     if (!d) return;
+    s->have_threads = true;
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] == '.') continue;
         char p[300], comm[64] = "", line[256];
@@ -419,7 +420,7 @@ static void pass_print(const struct pass *p, int round, int clients, const struc
     printf("round %d: %d client%s %.0f tok/s (%lld tokens in %.2f s)\n", round, clients,
            clients == 1 ? "" : "s", p->tps, p->tokens, p->secs);
     const struct server_sample *a = &p->before, *b = &p->after;
-    if (o->pid > 0) {
+    if (a->have_threads && b->have_threads) {
         double g[GROUP_COUNT];
         for (int k = 0; k < GROUP_COUNT; k++) g[k] = 1e6 * (b->group_cpu[k] - a->group_cpu[k]) / tok;
         printf("      CPU us/token: server %.1f (scheduler thread %.1f, HTTP threads %.1f, other "
@@ -429,7 +430,8 @@ static void pass_print(const struct pass *p, int round, int clients, const struc
                1e6 * p->client_cpu / tok, b->preempt[GROUP_SCHED] - a->preempt[GROUP_SCHED],
                b->preempt[GROUP_HTTP] - a->preempt[GROUP_HTTP]);
     } else {
-        printf("      CPU us/token: load client %.1f (server: pass --pid)\n", 1e6 * p->client_cpu / tok);
+        printf("      CPU us/token: load client %.1f (server: %s)\n", 1e6 * p->client_cpu / tok,
+               o->pid > 0 ? "its /proc entry is gone" : "pass --pid");
     }
     if (!a->have_metrics || !b->have_metrics) return;
     double d[SCHED_COUNT];
@@ -448,9 +450,8 @@ static void pass_print(const struct pass *p, int round, int clients, const struc
 static int usage(void) {
     fprintf(stderr,
             "usage: bench_loadgen --port P [--pid PID] [--host H] [--clients N] [--requests M]\n"
-            "                     [--tokens T]\n"
-            "                     [--rounds R] [--only-many] [--min-speedup X] [--model-id ID]\n"
-            "                     [--api-key KEY] [--timeout S] [--idle-timeout S]\n");
+            "                     [--tokens T] [--rounds R] [--only-many] [--min-speedup X]\n"
+            "                     [--model-id ID] [--api-key KEY] [--timeout S] [--idle-timeout S]\n");
     return 2;
 }
 
@@ -552,10 +553,11 @@ int main(int argc, char **argv) {
         }
         pass_run(&pn, conns, n, mc, reqs, many, m, &o);
         pass_print(&pn, round, n, &o);
+        int shown = 0;
         for (int i = 0; i < m; i++) {
-            if (!o.only_many && !one[i].ok)
+            if (!o.only_many && !one[i].ok && shown++ < 5)
                 fprintf(stderr, "loadgen: round %d, 1 client, request %d: %s\n", round, i, one[i].error);
-            if (!many[i].ok)
+            if (!many[i].ok && shown++ < 5)
                 fprintf(stderr, "loadgen: round %d, %d clients, request %d: %s\n", round, n, i,
                         many[i].error);
             if (o.only_many || !one[i].ok || !many[i].ok) continue;
@@ -572,6 +574,12 @@ int main(int argc, char **argv) {
             }
         }
         complete = complete && !pn.failed && (o.only_many || !p1.failed);
+        if (!complete) {
+            fprintf(stderr, "loadgen: round %d: %d of %d requests failed; stopping\n", round,
+                    pn.failed + (o.only_many ? 0 : p1.failed), o.only_many ? m : 2 * m);
+            o.rounds = round;
+            break;
+        }
         ratios[round - 1] = pn.tps / p1.tps;
         double la[3] = {0, 0, 0};
         getloadavg(la, 3);
