@@ -14,39 +14,6 @@ static const char *const lg_state_names[] = {"headers", "chunk size", "chunk dat
 _Static_assert(sizeof lg_state_names / sizeof lg_state_names[0] == LG_STATE_COUNT,
                "one name per parser state");
 
-void lg_buf_init(struct lg_buf *b, size_t max) {
-    *b = (struct lg_buf){.max = max};
-}
-
-bool lg_buf_append(struct lg_buf *b, const char *p, size_t n) {
-    if (b->failed) return false;
-    if (n > b->max - b->len) {
-        b->failed = true;
-        return false;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        if (cap > b->max + 1) cap = b->max + 1;
-        char *d = realloc(b->data, cap);
-        if (!d) {
-            b->failed = true;
-            return false;
-        }
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    b->data[b->len] = 0;
-    return true;
-}
-
-void lg_buf_free(struct lg_buf *b) {
-    free(b->data);
-    lg_buf_init(b, b->max);
-}
-
 static enum lg_state lg_fail(struct lg_resp *r, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -62,7 +29,7 @@ bool lg_resp_init(struct lg_resp *r, lg_event_fn on_event, void *event_ctx) {
     r->sse_data = malloc(LG_SSE_DATA_CAP + 1);
     r->on_event = on_event;
     r->event_ctx = event_ctx;
-    lg_buf_init(&r->body, LG_BODY_CAP);
+    srv_buf_init(&r->body, LG_BODY_CAP);
     if (!r->sse_line || !r->sse_data) {
         lg_resp_free(r);
         return false;
@@ -74,22 +41,20 @@ void lg_resp_reset(struct lg_resp *r) {
     char *line = r->sse_line, *data = r->sse_data;
     lg_event_fn fn = r->on_event;
     void *ctx = r->event_ctx;
-    struct lg_buf body = r->body;
+    struct srv_buf body = r->body;
     memset(r, 0, sizeof *r);
     r->sse_line = line;
     r->sse_data = data;
     r->on_event = fn;
     r->event_ctx = ctx;
-    body.len = 0;
-    body.failed = false;
-    if (body.data) body.data[0] = 0;
+    srv_buf_reset(&body);
     r->body = body;
 }
 
 void lg_resp_free(struct lg_resp *r) {
     free(r->sse_line);
     free(r->sse_data);
-    lg_buf_free(&r->body);
+    srv_buf_free(&r->body);
     r->sse_line = r->sse_data = NULL;
 }
 
@@ -239,7 +204,7 @@ static bool sse_feed(struct lg_resp *r, const char *p, size_t n) {
 
 static bool body_bytes(struct lg_resp *r, const char *p, size_t n) {
     if (r->sse) return sse_feed(r, p, n);
-    if (lg_buf_append(&r->body, p, n)) return true;
+    if (srv_buf_append(&r->body, p, n)) return true;
     lg_fail(r, "a body over %u bytes (or out of memory)", LG_BODY_CAP);
     return false;
 }
@@ -351,18 +316,18 @@ enum lg_state lg_resp_eof(struct lg_resp *r) {
 /* ---- OpenAI completion chunks ---- */
 
 void lg_completion_init(struct lg_completion *c) {
-    lg_buf_init(&c->text, LG_BODY_CAP);
+    srv_buf_init(&c->text, LG_BODY_CAP);
     c->completion_tokens = -1;
     c->done = false;
 }
 
 void lg_completion_free(struct lg_completion *c) {
-    lg_buf_free(&c->text);
+    srv_buf_free(&c->text);
 }
 
 static bool add_text(struct lg_completion *c, json_t *s, char *err, size_t err_cap) {
     if (!json_is_string(s)) return true;
-    if (lg_buf_append(&c->text, json_string_value(s), json_string_length(s))) return true;
+    if (srv_buf_append(&c->text, json_string_value(s), json_string_length(s))) return true;
     snprintf(err, err_cap, "completion text over %zu bytes", c->text.max);
     return false;
 }

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/srv_buf.h" /* the server's capped byte buffer */
+
 #define LG_HEAD_CAP 8192       /* status line + headers */
 #define LG_LINE_CAP 256        /* a chunk-size or trailer line */
 #define LG_SSE_LINE_CAP 65536  /* one SSE line */
@@ -34,16 +36,6 @@ enum lg_state {
  * returns false to fail the response with the message it wrote to err. */
 typedef bool (*lg_event_fn)(void *ctx, const char *data, size_t len, char *err, size_t err_cap);
 
-/* A growable byte buffer with a hard cap; `failed` once an append would pass it. */
-struct lg_buf {
-    char *data; /* NUL-terminated while len > 0 */
-    size_t len, cap, max;
-    bool failed;
-};
-void lg_buf_init(struct lg_buf *b, size_t max);
-bool lg_buf_append(struct lg_buf *b, const char *p, size_t n);
-void lg_buf_free(struct lg_buf *b);
-
 struct lg_resp {
     enum lg_state state;
     int status;      /* HTTP status code */
@@ -66,7 +58,7 @@ struct lg_resp {
     int64_t n_events;
     lg_event_fn on_event;
     void *event_ctx;
-    struct lg_buf body; /* a plain body */
+    struct srv_buf body; /* a plain body */
     char error[256];
 };
 
@@ -84,7 +76,7 @@ enum lg_state lg_resp_eof(struct lg_resp *r);
 /* One streamed completion as the OpenAI protocol sends it: the text of every
  * choice, usage.completion_tokens from the usage chunk, and whether [DONE] came. */
 struct lg_completion {
-    struct lg_buf text;
+    struct srv_buf text;
     int64_t completion_tokens; /* -1 until a usage chunk says */
     bool done;                 /* data: [DONE] was seen */
 };

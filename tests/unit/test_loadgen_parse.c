@@ -6,62 +6,60 @@
 #include "loadgen_parse.h"
 #include "test.h"
 
+#include "rng.h"
+
 #include <jansson.h>
 #include <stdint.h>
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)rng_state;
+    return (uint32_t)(rng_next() >> 32);
 }
 
 /* Random valid UTF-8 text of up to max_cp code points, biased to what needs escaping. */
-static void rand_text(struct lg_buf *b, int max_cp) {
+static void rand_text(struct srv_buf *b, int max_cp) {
     static const char special[] = "\"\\/\b\f\n\r\t\x01 :data[DONE]";
     int n = (int)(rnd() % (uint32_t)(max_cp + 1));
     for (int i = 0; i < n; i++) {
         char u[4];
         uint32_t kind = rnd() % 4, cp;
         if (kind == 0) {
-            lg_buf_append(b, &special[rnd() % (sizeof special - 1)], 1);
+            srv_buf_append(b, &special[rnd() % (sizeof special - 1)], 1);
             continue;
         }
         cp = kind == 1 ? 0x20 + rnd() % 0x5f : kind == 2 ? 0x80 + rnd() % 0x780 : 0x800 + rnd() % 0xc000;
         if (cp >= 0xd800 && cp < 0xe000) cp = 0x4e2d;
         if (cp < 0x80) {
             u[0] = (char)cp;
-            lg_buf_append(b, u, 1);
+            srv_buf_append(b, u, 1);
         } else if (cp < 0x800) {
             u[0] = (char)(0xc0 | cp >> 6);
             u[1] = (char)(0x80 | (cp & 63));
-            lg_buf_append(b, u, 2);
+            srv_buf_append(b, u, 2);
         } else {
             u[0] = (char)(0xe0 | cp >> 12);
             u[1] = (char)(0x80 | ((cp >> 6) & 63));
             u[2] = (char)(0x80 | (cp & 63));
-            lg_buf_append(b, u, 3);
+            srv_buf_append(b, u, 3);
         }
     }
 }
 
-static void put(struct lg_buf *b, const char *s) {
-    lg_buf_append(b, s, strlen(s));
+static void put(struct srv_buf *b, const char *s) {
+    srv_buf_append(b, s, strlen(s));
 }
 
 /* An SSE body as the server streams a completion: one chunk per piece of text, a finish
  * chunk, a usage chunk, [DONE]. `expect` gets the joined text. Line endings vary
  * (LF / CRLF / CR) and comments or other fields may appear, as SSE allows. */
-static int make_sse_body(struct lg_buf *body, struct lg_buf *expect, int64_t *tokens) {
+static int make_sse_body(struct srv_buf *body, struct srv_buf *expect, int64_t *tokens) {
     int n_events = 0;
     int pieces = 1 + (int)(rnd() % 40);
     const char *eol = (const char *[]){"\n", "\r\n", "\r"}[rnd() % 3];
     for (int i = 0; i < pieces; i++) {
-        struct lg_buf t;
-        lg_buf_init(&t, 1 << 16);
+        struct srv_buf t;
+        srv_buf_init(&t, 1 << 16);
         rand_text(&t, 8);
-        lg_buf_append(expect, t.data ? t.data : "", t.len);
+        srv_buf_append(expect, t.data ? t.data : "", t.len);
         json_t *j = json_pack("{s:s,s:s,s:[{s:s%,s:i,s:n,s:n}],s:n}", "id", "cmpl-1", "object",
                               "text_completion", "choices", "text", t.data ? t.data : "", t.len,
                               "index", 0, "logprobs", "finish_reason", "usage");
@@ -81,7 +79,7 @@ static int make_sse_body(struct lg_buf *body, struct lg_buf *expect, int64_t *to
         n_events++;
         free(s);
         json_decref(j);
-        lg_buf_free(&t);
+        srv_buf_free(&t);
     }
     *tokens = rnd() % 1000;
     char usage[200];
@@ -97,7 +95,7 @@ static int make_sse_body(struct lg_buf *body, struct lg_buf *expect, int64_t *to
 enum framing { FRAME_CHUNKED, FRAME_LENGTH, FRAME_CLOSE, FRAME_COUNT };
 
 /* The whole response: headers, then the body in the given framing. */
-static void make_response(struct lg_buf *wire, const struct lg_buf *body, enum framing f) {
+static void make_response(struct srv_buf *wire, const struct srv_buf *body, enum framing f) {
     put(wire, "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nCache-Control: no-cache\r\n");
     char h[80];
     if (f == FRAME_LENGTH) {
@@ -110,7 +108,7 @@ static void make_response(struct lg_buf *wire, const struct lg_buf *body, enum f
     }
     put(wire, "\r\n");
     if (f != FRAME_CHUNKED) {
-        lg_buf_append(wire, body->data, body->len);
+        srv_buf_append(wire, body->data, body->len);
         return;
     }
     for (size_t at = 0; at < body->len;) {
@@ -118,7 +116,7 @@ static void make_response(struct lg_buf *wire, const struct lg_buf *body, enum f
         if (k > body->len - at) k = body->len - at;
         snprintf(h, sizeof h, rnd() % 2 ? "%zx%s\r\n" : "%zX%s\r\n", k, rnd() % 5 ? "" : ";ext=1");
         put(wire, h);
-        lg_buf_append(wire, body->data + at, k);
+        srv_buf_append(wire, body->data + at, k);
         put(wire, "\r\n");
         at += k;
     }
@@ -126,7 +124,7 @@ static void make_response(struct lg_buf *wire, const struct lg_buf *body, enum f
 }
 
 /* Feeds wire to a fresh parser in pieces of `step` bytes (0: random sizes). */
-static enum lg_state feed(struct lg_resp *r, const struct lg_buf *wire, size_t step, bool eof) {
+static enum lg_state feed(struct lg_resp *r, const struct srv_buf *wire, size_t step, bool eof) {
     enum lg_state st = r->state;
     for (size_t at = 0; at < wire->len && st != LG_ERROR;) {
         size_t k = step ? step : 1 + rnd() % 700;
@@ -139,13 +137,14 @@ static enum lg_state feed(struct lg_resp *r, const struct lg_buf *wire, size_t s
 }
 
 static void test_streams(void) {
+    rng_seed_fresh("loadgen_parse streams");
     struct lg_resp r;
     CHECK(lg_resp_init(&r, lg_completion_event, NULL));
     for (int iter = 0; iter < 300; iter++) {
-        struct lg_buf body, expect, wire;
-        lg_buf_init(&body, 1 << 22);
-        lg_buf_init(&expect, 1 << 22);
-        lg_buf_init(&wire, 1 << 22);
+        struct srv_buf body, expect, wire;
+        srv_buf_init(&body, 1 << 22);
+        srv_buf_init(&expect, 1 << 22);
+        srv_buf_init(&wire, 1 << 22);
         int64_t tokens;
         int n_events = make_sse_body(&body, &expect, &tokens);
         enum framing f = (enum framing)(iter % FRAME_COUNT);
@@ -168,9 +167,9 @@ static void test_streams(void) {
             CHECK(c.text.len == expect.len && (!c.text.len || !memcmp(c.text.data, expect.data, c.text.len)));
             lg_completion_free(&c);
         }
-        lg_buf_free(&body);
-        lg_buf_free(&expect);
-        lg_buf_free(&wire);
+        srv_buf_free(&body);
+        srv_buf_free(&expect);
+        srv_buf_free(&wire);
     }
     lg_resp_free(&r);
 }
@@ -189,11 +188,11 @@ static bool record(void *ctx, const char *data, size_t len, char *err, size_t ca
 }
 
 static enum lg_state feed_str(struct lg_resp *r, const char *s, bool eof) {
-    struct lg_buf b;
-    lg_buf_init(&b, 1 << 20);
+    struct srv_buf b;
+    srv_buf_init(&b, 1 << 20);
     put(&b, s);
     enum lg_state st = feed(r, &b, 1, eof);
-    lg_buf_free(&b);
+    srv_buf_free(&b);
     return st;
 }
 
@@ -262,8 +261,8 @@ static void test_errors(void) {
         lg_completion_free(&c);
     }
     /* Caps: headers, one SSE line, one event, a plain body. */
-    struct lg_buf b;
-    lg_buf_init(&b, 1 << 22);
+    struct srv_buf b;
+    srv_buf_init(&b, 1 << 22);
     put(&b, "HTTP/1.1 200 OK\r\n");
     for (int i = 0; i < LG_HEAD_CAP / 10; i++) put(&b, "X-Pad: 12\r\n");
     lg_resp_reset(&r);
@@ -278,14 +277,14 @@ static void test_errors(void) {
         size_t n = k == 2 ? LG_BODY_CAP + 1 : k == 1 ? 2 * LG_SSE_DATA_CAP : LG_SSE_LINE_CAP + 1;
         for (size_t i = 0; i < n; i += 1000) {
             if (k == 1) put(&b, "data: ");
-            for (int j = 0; j < (k == 1 ? 990 : 1000); j++) lg_buf_append(&b, "x", 1);
+            for (int j = 0; j < (k == 1 ? 990 : 1000); j++) srv_buf_append(&b, "x", 1);
             if (k == 1) put(&b, "\n");
         }
         lg_resp_reset(&r);
         CHECK_MSG(feed(&r, &b, 0, true) == LG_ERROR && strstr(r.error, msgs[k]), "cap %d: '%s'", k,
                   r.error);
     }
-    lg_buf_free(&b);
+    srv_buf_free(&b);
     lg_resp_free(&r);
 }
 
