@@ -1,7 +1,7 @@
 /* Load generator for `llmopt serve` (issue 6): the same greedy streaming completions run
  * by one client (one request after the other) and by N concurrent clients; prints, per
- * round, tokens/s of both, their ratio, the load average, the CPU the server (per
- * thread group) and this program used per token, and the scheduler's time per phase
+ * round, tokens/s of both, their ratio, the load average, the CPU seconds the server
+ * (per thread group) and this program used, also per token, the scheduler's time per phase
  * from /metrics. Checks that every request completes (status 200, [DONE], a usage
  * chunk) and that the N-client outputs equal the one-client ones.
  *
@@ -265,16 +265,17 @@ static bool req_make(struct lg_req *r, const struct lg_opts *o, const char *meth
     size_t blen = body ? strlen(body) : 0;
     char auth[300] = "";
     if (o->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", o->api_key);
+    bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 literal goes in brackets */
     int head = snprintf(NULL, 0,
-                        "%s %s HTTP/1.1\r\nHost: %s:%d\r\n%sContent-Type: application/json\r\n"
+                        "%s %s HTTP/1.1\r\nHost: %s%s%s:%d\r\n%sContent-Type: application/json\r\n"
                         "Content-Length: %zu\r\n\r\n",
-                        method, path, o->host, o->port, auth, blen);
+                        method, path, v6 ? "[" : "", o->host, v6 ? "]" : "", o->port, auth, blen);
     r->wire = malloc((size_t)head + blen + 1);
     if (!r->wire) return false;
     snprintf(r->wire, (size_t)head + 1,
-             "%s %s HTTP/1.1\r\nHost: %s:%d\r\n%sContent-Type: application/json\r\n"
+             "%s %s HTTP/1.1\r\nHost: %s%s%s:%d\r\n%sContent-Type: application/json\r\n"
              "Content-Length: %zu\r\n\r\n",
-             method, path, o->host, o->port, auth, blen);
+             method, path, v6 ? "[" : "", o->host, v6 ? "]" : "", o->port, auth, blen);
     if (blen) memcpy(r->wire + head, body, blen);
     r->wire_len = (size_t)head + blen;
     r->stream = false;
@@ -421,17 +422,21 @@ static void pass_print(const struct pass *p, int round, int clients, const struc
            clients == 1 ? "" : "s", p->tps, p->tokens, p->secs);
     const struct server_sample *a = &p->before, *b = &p->after;
     if (a->have_threads && b->have_threads) {
-        double g[GROUP_COUNT];
-        for (int k = 0; k < GROUP_COUNT; k++) g[k] = 1e6 * (b->group_cpu[k] - a->group_cpu[k]) / tok;
-        printf("      CPU us/token: server %.1f (scheduler thread %.1f, HTTP threads %.1f, other "
-               "%.1f), load client %.1f; preempted: scheduler %lld, HTTP threads %lld times\n",
-               g[GROUP_SCHED] + g[GROUP_HTTP] + g[GROUP_OTHER], g[GROUP_SCHED], g[GROUP_HTTP],
-               g[GROUP_OTHER],
-               1e6 * p->client_cpu / tok, b->preempt[GROUP_SCHED] - a->preempt[GROUP_SCHED],
+        double g[GROUP_COUNT], all = 0.0;
+        for (int k = 0; k < GROUP_COUNT; k++) {
+            g[k] = b->group_cpu[k] - a->group_cpu[k];
+            all += g[k];
+        }
+        printf("      CPU seconds: server %.3f, load client %.3f; per token: server %.1f us "
+               "(scheduler thread %.1f, HTTP threads %.1f, other %.1f), load client %.1f us; "
+               "preempted: scheduler %lld, HTTP threads %lld times\n",
+               all, p->client_cpu, 1e6 * all / tok, 1e6 * g[GROUP_SCHED] / tok,
+               1e6 * g[GROUP_HTTP] / tok, 1e6 * g[GROUP_OTHER] / tok, 1e6 * p->client_cpu / tok,
+               b->preempt[GROUP_SCHED] - a->preempt[GROUP_SCHED],
                b->preempt[GROUP_HTTP] - a->preempt[GROUP_HTTP]);
     } else {
-        printf("      CPU us/token: load client %.1f (server: %s)\n", 1e6 * p->client_cpu / tok,
-               o->pid > 0 ? "its /proc entry is gone" : "pass --pid");
+        printf("      CPU seconds: load client %.3f (%.1f us/token); server: %s\n", p->client_cpu,
+               1e6 * p->client_cpu / tok, o->pid > 0 ? "its /proc entry is gone" : "pass --pid");
     }
     if (!a->have_metrics || !b->have_metrics) return;
     double d[SCHED_COUNT];
