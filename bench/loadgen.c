@@ -59,10 +59,10 @@ struct lg_result {
 };
 
 struct lg_conn {
-    int fd; /* -1: not connected */
+    int fd;      /* -1: not connected */
     bool reused; /* carried a response before: the server may have closed it meanwhile */
     bool retried;
-    int req;     /* the request in flight; -1: idle */
+    int req; /* the request in flight; -1: idle */
     size_t sent;
     double t_start, t_last;
     struct lg_resp resp;
@@ -91,8 +91,8 @@ static void conn_close(struct lg_conn *c) {
 
 /* Connects c->fd (blocking connect: the server is local), then makes it non-blocking. */
 static bool conn_open(struct lg_conn *c, const struct lg_opts *o, char *err, size_t err_cap) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     struct addrinfo *ai = NULL;
     char port[16];
     snprintf(port, sizeof port, "%d", o->port);
@@ -150,8 +150,10 @@ static void conn_finish(struct lg_conn *c, const struct lg_req *req, struct lg_r
     } else {
         res->ok = true;
     }
-    if (!res->ok || !r->keep_alive) conn_close(c);
-    else c->reused = true;
+    if (!res->ok || !r->keep_alive)
+        conn_close(c);
+    else
+        c->reused = true;
     c->req = -1;
 }
 
@@ -184,7 +186,8 @@ static int run_requests(struct lg_conn *conns, int n_conn, const struct lg_req *
             struct lg_conn *c = &conns[k];
             pfd[k] = (struct pollfd){.fd = -1};
             if (c->req < 0) continue;
-            double left_idle = c->t_last + o->idle_s - now, left_all = c->t_start + o->timeout_s - now;
+            double left_idle = c->t_last + o->idle_s - now,
+                   left_all = c->t_start + o->timeout_s - now;
             if (left_idle < wait) wait = left_idle;
             if (left_all < wait) wait = left_all;
             pfd[k] = (struct pollfd){.fd = c->fd,
@@ -230,7 +233,8 @@ static int run_requests(struct lg_conn *conns, int n_conn, const struct lg_req *
                 snprintf(c->resp.error, sizeof c->resp.error, "no bytes for %.0f s", o->idle_s);
                 io_error = end = true;
             } else if (!end && now - c->t_start > o->timeout_s) {
-                snprintf(c->resp.error, sizeof c->resp.error, "not done after %.0f s", o->timeout_s);
+                snprintf(c->resp.error, sizeof c->resp.error, "not done after %.0f s",
+                         o->timeout_s);
                 io_error = end = true;
             }
             if (!end) continue;
@@ -283,7 +287,8 @@ static bool req_make(struct lg_req *r, const struct lg_opts *o, const char *meth
 }
 
 static bool req_completion(struct lg_req *r, const struct lg_opts *o, int i) {
-    static const char *const who[] = {"Lily", "Tom", "the dog", "a bird", "Ben", "the sun", "Mom", "a fish"};
+    static const char *const who[] = {"Lily", "Tom",     "the dog", "a bird",
+                                      "Ben",  "the sun", "Mom",     "a fish"};
     static const char *const did[] = {"saw", "had", "wanted", "found"};
     char prompt[128];
     snprintf(prompt, sizeof prompt, "Once upon a time, %s %s %d", who[i % 8], did[i % 4], i);
@@ -317,15 +322,25 @@ static const char *http_get(struct lg_conn *c, const struct lg_opts *o, const ch
 
 /* ---- what the server used ---- */
 
-enum { SCHED_STEPS, SCHED_TOKENS, SCHED_ROWS, SCHED_BATCH, SCHED_FORWARD, SCHED_SAMPLE,
-       SCHED_RETIRE, SCHED_IDLE, SCHED_COUNT };
-static const char *const sched_keys[] = {
-    "\nllmopt_scheduler_steps_total ", "\nllmopt_scheduler_batch_tokens_total ",
-    "\nllmopt_scheduler_logit_rows_total ", "\nllmopt_scheduler_seconds_total{phase=\"batch\"} ",
-    "\nllmopt_scheduler_seconds_total{phase=\"forward\"} ",
-    "\nllmopt_scheduler_seconds_total{phase=\"sample\"} ",
-    "\nllmopt_scheduler_seconds_total{phase=\"retire\"} ",
-    "\nllmopt_scheduler_seconds_total{phase=\"idle\"} "};
+enum {
+    SCHED_STEPS,
+    SCHED_TOKENS,
+    SCHED_ROWS,
+    SCHED_BATCH,
+    SCHED_FORWARD,
+    SCHED_SAMPLE,
+    SCHED_RETIRE,
+    SCHED_IDLE,
+    SCHED_COUNT
+};
+static const char *const sched_keys[] = {"\nllmopt_scheduler_steps_total ",
+                                         "\nllmopt_scheduler_batch_tokens_total ",
+                                         "\nllmopt_scheduler_logit_rows_total ",
+                                         "\nllmopt_scheduler_seconds_total{phase=\"batch\"} ",
+                                         "\nllmopt_scheduler_seconds_total{phase=\"forward\"} ",
+                                         "\nllmopt_scheduler_seconds_total{phase=\"sample\"} ",
+                                         "\nllmopt_scheduler_seconds_total{phase=\"retire\"} ",
+                                         "\nllmopt_scheduler_seconds_total{phase=\"idle\"} "};
 _Static_assert(sizeof sched_keys / sizeof sched_keys[0] == SCHED_COUNT, "one key per counter");
 
 /* Per thread group of the server: the scheduler thread, the HTTP (MHD) threads and
@@ -387,7 +402,8 @@ static void server_sample(struct lg_conn *mc, const struct lg_opts *o, struct se
         snprintf(p, sizeof p, "/proc/%d/task/%s/status", o->pid, e->d_name);
         if (!(f = fopen(p, "r"))) continue;
         while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "nonvoluntary_ctxt_switches:", 27)) s->preempt[g] += atoll(line + 27);
+            if (!strncmp(line, "nonvoluntary_ctxt_switches:", 27))
+                s->preempt[g] += atoll(line + 27);
         fclose(f);
     }
     closedir(d);
@@ -403,7 +419,8 @@ struct pass {
 };
 
 static void pass_run(struct pass *p, struct lg_conn *conns, int n_conn, struct lg_conn *mc,
-                     const struct lg_req *reqs, struct lg_result *res, int n, const struct lg_opts *o) {
+                     const struct lg_req *reqs, struct lg_result *res, int n,
+                     const struct lg_opts *o) {
     server_sample(mc, o, &p->before);
     double c0 = self_cpu_s(), t0 = now_s();
     p->failed = run_requests(conns, n_conn, reqs, res, n, o);
@@ -453,10 +470,11 @@ static void pass_print(const struct pass *p, int round, int clients, const struc
 /* ---- main ---- */
 
 static int usage(void) {
-    fprintf(stderr,
-            "usage: bench_loadgen --port P [--pid PID] [--host H] [--clients N] [--requests M]\n"
-            "                     [--tokens T] [--rounds R] [--only-many] [--min-speedup X]\n"
-            "                     [--model-id ID] [--api-key KEY] [--timeout S] [--idle-timeout S]\n");
+    fprintf(
+        stderr,
+        "usage: bench_loadgen --port P [--pid PID] [--host H] [--clients N] [--requests M]\n"
+        "                     [--tokens T] [--rounds R] [--only-many] [--min-speedup X]\n"
+        "                     [--model-id ID] [--api-key KEY] [--timeout S] [--idle-timeout S]\n");
     return 2;
 }
 
@@ -474,8 +492,12 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    struct lg_opts o = {.host = "127.0.0.1", .clients = 32, .tokens = 64, .rounds = 3,
-                        .timeout_s = 300, .idle_s = 60};
+    struct lg_opts o = {.host = "127.0.0.1",
+                        .clients = 32,
+                        .tokens = 64,
+                        .rounds = 3,
+                        .timeout_s = 300,
+                        .idle_s = 60};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double x;
@@ -486,18 +508,30 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage();
         if (!v) return usage();
         i++;
-        if (!strcmp(a, "--host")) o.host = v;
-        else if (!strcmp(a, "--model-id")) o.model_id = v;
-        else if (!strcmp(a, "--api-key")) o.api_key = v;
-        else if (!strcmp(a, "--port") && arg_num(v, 1, 65535, &x)) o.port = (int)x;
-        else if (!strcmp(a, "--pid") && arg_num(v, 1, 1 << 30, &x)) o.pid = (int)x;
-        else if (!strcmp(a, "--clients") && arg_num(v, 1, 4096, &x)) o.clients = (int)x;
-        else if (!strcmp(a, "--requests") && arg_num(v, 1, 1 << 20, &x)) o.requests = (int)x;
-        else if (!strcmp(a, "--tokens") && arg_num(v, 1, 1 << 20, &x)) o.tokens = (int)x;
-        else if (!strcmp(a, "--rounds") && arg_num(v, 1, 1000, &x)) o.rounds = (int)x;
-        else if (!strcmp(a, "--min-speedup") && arg_num(v, 0, 1e6, &x)) o.min_speedup = x;
-        else if (!strcmp(a, "--timeout") && arg_num(v, 1, 1e6, &x)) o.timeout_s = x;
-        else if (!strcmp(a, "--idle-timeout") && arg_num(v, 1, 1e6, &x)) o.idle_s = x;
+        if (!strcmp(a, "--host"))
+            o.host = v;
+        else if (!strcmp(a, "--model-id"))
+            o.model_id = v;
+        else if (!strcmp(a, "--api-key"))
+            o.api_key = v;
+        else if (!strcmp(a, "--port") && arg_num(v, 1, 65535, &x))
+            o.port = (int)x;
+        else if (!strcmp(a, "--pid") && arg_num(v, 1, 1 << 30, &x))
+            o.pid = (int)x;
+        else if (!strcmp(a, "--clients") && arg_num(v, 1, 4096, &x))
+            o.clients = (int)x;
+        else if (!strcmp(a, "--requests") && arg_num(v, 1, 1 << 20, &x))
+            o.requests = (int)x;
+        else if (!strcmp(a, "--tokens") && arg_num(v, 1, 1 << 20, &x))
+            o.tokens = (int)x;
+        else if (!strcmp(a, "--rounds") && arg_num(v, 1, 1000, &x))
+            o.rounds = (int)x;
+        else if (!strcmp(a, "--min-speedup") && arg_num(v, 0, 1e6, &x))
+            o.min_speedup = x;
+        else if (!strcmp(a, "--timeout") && arg_num(v, 1, 1e6, &x))
+            o.timeout_s = x;
+        else if (!strcmp(a, "--idle-timeout") && arg_num(v, 1, 1e6, &x))
+            o.idle_s = x;
         else {
             fprintf(stderr, "loadgen: bad option or value: %s %s\n", a, v);
             return usage();
@@ -561,17 +595,20 @@ int main(int argc, char **argv) {
         int shown = 0;
         for (int i = 0; i < m; i++) {
             if (!o.only_many && !one[i].ok && shown++ < 5)
-                fprintf(stderr, "loadgen: round %d, 1 client, request %d: %s\n", round, i, one[i].error);
+                fprintf(stderr, "loadgen: round %d, 1 client, request %d: %s\n", round, i,
+                        one[i].error);
             if (!many[i].ok && shown++ < 5)
                 fprintf(stderr, "loadgen: round %d, %d clients, request %d: %s\n", round, n, i,
                         many[i].error);
             if (o.only_many || !one[i].ok || !many[i].ok) continue;
             if (one[i].c.completion_tokens != many[i].c.completion_tokens ||
                 one[i].c.text.len != many[i].c.text.len ||
-                (one[i].c.text.len && memcmp(one[i].c.text.data, many[i].c.text.data, one[i].c.text.len))) {
-                fprintf(stderr, "loadgen: round %d, request %d: %d clients gave\n  '%s' (%lld tokens)\n"
-                        "where 1 client gave\n  '%s' (%lld tokens)\n", round, i, n,
-                        many[i].c.text.data ? many[i].c.text.data : "",
+                (one[i].c.text.len &&
+                 memcmp(one[i].c.text.data, many[i].c.text.data, one[i].c.text.len))) {
+                fprintf(stderr,
+                        "loadgen: round %d, request %d: %d clients gave\n  '%s' (%lld tokens)\n"
+                        "where 1 client gave\n  '%s' (%lld tokens)\n",
+                        round, i, n, many[i].c.text.data ? many[i].c.text.data : "",
                         (long long)many[i].c.completion_tokens,
                         one[i].c.text.data ? one[i].c.text.data : "",
                         (long long)one[i].c.completion_tokens);

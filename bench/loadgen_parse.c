@@ -8,9 +8,9 @@
 #include <string.h>
 #include <strings.h>
 
-static const char *const lg_state_names[] = {"headers", "chunk size", "chunk data", "chunk CRLF",
-                                             "trailer", "body",       "body until close",
-                                             "done",    "error"};
+static const char *const lg_state_names[] = {"headers",          "chunk size", "chunk data",
+                                             "chunk CRLF",       "trailer",    "body",
+                                             "body until close", "done",       "error"};
 _Static_assert(sizeof lg_state_names / sizeof lg_state_names[0] == LG_STATE_COUNT,
                "one name per parser state");
 
@@ -100,8 +100,10 @@ static enum lg_state parse_head(struct lg_resp *r) {
             r->remaining = len;
             have_len = true;
         } else if ((v = header_value(line, "Connection"))) {
-            if (has_token(v, "close")) r->keep_alive = false;
-            else if (has_token(v, "keep-alive")) r->keep_alive = true;
+            if (has_token(v, "close"))
+                r->keep_alive = false;
+            else if (has_token(v, "keep-alive"))
+                r->keep_alive = true;
         } else if ((v = header_value(line, "Content-Type"))) {
             r->sse = !strncasecmp(v, "text/event-stream", 17);
         }
@@ -239,10 +241,10 @@ static void chunk_size_line(struct lg_resp *r) {
     size_t i = 0;
     for (; i < r->line_len; i++) {
         char c = r->line[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
+        int d = c >= '0' && c <= '9'   ? c - '0'
                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                        : -1;
+                                       : -1;
         if (d < 0) break;
         if (size > (INT64_C(1) << 40)) {
             lg_fail(r, "chunk size '%.40s' too large", r->line);
@@ -250,7 +252,8 @@ static void chunk_size_line(struct lg_resp *r) {
         }
         size = size * 16 + d;
     }
-    if (i == 0 || (i < r->line_len && r->line[i] != ';' && r->line[i] != ' ' && r->line[i] != '\t')) {
+    if (i == 0 ||
+        (i < r->line_len && r->line[i] != ';' && r->line[i] != ' ' && r->line[i] != '\t')) {
         lg_fail(r, "bad chunk size line '%.40s'", r->line);
         return;
     }
@@ -275,8 +278,10 @@ enum lg_state lg_resp_feed(struct lg_resp *r, const char *p, size_t n) {
             if (r->state == LG_CHUNK_SIZE) {
                 chunk_size_line(r);
             } else if (r->state == LG_CHUNK_CRLF) {
-                if (r->line_len) lg_fail(r, "chunk data longer than its size");
-                else r->state = LG_CHUNK_SIZE;
+                if (r->line_len)
+                    lg_fail(r, "chunk data longer than its size");
+                else
+                    r->state = LG_CHUNK_SIZE;
             } else if (r->line_len == 0) {
                 r->state = LG_DONE;
             }
@@ -365,8 +370,9 @@ bool lg_completion_event(void *ctx, const char *data, size_t len, char *err, siz
     json_t *choice;
     json_array_foreach(json_object_get(j, "choices"), i, choice) {
         if (!ok) break;
-        ok = add_text(c, json_object_get(choice, "text"), err, err_cap) &&
-             add_text(c, json_object_get(json_object_get(choice, "delta"), "content"), err, err_cap);
+        ok =
+            add_text(c, json_object_get(choice, "text"), err, err_cap) &&
+            add_text(c, json_object_get(json_object_get(choice, "delta"), "content"), err, err_cap);
     }
     json_t *usage = json_object_get(j, "usage");
     if (ok && json_is_object(usage)) {

@@ -13,11 +13,11 @@
 
 #include "server/srv_buf.h" /* the server's capped byte buffer */
 
-#define LG_HEAD_CAP 8192       /* status line + headers */
-#define LG_LINE_CAP 256        /* a chunk-size or trailer line */
-#define LG_SSE_LINE_CAP 65536  /* one SSE line */
-#define LG_SSE_DATA_CAP 65536  /* one event's joined data lines */
-#define LG_BODY_CAP (1u << 20) /* a plain (non-SSE) body, or one request's completion text */
+#define LG_HEAD_CAP     8192       /* status line + headers */
+#define LG_LINE_CAP     256        /* a chunk-size or trailer line */
+#define LG_SSE_LINE_CAP 65536      /* one SSE line */
+#define LG_SSE_DATA_CAP 65536      /* one event's joined data lines */
+#define LG_BODY_CAP     (1u << 20) /* a plain (non-SSE) body, or one request's completion text */
 
 enum lg_state {
     LG_HEAD,       /* reading the status line and headers */
@@ -51,7 +51,7 @@ struct lg_resp {
     /* SSE */
     char *sse_line; /* (LG_SSE_LINE_CAP + 1) */
     size_t sse_line_len;
-    bool sse_cr; /* the last byte was a CR: a following LF belongs to it */
+    bool sse_cr;    /* the last byte was a CR: a following LF belongs to it */
     char *sse_data; /* (LG_SSE_DATA_CAP + 1) */
     size_t sse_data_len;
     bool sse_has_data; /* a data field was seen in the event being read */

@@ -26,7 +26,9 @@ static void rand_text(struct srv_buf *b, int max_cp) {
             srv_buf_append(b, &special[rnd() % (sizeof special - 1)], 1);
             continue;
         }
-        cp = kind == 1 ? 0x20 + rnd() % 0x5f : kind == 2 ? 0x80 + rnd() % 0x780 : 0x800 + rnd() % 0xc000;
+        cp = kind == 1   ? 0x20 + rnd() % 0x5f
+             : kind == 2 ? 0x80 + rnd() % 0x780
+                         : 0x800 + rnd() % 0xc000;
         if (cp >= 0xd800 && cp < 0xe000) cp = 0x4e2d;
         if (cp < 0x80) {
             u[0] = (char)cp;
@@ -164,7 +166,8 @@ static void test_streams(void) {
             CHECK(c.done);
             CHECK_EQ_INT(c.completion_tokens, tokens);
             CHECK_EQ_INT(c.text.len, expect.len);
-            CHECK(c.text.len == expect.len && (!c.text.len || !memcmp(c.text.data, expect.data, c.text.len)));
+            CHECK(c.text.len == expect.len &&
+                  (!c.text.len || !memcmp(c.text.data, expect.data, c.text.len)));
             lg_completion_free(&c);
         }
         srv_buf_free(&body);
@@ -210,16 +213,19 @@ static void test_fields_and_plain(void) {
     CHECK(!strcmp(seen[0], "a\nb\n"));
 
     lg_resp_reset(&r);
-    CHECK_EQ_INT(feed_str(&r, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\n"
-                              "Content-Length: 11\r\n\r\n{\"e\":\"no\"}\n", false),
+    CHECK_EQ_INT(feed_str(&r,
+                          "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\n"
+                          "Content-Length: 11\r\n\r\n{\"e\":\"no\"}\n",
+                          false),
                  LG_DONE);
     CHECK_EQ_INT(r.status, 404);
     CHECK(r.keep_alive && !r.sse);
     CHECK(r.body.len == 11 && !strcmp(r.body.data, "{\"e\":\"no\"}\n"));
 
     lg_resp_reset(&r);
-    CHECK_EQ_INT(feed_str(&r, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", false),
-                 LG_DONE);
+    CHECK_EQ_INT(
+        feed_str(&r, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", false),
+        LG_DONE);
     CHECK(!r.keep_alive && r.body.len == 0);
     lg_resp_free(&r);
 }
@@ -233,20 +239,26 @@ static void test_errors(void) {
         {"HTTP/2 200\r\n\r\n", "bad status line", false},
         {"HTTP/1.1 200 OK\r\nContent-Length: 1x\r\n\r\n", "bad Content-Length", false},
         {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size", false},
-        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n", "longer than its size", false},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n",
+         "longer than its size", false},
         {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\nab", "CRLF", false},
-        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff\r\n", "too large", false},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff\r\n", "too large",
+         false},
         {"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nabc", "after the end", false},
         {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab", "closed in the middle", true},
         {"", "closed before a response", true},
         {"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 40\r\n\r\n"
-         "data: [DONE]\n\ndata: {}\n\n", "after [DONE]", false},
+         "data: [DONE]\n\ndata: {}\n\n",
+         "after [DONE]", false},
         {"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-         "data: {\"error\":{\"message\":\"boom\"}}\n\n", "error event: boom", false},
+         "data: {\"error\":{\"message\":\"boom\"}}\n\n",
+         "error event: boom", false},
         {"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-         "data: {nope\n\n", "not a JSON object", false},
+         "data: {nope\n\n",
+         "not a JSON object", false},
         {"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-         "data: {\"usage\":{\"completion_tokens\":\"7\"}}\n\n", "integer completion_tokens", false},
+         "data: {\"usage\":{\"completion_tokens\":\"7\"}}\n\n",
+         "integer completion_tokens", false},
     };
     struct lg_resp r;
     CHECK(lg_resp_init(&r, lg_completion_event, NULL));
@@ -256,8 +268,8 @@ static void test_errors(void) {
         lg_resp_reset(&r);
         r.event_ctx = &c;
         enum lg_state st = feed_str(&r, cases[i].wire, cases[i].eof);
-        CHECK_MSG(st == LG_ERROR && strstr(r.error, cases[i].message), "case %zu: state %d, '%s'", i,
-                  st, r.error);
+        CHECK_MSG(st == LG_ERROR && strstr(r.error, cases[i].message), "case %zu: state %d, '%s'",
+                  i, st, r.error);
         lg_completion_free(&c);
     }
     /* Caps: headers, one SSE line, one event, a plain body. */
@@ -267,9 +279,10 @@ static void test_errors(void) {
     for (int i = 0; i < LG_HEAD_CAP / 10; i++) put(&b, "X-Pad: 12\r\n");
     lg_resp_reset(&r);
     CHECK(feed(&r, &b, 0, false) == LG_ERROR && strstr(r.error, "headers longer"));
-    const char *heads[] = {"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
-                           "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
-                           "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"};
+    const char *heads[] = {
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"};
     const char *msgs[] = {"SSE line over", "SSE event over", "body over"};
     for (int k = 0; k < 3; k++) {
         b.len = 0;
