@@ -1,4 +1,5 @@
 /* libmicrohttpd glue (see http.h). */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include "server/http.h"
 
 #include "server/srv_buf.h"
@@ -6,6 +7,8 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,11 +54,32 @@ static int http_conn_fd(struct MHD_Connection *c) {
     return ci ? (int)ci->connect_fd : -1;
 }
 
+/* While a connection thread streams tokens of a request that shares the scheduler with
+ * others, it runs as SCHED_BATCH: woken for a token's bytes, it waits for a free core or
+ * the next tick instead of preempting the scheduler thread, whose step all those
+ * requests wait on. Otherwise it is SCHED_OTHER: a lone stream's reader is what its
+ * scheduler waits for once the request's event ring is full (a disfavoured reader let
+ * the scheduler idle for milliseconds on a loaded machine), and a new request is read
+ * and submitted without delay. Any thread may switch itself between these two
+ * policies; no privilege is needed. LLMOPT_SERVER_HTTP_POLICY=other keeps SCHED_OTHER
+ * throughout (to compare). */
+static void http_thread_policy(bool batch) {
+    static _Thread_local bool is_batch;
+    if (batch == is_batch) return;
+    const char *e = getenv("LLMOPT_SERVER_HTTP_POLICY");
+    if (batch && e && !strcmp(e, "other")) return;
+    struct sched_param sp = {0};
+    if (!pthread_setschedparam(pthread_self(), batch ? SCHED_BATCH : SCHED_OTHER, &sp))
+        is_batch = batch;
+}
+
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     struct http_stream *hs = cls;
+    http_thread_policy(srv_stream_shared(hs->stream));
     ssize_t n = srv_stream_read(hs->stream, buf, max, http_gone, &hs->fd);
     if (n > 0) return n;
+    http_thread_policy(false);
     return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
@@ -119,6 +143,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
                                        const char *upload_data, size_t *upload_data_size,
                                        void **con_cls) {
     (void)version;
+    http_thread_policy(false);
     struct http_server *h = cls;
     struct http_request *hr = *con_cls;
     struct srv_reply reply;

@@ -476,6 +476,10 @@ ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, srv_gone_f
     return (ssize_t)n;
 }
 
+bool srv_stream_shared(const struct srv_stream *st) {
+    return srv_sched_n_running(st->app->sched) > 1;
+}
+
 void srv_stream_free(struct srv_stream *st) {
     if (!st) return;
     srv_req_release(st->req);

@@ -61,6 +61,8 @@ void srv_app_handle(struct srv_app *a, const char *method, const char *path, con
  * stream must be cut (the client went away). Blocks until there is something. */
 ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, srv_gone_fn gone,
                         void *gone_ctx);
+/* Whether the stream's request shares the scheduler with other running requests. */
+bool srv_stream_shared(const struct srv_stream *st);
 /* Ends the stream; cancels the request if it still runs. */
 void srv_stream_free(struct srv_stream *st);
 

@@ -739,6 +739,10 @@ const struct llmopt_session *srv_sched_session(const struct srv_sched *s) {
     return s->session;
 }
 
+int32_t srv_sched_n_running(const struct srv_sched *s) {
+    return atomic_load(&((struct srv_sched *)s)->n_running);
+}
+
 int32_t srv_sched_n_ctx(const struct srv_sched *s) {
     return s->n_ctx;
 }

@@ -64,6 +64,8 @@ void srv_sched_stop(struct srv_sched *s);
 /* After srv_sched_stop and after every request was released. */
 void srv_sched_free(struct srv_sched *s);
 int32_t srv_sched_n_ctx(const struct srv_sched *s);
+/* Requests holding a slot now (any thread; a snapshot). */
+int32_t srv_sched_n_running(const struct srv_sched *s);
 const struct llmopt_session *srv_sched_session(const struct srv_sched *s);
 
 struct srv_req_spec {
