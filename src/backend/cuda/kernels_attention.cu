@@ -3,14 +3,17 @@
  *
  * 1. kv_append: every token's K and V rows go to its sequence's block.
  * 2. attention_partial: one block per (context split, query head, token). The split's
- *    positions are walked ATT_CHUNK at a time: each position's K/V row offset (through
+ *    positions are walked ATT_CHUNK at a time: each position's K/V row address (through
  *    the block table) into shared memory, scores into shared memory (a warp per
  *    position, lanes over the head dim, 4 positions in flight), then an online softmax
  *    update of the running max, sum and the weighted V sum (a thread per head-dim
  *    element, 8 V loads in flight). Positions and block tables are read from device
  *    memory, so the launch is the same every decode step (a CUDA graph replays it).
- * 3. attention_combine (splits > 1): merges the partial (max, sum, acc) of each split:
- *    flash-decoding for long contexts with few tokens.
+ * 3. splits > 1: the last block of each (token, head) to finish merges the partial
+ *    (max, sum, acc) of every split (flash-decoding for long contexts with few
+ *    tokens), counted through a device counter it resets. A single token (decode)
+ *    needs no step 1: the attention kernel appends its K/V and reads the token's own
+ *    position from the inputs, so decode attention is one launch.
  * 2'. attention_tiled (batches above CU_ATT_TILED_MIN_TOKENS, head dim <= 128, a
  *    multiple of 4: prefill): one block per (16 consecutive tokens of the batch, head).
  *    For each sequence present in the tile, the union of its tokens' key ranges is
@@ -48,16 +51,23 @@ __global__ void kv_append_kernel(struct cu_attention a) {
     }
 }
 
+/* APPEND (one token): the kernel appends the token's K/V itself (a block per KV head
+ * writes its row); every block reads the token's own position from the k/v inputs, the
+ * other positions from the cache. With splits, each block leaves its partial result
+ * and the last block of a (token, head) to finish merges them (counters[t, h], reset
+ * by that block), so no combine kernel follows. */
+template <bool APPEND>
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
-    __shared__ int64_t rowoff[ATT_CHUNK]; /* element offset of each position's K/V head row */
+    __shared__ const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK]; /* each position's K/V head row */
     __shared__ float red[32];
+    __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     constexpr int nw = ATT_THREADS / CU_WARP;
-    const int kvh = h / (a.n_heads / a.n_kv_heads), row_elems = a.n_kv_heads * Dh;
+    const int group = a.n_heads / a.n_kv_heads, kvh = h / group, row_elems = a.n_kv_heads * Dh;
     const int32_t p = a.pos[t], slot = a.slot[t];
     const int32_t first = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
     /* this split's positions: whole chunks, split as evenly as the chunk count allows */
@@ -65,6 +75,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
     const int32_t per = (n_chunks + a.splits - 1) / a.splits;
     const int32_t begin = first + split * per * ATT_CHUNK;
     const int32_t end = min(p + 1, begin + per * ATT_CHUNK);
+    const float *k_own = a.k + ((int64_t)kvh * a.n_tok + t) * Dh, *v_own = a.v + ((int64_t)kvh * a.n_tok + t) * Dh;
+    if (APPEND && split == 0 && h % group == 0) {
+        const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, p) * row_elems +
+                            (int64_t)kvh * Dh;
+        for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
+            a.k_cache[row + d] = k_own[d];
+            a.v_cache[row + d] = v_own[d];
+        }
+    }
 
     for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) qs[d] = a.q[((int64_t)h * a.n_tok + t) * Dh + d];
     float m = -INFINITY, l = 0.0f, acc[ATT_DH_PER_THREAD];
@@ -73,10 +92,18 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
 
     for (int32_t c0 = begin; c0 < end; c0 += ATT_CHUNK) {
         const int cn = min(ATT_CHUNK, end - c0);
-        for (int jj = threadIdx.x; jj < cn; jj += ATT_THREADS)
-            rowoff[jj] = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj) * row_elems +
-                         (int64_t)kvh * Dh;
-        __syncthreads(); /* rowoff (and qs on the first chunk) */
+        for (int jj = threadIdx.x; jj < cn; jj += ATT_THREADS) {
+            if (c0 + jj == p) {
+                krow[jj] = k_own;
+                vrow[jj] = v_own;
+            } else {
+                int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj) * row_elems +
+                              (int64_t)kvh * Dh;
+                krow[jj] = a.k_cache + off;
+                vrow[jj] = a.v_cache + off;
+            }
+        }
+        __syncthreads(); /* krow/vrow (and qs on the first chunk) */
         /* scores: a warp per position, 4 positions in flight per warp */
         for (int jj0 = warp; jj0 < cn; jj0 += 4 * nw) {
             float dot[4];
@@ -85,7 +112,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
                 int jj = jj0 + u * nw;
                 dot[u] = 0.0f;
                 if (jj < cn) {
-                    const float *kr = a.k_cache + rowoff[jj];
+                    const float *kr = krow[jj];
                     for (int d = lane; d < Dh; d += CU_WARP) dot[u] += qs[d] * kr[d];
                 }
             }
@@ -121,17 +148,17 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
             for (; jj + 8 <= cn; jj += 8) {
                 float v[8];
 #pragma unroll
-                for (int u = 0; u < 8; u++) v[u] = a.v_cache[rowoff[jj + u] + d];
+                for (int u = 0; u < 8; u++) v[u] = vrow[jj + u][d];
 #pragma unroll
                 for (int u = 0; u < 8; u += 2) {
                     s0 += sc[jj + u] * v[u];
                     s1 += sc[jj + u + 1] * v[u + 1];
                 }
             }
-            for (; jj < cn; jj++) s0 += sc[jj] * a.v_cache[rowoff[jj] + d];
+            for (; jj < cn; jj++) s0 += sc[jj] * vrow[jj][d];
             acc[i] = s0 + s1;
         }
-        __syncthreads(); /* sc and rowoff are rewritten by the next chunk */
+        __syncthreads(); /* sc and krow/vrow are rewritten by the next chunk */
     }
 
     const int64_t th = (int64_t)t * a.n_heads + h;
@@ -153,29 +180,33 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
         part[0] = m;
         part[1] = l;
     }
-}
-
-__global__ void attention_combine_kernel(struct cu_attention a) {
-    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
-    const int h = blockIdx.x, t = blockIdx.y, Dh = a.head_dim;
-    const int64_t th = (int64_t)t * a.n_heads + h;
-    const float *part = a.part + th * a.splits * (Dh + 2);
-    float m = -INFINITY;
+    /* the last block of this (token, head) merges the splits */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(&a.counters[th], 1u) == (unsigned)a.splits - 1;
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    const float *pt = a.part + th * a.splits * (Dh + 2);
+    float mm = -INFINITY;
     for (int s = 0; s < a.splits; s++)
-        if (part[s * (Dh + 2) + 1] > 0.0f) m = fmaxf(m, part[s * (Dh + 2)]);
-    float l = 0.0f;
+        if (__ldcg(pt + s * (Dh + 2) + 1) > 0.0f) mm = fmaxf(mm, __ldcg(pt + s * (Dh + 2)));
+    float ll = 0.0f;
     for (int s = 0; s < a.splits; s++) {
-        const float *ps = part + s * (Dh + 2);
-        if (ps[1] > 0.0f) l += ps[1] * expf(ps[0] - m);
+        const float *ps = pt + s * (Dh + 2);
+        float ls = __ldcg(ps + 1);
+        if (ls > 0.0f) ll += ls * expf(__ldcg(ps) - mm);
     }
-    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-        float acc = 0.0f;
+    for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
+        float o = 0.0f;
         for (int s = 0; s < a.splits; s++) {
-            const float *ps = part + s * (Dh + 2);
-            if (ps[1] > 0.0f) acc += ps[2 + d] * expf(ps[0] - m);
+            const float *ps = pt + s * (Dh + 2);
+            float ls = __ldcg(ps + 1);
+            if (ls > 0.0f) o += __ldcg(ps + 2 + d) * expf(__ldcg(ps) - mm);
         }
-        a.out[th * Dh + d] = acc / l;
+        a.out[th * Dh + d] = o / ll;
     }
+    if (threadIdx.x == 0) a.counters[th] = 0; /* ready for the next launch */
 }
 
 #define ATT_TQ 16      /* queries per block */
@@ -341,19 +372,24 @@ bool cu_attention_tiled_ok(const struct cu_attention *a) {
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     if (a->n_tok <= 0) return cudaSuccess;
     if (a->head_dim > ATT_MAX_DH || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
-        a->n_heads > 65535 || a->n_tok > 65535 || a->splits < 1 || (a->splits > 1 && !a->part))
+        a->n_heads > 65535 || a->n_tok > 65535 || a->splits < 1 ||
+        (a->splits > 1 && (!a->part || !a->counters || (int64_t)a->n_tok * a->n_heads > CU_ATT_COUNTERS)))
         return cudaErrorInvalidValue;
-    kv_append_kernel<<<a->n_tok, 256, 0, st>>>(*a);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    if (cu_attention_tiled_ok(a)) {
+    bool tiled = cu_attention_tiled_ok(a);
+    cudaError_t e;
+    if (tiled || a->n_tok > 1) { /* one token appends inside the attention kernel */
+        kv_append_kernel<<<a->n_tok, 256, 0, st>>>(*a);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    if (tiled) {
         attention_tiled_kernel<<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
         return cudaGetLastError();
     }
     dim3 grid(a->splits, a->n_heads, a->n_tok);
-    attention_partial_kernel<<<grid, ATT_THREADS, 0, st>>>(*a);
-    if ((e = cudaGetLastError()) != cudaSuccess || a->splits == 1) return e;
-    attention_combine_kernel<<<dim3(a->n_heads, a->n_tok), 128, 0, st>>>(*a);
+    if (a->n_tok == 1)
+        attention_partial_kernel<true><<<grid, ATT_THREADS, 0, st>>>(*a);
+    else
+        attention_partial_kernel<false><<<grid, ATT_THREADS, 0, st>>>(*a);
     return cudaGetLastError();
 }
 
