@@ -703,7 +703,7 @@ static int32_t gb_heads_of(struct gb *b, int32_t x, int64_t h, int64_t dh, bool 
  * (one launch for q/k/v with v written head-major, one for both ropes, one for
  * gate/up); the 20-token batch runs unfused in the same session. */
 static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int64_t dh, int64_t ff, bool qk_norm,
-                        bool v_bias, bool with_prefill) {
+                        bool v_bias, bool with_prefill, bool norm_prologue) {
     struct gb b;
     gb_init(&b);
     b.vocab = 200;
@@ -738,13 +738,15 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
     char what[96];
     uint64_t kernels[2] = {0, 0};
     for (int unfused = 0; unfused < 2; unfused++) { /* the fused schedule, then the A/B switch off */
-        snprintf(what, sizeof what, "%s %s H%lld/%lld Dh%lld%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
+        snprintf(what, sizeof what, "%s %s H%lld/%lld Dh%lld%s%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
                  (long long)h, (long long)hkv, (long long)dh, qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "",
-                 with_prefill ? " +20 tokens" : "");
+                 with_prefill ? " +20 tokens" : "", norm_prologue ? " norm prologue" : "");
         if (unfused) setenv("LLMOPT_CUDA_FUSE", "0", 1);
+        if (norm_prologue) setenv("LLMOPT_CUDA_FUSE_NORM", "1", 1); /* the block norms inside the matvecs */
         compare_graph(what, &b, x, with_prefill ? mixed : small, with_prefill ? 6 : 7, 64, TOL_F32);
         kernels[unfused] = last_kernels_run;
         unsetenv("LLMOPT_CUDA_FUSE");
+        unsetenv("LLMOPT_CUDA_FUSE_NORM");
     }
     /* per layer and fused step: k and v products, v's permute, the q/k chains (norm,
      * permute, rope twice -> one launch), the up product */
@@ -755,11 +757,13 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
 }
 
 static void test_decode_fusion(void) {
-    fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, true, false, true);
-    fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false);
-    fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false);
-    fusion_case(IR_DTYPE_Q4_0, 256, 4, 4, 64, 512, false, false, false);
-    fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, false);
+    fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, true, false, true, false);
+    fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, false);
+    fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false, false);
+    fusion_case(IR_DTYPE_Q4_0, 256, 4, 4, 64, 512, false, false, false, false);
+    fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, false, false);
+    fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+    fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
 }
 
 static void test_short_conv(void) {

@@ -264,6 +264,10 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
     if (rows <= 0) return LLMOPT_OK;
     struct cu_mv_seg seg[CUDA_FUSE_MAX];
     memset(seg, 0, sizeof seg);
+    /* an rms_norm computed in the launch's prologue (norm_into_matvec): x is its input */
+    int32_t xi = n->in[0];
+    const struct ir_node *norm = s->norm_into_matvec[xi] ? &s->g->nodes[xi] : NULL;
+    const float *x = node_f32(s, norm ? norm->in[0] : xi);
     if (f->kind == FUSE_MV_PAIR) {
         static const char *const tag[] = {"linear.matvec pair f32", "linear.matvec pair f16", "linear.matvec pair bf16",
                                           "linear.matvec pair q8_0", "linear.matvec pair q4_0"};
@@ -272,8 +276,11 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
         seg[0].y = node_f32(s, i);
         seg[0].ep = linear_epilogue(s, n);
         seg[0].ep.gate = NULL; /* the up product, computed beside */
-        CU_TRY(cu_matvec_multi(s->stream, node_f32(s, n->in[0]), rows, seg, 1,
-                               &s->weight[s->g->nodes[f->m[0]].in[1]]));
+        if (norm) {
+            seg[0].ep.norm_w = node_f32(s, norm->in[1]);
+            seg[0].ep.norm_eps = (float)norm->attrs.value;
+        }
+        CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, 1, &s->weight[s->g->nodes[f->m[0]].in[1]]));
         return LLMOPT_OK;
     }
     static const char *const tag[] = {"linear.matvec multi f32", "linear.matvec multi f16", "linear.matvec multi bf16",
@@ -286,7 +293,11 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
         seg[k].ep = linear_epilogue(s, l);
         seg[k].head_dim = f->head_dim[k];
     }
-    CU_TRY(cu_matvec_multi(s->stream, node_f32(s, n->in[0]), rows, seg, f->n, NULL));
+    if (norm) {
+        seg[0].ep.norm_w = node_f32(s, norm->in[1]);
+        seg[0].ep.norm_eps = (float)norm->attrs.value;
+    }
+    CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, f->n, NULL));
     return LLMOPT_OK;
 }
 
@@ -804,6 +815,7 @@ static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_e
             if (!s->norm_into_matvec[src]) continue;
             used[src] = true;
             bool ok = n->op == IR_OP_LINEAR && k == 0 && cu_matvec_ok(&s->weight[n->in[1]]) &&
+                      s->weight[n->in[1]].cols <= CU_MATVEC_NORM_MAX_K &&
                       s->weight[n->in[1]].cols == g->nodes[src].shape.dims[g->nodes[src].shape.rank - 1].coef;
             for (int k2 = 1; k2 < n->n_in; k2++) ok = ok && n->in[k2] != src;
             if (!ok) s->norm_into_matvec[src] = false;
@@ -844,12 +856,12 @@ struct fuse_ctx {
 };
 
 /* Rows of the products of x at every fused batch size (N = M = CUDA_MATVEC_MAX_ROWS
- * bounds them all) fit the matvec, and the rms_norm prologue does not read x. */
+ * bounds them all) fit the matvec. */
 static bool fuse_x_ok(const struct fuse_ctx *c, int32_t x, int64_t k) {
     const struct cuda_state *s = c->s;
     struct ir_extent e;
     ir_extent_of(&s->g->nodes[x].shape, CUDA_MATVEC_MAX_ROWS, CUDA_MATVEC_MAX_ROWS, &e);
-    return k > 0 && ir_extent_numel(&e) / k <= CUDA_MATVEC_MAX_ROWS && !s->norm_into_matvec[x];
+    return k > 0 && ir_extent_numel(&e) / k <= CUDA_MATVEC_MAX_ROWS;
 }
 
 static bool fuse_linear_ok(const struct fuse_ctx *c, int32_t i) {

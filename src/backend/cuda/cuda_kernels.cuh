@@ -45,9 +45,9 @@ struct cu_epilogue {
     const float *gate;     /* (rows, n_out) */
     const float *residual; /* (rows, n_out) */
     int act;               /* enum ir_op, or -1 */
-    /* cu_matvec only (a prologue): when set, each x row is first replaced by
-     * rms_norm(x) = x * (1 / sqrt(mean(x^2) + norm_eps)) * norm_w, as cu_norm computes
-     * it, so the norm needs no kernel of its own */
+    /* cu_matvec only (a prologue; K <= CU_MATVEC_NORM_MAX_K): when set, each x row is
+     * first replaced by rms_norm(x) = x * (1 / sqrt(mean(x^2) + norm_eps)) * norm_w, as
+     * cu_norm computes it, so the norm needs no kernel of its own */
     const float *norm_w;   /* (K) */
     float norm_eps;
 };
@@ -55,6 +55,7 @@ struct cu_epilogue {
 /* Matrix-vector product for few rows (decode): W read once, 16-byte loads, dequantized
  * in registers, two output rows per warp. Needs cu_matvec_ok(). rows <= CU_MATVEC_MAX_ROWS. */
 #define CU_MATVEC_MAX_ROWS 8
+#define CU_MATVEC_NORM_MAX_K 12288 /* the normalized row in 48 KB of shared memory */
 /* Matvec kernels start as programmatic dependents of the kernel before them (their
  * first weight loads overlap its tail) unless $LLMOPT_CUDA_PDL=0. */
 bool cu_pdl_enabled(void);

@@ -39,6 +39,7 @@ static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int
 
 __global__ void kv_append_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself */
     int t = blockIdx.x;
     int row_elems = a.n_kv_heads * a.head_dim;
     int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, a.slot[t], a.pos[t]);
@@ -59,6 +60,7 @@ __global__ void kv_append_kernel(struct cu_attention a) {
 template <bool APPEND>
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself */
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
     __shared__ const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK]; /* each position's K/V head row */
@@ -378,7 +380,7 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     bool tiled = cu_attention_tiled_ok(a);
     cudaError_t e;
     if (tiled || a->n_tok > 1) { /* one token appends inside the attention kernel */
-        kv_append_kernel<<<a->n_tok, 256, 0, st>>>(*a);
+        if ((e = cu_launch_pdl(kv_append_kernel, dim3(a->n_tok), dim3(256), 0, st, *a)) != cudaSuccess) return e;
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     if (tiled) {
@@ -386,11 +388,9 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
         return cudaGetLastError();
     }
     dim3 grid(a->splits, a->n_heads, a->n_tok);
-    if (a->n_tok == 1)
-        attention_partial_kernel<true><<<grid, ATT_THREADS, 0, st>>>(*a);
-    else
-        attention_partial_kernel<false><<<grid, ATT_THREADS, 0, st>>>(*a);
-    return cudaGetLastError();
+    e = cu_launch_pdl(a->n_tok == 1 ? attention_partial_kernel<true> : attention_partial_kernel<false>, grid,
+                      dim3(ATT_THREADS), 0, st, *a);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* ---- short_conv ------------------------------------------------------------------- */

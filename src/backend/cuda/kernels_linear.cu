@@ -198,15 +198,27 @@ __global__ void __launch_bounds__(MV_THREADS)
     const int64_t first = (int64_t)ks * CU_WARP + lane;
     if (j0 < n_out) load(first);
     cu_pdl_wait();
+    /* the rms_norm prologue (segment 0 carries it for the launch): every x row's scale,
+     * by the whole block; with one row the normalized row goes to shared memory (xs,
+     * K floats) and the loop below reads it from there */
     __shared__ float inv_rms[RMAX], red[32];
-    if constexpr (NORM) { /* the rms_norm prologue: every x row's scale, by the whole block */
+    extern __shared__ float4 xs_dyn[];
+    const float *xs = (const float *)xs_dyn;
+    const float *norm_w = job.seg[0].ep.norm_w;
+    if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
             float ss = 0.0f;
             for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) ss += x[(size_t)r * K + k] * x[(size_t)r * K + k];
             ss = cu_block_sum(ss, red);
-            if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(ss / (float)K + ep.norm_eps);
+            if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(ss / (float)K + job.seg[0].ep.norm_eps);
         }
         __syncthreads();
+        if constexpr (RMAX == 1) {
+            float *xw = (float *)xs_dyn;
+            const float sc = inv_rms[0];
+            for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) xw[k] = x[k] * sc * norm_w[k];
+            __syncthreads();
+        }
     }
     if (j0 < n_out) {
         for (int64_t c0 = first; c0 < n_chunks; c0 += step * U) {
@@ -217,26 +229,14 @@ __global__ void __launch_bounds__(MV_THREADS)
                 if (c >= n_chunks) break;
                 if constexpr (RMAX == 1) {
                     float xr[E];
-                    const float4 *xv = (const float4 *)(x + (size_t)c * E);
 #pragma unroll
                     for (int i = 0; i < E / 4; i++) {
-                        float4 xx = __ldg(xv + i);
+                        float4 xx = NORM ? ((const float4 *)(xs + (size_t)c * E))[i]
+                                         : __ldg((const float4 *)(x + (size_t)c * E) + i);
                         xr[4 * i] = xx.x;
                         xr[4 * i + 1] = xx.y;
                         xr[4 * i + 2] = xx.z;
                         xr[4 * i + 3] = xx.w;
-                    }
-                    if constexpr (NORM) {
-                        const float sc = inv_rms[0];
-                        const float4 *nv = (const float4 *)(ep.norm_w + (size_t)c * E);
-#pragma unroll
-                        for (int i = 0; i < E / 4; i++) {
-                            float4 nw = __ldg(nv + i);
-                            xr[4 * i] = xr[4 * i] * sc * nw.x;
-                            xr[4 * i + 1] = xr[4 * i + 1] * sc * nw.y;
-                            xr[4 * i + 2] = xr[4 * i + 2] * sc * nw.z;
-                            xr[4 * i + 3] = xr[4 * i + 3] * sc * nw.w;
-                        }
                     }
 #pragma unroll
                     for (int nr = 0; nr < NW; nr++) {
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(MV_THREADS)
                                 float4 xx = __ldg(xv + i);
                                 if constexpr (NORM) {
                                     const float sc = inv_rms[r];
-                                    const float4 nw = __ldg((const float4 *)(ep.norm_w + (size_t)c * E) + i);
+                                    const float4 nw = __ldg((const float4 *)(norm_w + (size_t)c * E) + i);
                                     xx.x = xx.x * sc * nw.x;
                                     xx.y = xx.y * sc * nw.y;
                                     xx.z = xx.z * sc * nw.z;
@@ -337,6 +337,19 @@ bool cu_matvec_ok(const struct cu_weight *w) {
            cu_weight_data_bytes(w->dtype, 1, w->cols) % 16 == 0;
 }
 
+/* Warps a launch aims at (K split across warps until this many have work, keeping at
+ * least two rounds of 32 chunks per warp): $LLMOPT_CUDA_MV_WARPS, default 4096 (132
+ * SMs x 32 warps on an H200), read once. */
+static int64_t mv_target_warps(void) {
+    static int64_t target = 0;
+    if (!target) {
+        const char *e = getenv("LLMOPT_CUDA_MV_WARPS");
+        long long v = e ? atoll(e) : 0;
+        target = v >= 128 && v <= (1 << 20) ? (int64_t)v : 4096;
+    }
+    return target;
+}
+
 template <int DT, int RMAX, int NR, bool NORM, bool PAIR>
 static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int rows) {
     /* Split K until about 4096 warps have work (132 SMs x 32 warps on an H200), but keep
@@ -346,19 +359,12 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
+    const int64_t want = mv_target_warps();
     int ksplit = 1;
-    while (ksplit < MV_WARPS && groups * ksplit < 4096 && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
+    while (ksplit < MV_WARPS && groups * ksplit < want && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
     unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(MV_THREADS);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = cu_pdl_enabled() ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, matvec_kernel<DT, RMAX, NR, NORM, PAIR>, job, x, rows, ksplit);
+    size_t smem = NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
+    cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x, rows, ksplit);
 }
 
 /* Output rows per warp: big matrices stream 2 or 4 weight rows at a time (a SwiGLU
@@ -385,7 +391,9 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
 
 template <int DT>
 static void mv_launch(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
-    if (job.up.data)
+    if (job.up.data && job.seg[0].ep.norm_w)
+        mv_launch_rows<DT, true, true>(st, job, x, rows);
+    else if (job.up.data)
         mv_launch_rows<DT, false, true>(st, job, x, rows);
     else if (job.seg[0].ep.norm_w)
         mv_launch_rows<DT, true, false>(st, job, x, rows);
@@ -403,13 +411,13 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
     for (int k = 0; k < n_seg; k++) {
         const struct cu_weight *w = &segs[k].w;
         if (!cu_matvec_ok(w) || w->dtype != segs[0].w.dtype || w->cols != segs[0].w.cols ||
-            (k > 0 && segs[k].ep.norm_w) || (segs[k].head_dim > 0 && w->rows % segs[k].head_dim))
+            (k > 0 && segs[k].ep.norm_w) || (segs[k].head_dim > 0 && w->rows % segs[k].head_dim) ||
+            (segs[k].ep.norm_w && w->cols > CU_MATVEC_NORM_MAX_K))
             return cudaErrorInvalidValue;
         job.seg[k] = segs[k];
     }
     if (up) {
-        if (up->dtype != segs[0].w.dtype || up->rows != segs[0].w.rows || up->cols != segs[0].w.cols ||
-            segs[0].ep.norm_w)
+        if (up->dtype != segs[0].w.dtype || up->rows != segs[0].w.rows || up->cols != segs[0].w.cols)
             return cudaErrorInvalidValue;
         job.up = *up;
     }

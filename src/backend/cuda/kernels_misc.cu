@@ -232,6 +232,7 @@ cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer,
 __global__ void norm_kernel(const float *x, const float *w, const float *b, float *o, int64_t d,
                             float eps, bool layer) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself: x is the kernel before's */
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *orow = o + (int64_t)blockIdx.x * d;
@@ -258,8 +259,8 @@ cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float
     if (rows <= 0 || d <= 0) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
     int threads = d >= 2048 ? 512 : d >= 512 ? 256 : d >= 128 ? 128 : 32;
-    norm_kernel<<<(unsigned)rows, threads, 0, st>>>(x, w, b, o, d, eps, layer);
-    return cudaGetLastError();
+    cudaError_t e = cu_launch_pdl(norm_kernel, dim3((unsigned)rows), dim3(threads), 0, st, x, w, b, o, d, eps, layer);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* rope: one thread per (row, k < d/2) */
@@ -372,6 +373,7 @@ struct nr_job {
  * pairs (k, k + d/2) of normalized values. */
 __global__ void __launch_bounds__(NR_THREADS) norm_rope_kernel(struct nr_job job, int64_t d) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself */
     static_assert(CU_NR_MAX_PARTS == 3, "the part choice below names each part");
     const int lane = threadIdx.x % CU_WARP;
     int64_t row = (int64_t)blockIdx.x * (NR_THREADS / CU_WARP) + threadIdx.x / CU_WARP;
@@ -422,6 +424,6 @@ cudaError_t cu_norm_rope(cudaStream_t st, const struct cu_norm_rope_part *parts,
     }
     if (rows <= 0) return cudaSuccess;
     const int64_t per_block = NR_THREADS / CU_WARP;
-    norm_rope_kernel<<<cu_blocks(rows, (int)per_block), NR_THREADS, 0, st>>>(job, d);
-    return cudaGetLastError();
+    cudaError_t e = cu_launch_pdl(norm_rope_kernel, dim3(cu_blocks(rows, (int)per_block)), dim3(NR_THREADS), 0, st, job, d);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
