@@ -657,6 +657,14 @@ static void test_attention(void) {
     attention_case("attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512);
     attention_case("attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512);
     attention_case("attention H4 Hkv2 Dh256 (beyond the tiled kernel)", 4, 2, 256, 0, tiled, 6, 512);
+    /* small batches take the warp kernel where the head dim allows (% 4, <= 128); the
+     * per-position kernel stays for the rest and behind LLMOPT_CUDA_ATT_WARP=0 */
+    attention_case("attention H4 Hkv2 Dh60 window 100 (warp kernel)", 4, 2, 60, 100, longer, 7, 1024);
+    attention_case("attention H4 Hkv2 Dh6 (per-position kernel)", 4, 2, 6, 0, mixed, 7, 64);
+    setenv("LLMOPT_CUDA_ATT_WARP", "0", 1);
+    attention_case("attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024);
+    attention_case("attention H8 Hkv8 Dh128 per-position", 8, 8, 128, 0, mixed, 7, 64);
+    unsetenv("LLMOPT_CUDA_ATT_WARP");
 }
 
 /* ---- decode fusion ------------------------------------------------------------------ */
@@ -742,7 +750,7 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
                  (long long)h, (long long)hkv, (long long)dh, qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "",
                  with_prefill ? " +20 tokens" : "", norm_prologue ? " norm prologue" : "");
         if (unfused) setenv("LLMOPT_CUDA_FUSE", "0", 1);
-        if (norm_prologue) setenv("LLMOPT_CUDA_FUSE_NORM", "1", 1); /* the block norms inside the matvecs */
+        setenv("LLMOPT_CUDA_FUSE_NORM", norm_prologue ? "1" : "0", 1); /* the block norms inside the matvecs, or not */
         compare_graph(what, &b, x, with_prefill ? mixed : small, with_prefill ? 6 : 7, 64, TOL_F32);
         kernels[unfused] = last_kernels_run;
         unsetenv("LLMOPT_CUDA_FUSE");

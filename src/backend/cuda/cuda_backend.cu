@@ -141,6 +141,7 @@ struct cuda_state {
     size_t wh_bytes;
     float *att_part;              /* device: split-attention partials */
     unsigned *att_counters;       /* device (CU_ATT_COUNTERS): split merge counters, zero between launches */
+    bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
     int64_t att_part_floats;
     /* KV mirror */
     const struct kv_cache *kv_owner;
@@ -159,7 +160,7 @@ struct cuda_state {
     struct backend_stats stats;
     /* rms_norm nodes whose every user is a linear reading them as x through the matvec:
      * with <= CUDA_MATVEC_MAX_ROWS rows the norm runs inside those matvecs (prologue);
-     * only with $LLMOPT_CUDA_FUSE_NORM=1 */
+     * on unless $LLMOPT_CUDA_FUSE_NORM=0 */
     bool *norm_into_matvec;       /* (n_nodes) */
     /* decode fusion (cuda_fuse_plan), used by steps of at most CUDA_MATVEC_MAX_ROWS
      * tokens (`fused`); off with $LLMOPT_CUDA_FUSE=0 */
@@ -432,6 +433,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.splits = cu_attention_splits(a.n_tok, a.n_heads, s->max_ctx);
     a.part = s->att_part;
     a.counters = s->att_counters;
+    a.per_position = s->att_per_position;
     if (cu_attention_part_floats(a.n_tok, a.n_heads, a.head_dim, a.splits) > s->att_part_floats)
         return err_set(err, LLMOPT_ERR_LIMIT, "cuda: attention scratch too small for %d tokens", a.n_tok);
     CU_TRY(cu_attention(s->stream, &a));
@@ -796,10 +798,11 @@ static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_e
     const struct ir_graph *g = s->g;
     s->norm_into_matvec = (bool *)calloc((size_t)g->n_nodes, sizeof(bool));
     if (!s->norm_into_matvec) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
-    /* opt-in: measured slower on the H200 (every block re-reads x for the sum of
-     * squares and waits at a barrier before streaming weights), see docs/cuda.md */
+    /* on unless $LLMOPT_CUDA_FUSE_NORM=0: with the normalized row staged in shared
+     * memory and the q/k/v and gate/up launches fused, measured faster on the H200
+     * (bench/results/cuda-fusion-2026-11-29.md) */
     const char *e = getenv("LLMOPT_CUDA_FUSE_NORM");
-    if (!(e && !strcmp(e, "1"))) return LLMOPT_OK;
+    if (e && !strcmp(e, "0")) return LLMOPT_OK;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         s->norm_into_matvec[i] = n->op == IR_OP_RMS_NORM && n->n_in == 2 && !n->constant && i != g->output &&
@@ -1142,6 +1145,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
         s->profile = true;
         s->use_graphs = false; /* events between the nodes of every step */
     }
+    e = getenv("LLMOPT_CUDA_ATT_WARP");
+    s->att_per_position = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
     s->use_blas = !(e && *e && strcmp(e, "0"));
     CU_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

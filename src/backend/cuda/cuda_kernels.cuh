@@ -179,6 +179,8 @@ struct cu_attention {
     int splits;  /* context splits per (token, head); > 1 needs part and counters */
     float *part; /* (N * H * splits, Dh + 2) partial results */
     unsigned *counters; /* (CU_ATT_COUNTERS) zeros before the launch, zeros after it */
+    bool per_position;  /* batches <= 16 tokens: the block-per-position-chunk kernel even
+                         * where the warp kernel applies (head dim % 4 == 0, <= 128) */
 };
 /* Split attention launches have N * H < 264 (cu_attention_splits): counters enough. */
 #define CU_ATT_COUNTERS 512
