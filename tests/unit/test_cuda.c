@@ -44,7 +44,7 @@ static float rng_f(void) { return ((float)(rng_u32() & 0xffffff) + 0.5f) / 83886
 
 /* ---- graph building ---------------------------------------------------------------- */
 
-#define MAX_BUFS 16
+#define MAX_BUFS 64
 
 struct gb {
     struct ir_graph g;
@@ -178,6 +178,8 @@ struct kv_pair {
     struct kv_cache *cpu, *gpu;
 };
 
+static uint64_t last_kernels_run; /* kernels the CUDA backend counted in the last compare_graph */
+
 /* Runs g on both backends over a sequence of batches (each continues the sequences of
  * the previous ones when kv is used) and compares every output. */
 static void compare_graph(const char *what, struct gb *b, int32_t output, const struct batch_spec *steps,
@@ -269,6 +271,7 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
         struct backend_stats st;
         cuda_backend_ops.stats(gpu, &st);
         CHECK(st.steps == (uint64_t)n_steps || test_failures_in_current);
+        last_kernels_run = st.kernels_run;
     }
     fprintf(stderr, "    %-44s worst %.2e\n", what, worst);
     free(tokens);
@@ -654,6 +657,121 @@ static void test_attention(void) {
     attention_case("attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512);
     attention_case("attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512);
     attention_case("attention H4 Hkv2 Dh256 (beyond the tiled kernel)", 4, 2, 256, 0, tiled, 6, 512);
+    /* small batches take the warp kernel where the head dim allows (% 4, <= 128); the
+     * per-position kernel stays for the rest and behind LLMOPT_CUDA_ATT_WARP=0 */
+    attention_case("attention H4 Hkv2 Dh60 window 100 (warp kernel)", 4, 2, 60, 100, longer, 7, 1024);
+    attention_case("attention H4 Hkv2 Dh6 (per-position kernel)", 4, 2, 6, 0, mixed, 7, 64);
+    setenv("LLMOPT_CUDA_ATT_WARP", "0", 1);
+    attention_case("attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024);
+    attention_case("attention H8 Hkv8 Dh128 per-position", 8, 8, 128, 0, mixed, 7, 64);
+    unsetenv("LLMOPT_CUDA_ATT_WARP");
+}
+
+/* ---- decode fusion ------------------------------------------------------------------ */
+
+static int32_t gb_norm(struct gb *b, int32_t x, int64_t d) {
+    int32_t in[2] = {x, gb_param(b, IR_DTYPE_F32, 0, d, 1.0f)};
+    int32_t y = gb_add(b, IR_OP_RMS_NORM, in, 2);
+    if (b->ok) b->g.nodes[y].attrs.value = 1e-6;
+    return gb_infer(b, y);
+}
+
+static int32_t gb_linear(struct gb *b, int32_t x, enum ir_dtype t, int64_t rows, int64_t cols, uint32_t flags,
+                         enum ir_op act, int32_t extra) {
+    int32_t in[3] = {x, gb_param(b, t, rows, cols, 2.0f / sqrtf((float)cols)), extra};
+    int32_t y = gb_add(b, IR_OP_LINEAR, in, extra >= 0 ? 3 : 2);
+    if (b->ok) {
+        b->g.nodes[y].attrs.linear_flags = flags;
+        b->g.nodes[y].attrs.linear_act = act;
+    }
+    return gb_infer(b, y);
+}
+
+/* [N, H*Dh] -> [1, N, H, Dh] -> (qk_norm) -> permute [1, H, N, Dh] (-> rope) */
+static int32_t gb_heads_of(struct gb *b, int32_t x, int64_t h, int64_t dh, bool norm, int32_t cs, int32_t sn) {
+    int32_t r = gb_reshape(b, x, SHAPE(DC(1), DN(1), DC(h), DC(dh)));
+    if (norm) r = gb_norm(b, r, dh);
+    int32_t p = gb_add(b, IR_OP_PERMUTE, &r, 1);
+    if (b->ok) {
+        b->g.nodes[p].attrs.n_axes = 4;
+        b->g.nodes[p].attrs.axes[0] = 0;
+        b->g.nodes[p].attrs.axes[1] = 2;
+        b->g.nodes[p].attrs.axes[2] = 1;
+        b->g.nodes[p].attrs.axes[3] = 3;
+    }
+    gb_infer(b, p);
+    if (cs < 0) return p;
+    int32_t in[3] = {p, cs, sn};
+    return gb_infer(b, gb_add(b, IR_OP_ROPE, in, 3));
+}
+
+/* Two pre-norm transformer blocks shaped like the models' (Qwen3 with qk_norm, Llama
+ * without): q/k/v of one x, [norm ->] permute -> rope, attention, o with a residual,
+ * SwiGLU gate/up of one x, down with a residual. Small batches run the fused schedule
+ * (one launch for q/k/v with v written head-major, one for both ropes, one for
+ * gate/up); the 20-token batch runs unfused in the same session. */
+static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int64_t dh, int64_t ff, bool qk_norm,
+                        bool v_bias, bool with_prefill, bool norm_prologue) {
+    struct gb b;
+    gb_init(&b);
+    b.vocab = 200;
+    int32_t x = gb_source(&b, dm, 1.0f);
+    int32_t cs = gb_reshape(&b, gb_source(&b, dh, 1.0f), SHAPE(DC(1), DC(1), DN(1), DC(dh)));
+    int32_t sn = gb_reshape(&b, gb_source(&b, dh, 1.0f), SHAPE(DC(1), DC(1), DN(1), DC(dh)));
+    for (int layer = 0; layer < 2; layer++) {
+        int32_t hn = gb_norm(&b, x, dm);
+        int32_t q = gb_linear(&b, hn, t, h * dh, dm, 0, IR_OP_INPUT, -1);
+        int32_t k = gb_linear(&b, hn, t, hkv * dh, dm, 0, IR_OP_INPUT, -1);
+        int32_t v = gb_linear(&b, hn, t, hkv * dh, dm, v_bias ? IR_LINEAR_BIAS : 0, IR_OP_INPUT,
+                              v_bias ? gb_param(&b, IR_DTYPE_F32, 0, hkv * dh, 1.0f) : -1);
+        int32_t in[5] = {gb_heads_of(&b, q, h, dh, qk_norm, cs, sn), gb_heads_of(&b, k, hkv, dh, qk_norm, cs, sn),
+                         gb_heads_of(&b, v, hkv, dh, false, -1, -1), b.g.inputs[IR_INPUT_POSITIONS],
+                         b.g.inputs[IR_INPUT_SEQ_SLOTS]};
+        int32_t a = gb_add(&b, IR_OP_ATTENTION, in, 5);
+        if (b.ok) {
+            b.g.nodes[a].attrs.value = 1.0 / sqrt((double)dh);
+            b.g.nodes[a].attrs.kv_layer = layer;
+        }
+        gb_infer(&b, a);
+        b.g.n_kv_layers++;
+        a = gb_reshape(&b, a, SHAPE(DN(1), DC(h * dh)));
+        int32_t o = gb_linear(&b, a, t, dm, h * dh, IR_LINEAR_RESIDUAL, IR_OP_INPUT, x);
+        int32_t h2 = gb_norm(&b, o, dm);
+        int32_t u = gb_linear(&b, h2, t, ff, dm, 0, IR_OP_INPUT, -1);
+        int32_t gt = gb_linear(&b, h2, t, ff, dm, IR_LINEAR_GATE, IR_OP_SILU, u);
+        x = gb_linear(&b, gt, t, dm, ff, IR_LINEAR_RESIDUAL, IR_OP_INPUT, o);
+    }
+    static const struct batch_spec small[] = {{4, 1, 1}, {1, 1, 1}, {1, 1, 1}, {3, 2, 2}, {8, 2, 2}, {1, 1, 1}, {1, 1, 1}};
+    static const struct batch_spec mixed[] = {{4, 1, 1}, {1, 1, 1}, {20, 2, 2}, {1, 1, 1}, {3, 3, 3}, {1, 1, 1}};
+    char what[96];
+    uint64_t kernels[2] = {0, 0};
+    for (int unfused = 0; unfused < 2; unfused++) { /* the fused schedule, then the A/B switch off */
+        snprintf(what, sizeof what, "%s %s H%lld/%lld Dh%lld%s%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
+                 (long long)h, (long long)hkv, (long long)dh, qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "",
+                 with_prefill ? " +20 tokens" : "", norm_prologue ? " norm prologue" : "");
+        if (unfused) setenv("LLMOPT_CUDA_FUSE", "0", 1);
+        setenv("LLMOPT_CUDA_FUSE_NORM", norm_prologue ? "1" : "0", 1); /* the block norms inside the matvecs, or not */
+        compare_graph(what, &b, x, with_prefill ? mixed : small, with_prefill ? 6 : 7, 64, TOL_F32);
+        kernels[unfused] = last_kernels_run;
+        unsetenv("LLMOPT_CUDA_FUSE");
+        unsetenv("LLMOPT_CUDA_FUSE_NORM");
+    }
+    /* per layer and fused step: k and v products, v's permute, the q/k chains (norm,
+     * permute, rope twice -> one launch), the up product */
+    uint64_t fused_steps = with_prefill ? 5 : 7, saved = (uint64_t)(2 * (qk_norm ? 9 : 7)) * fused_steps;
+    CHECK_MSG(kernels[0] + saved == kernels[1], "%s: %llu kernels fused, %llu unfused (expected %llu fewer)", what,
+              (unsigned long long)kernels[0], (unsigned long long)kernels[1], (unsigned long long)saved);
+    gb_free(&b);
+}
+
+static void test_decode_fusion(void) {
+    fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, true, false, true, false);
+    fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, false);
+    fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false, false);
+    fusion_case(IR_DTYPE_Q4_0, 256, 4, 4, 64, 512, false, false, false, false);
+    fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, false, false);
+    fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+    fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
 }
 
 static void test_short_conv(void) {
@@ -900,9 +1018,9 @@ int main(void) {
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_attention,
-                           test_short_conv, test_stories_greedy, test_goldens};
+                           test_decode_fusion, test_short_conv, test_stories_greedy, test_goldens};
     const char *names[] = {"errors", "embedding_all_types", "linear", "unary", "binary_broadcast",
-                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "short_conv", "stories_greedy",
+                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "short_conv", "stories_greedy",
                            "goldens"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");
     int n = (int)(sizeof fns / sizeof fns[0]);

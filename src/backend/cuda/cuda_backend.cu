@@ -96,6 +96,28 @@ struct cuda_upload {
     struct cu_weight dev;
 };
 
+/* Decode fusion, decided once from the graph's structure (plan_decode_fusion):
+ *   FUSE_MV_MULTI  a linear whose launch also computes later linears of the same x
+ *                  (q/k/v), each possibly written head-major into the permute after it
+ *   FUSE_MV_PAIR   a SwiGLU linear (act(x Wg^T) * gate) whose gate is a plain linear
+ *                  of the same x used only there: both weights streamed in one launch
+ *   FUSE_NORM_ROPE the first node of [rms_norm ->] permute -> rope chains: one launch
+ *                  computes every part's rope output
+ *   FUSE_SKIP      computed by another node's launch (or not needed at all) */
+enum cuda_fuse_kind { FUSE_NONE = 0, FUSE_SKIP, FUSE_MV_MULTI, FUSE_MV_PAIR, FUSE_NORM_ROPE };
+#define CUDA_FUSE_MAX 3
+static_assert(CUDA_FUSE_MAX == CU_MV_MAX_SEGS && CUDA_FUSE_MAX == CU_NR_MAX_PARTS, "one member array");
+struct cuda_fuse {
+    int8_t kind, n;
+    /* MULTI: the linears ([0] this node); PAIR: [0] the gate's linear; NORM_ROPE: the
+     * rope nodes */
+    int32_t m[CUDA_FUSE_MAX];
+    /* MULTI: the node each segment's result is stored as (the linear, or the permute
+     * it fills head-major); NORM_ROPE: the rms_norm of the part, or IR_NONE */
+    int32_t out[CUDA_FUSE_MAX];
+    int64_t head_dim[CUDA_FUSE_MAX]; /* MULTI: > 0 when written head-major */
+};
+
 struct cuda_state {
     const struct ir_graph *g;
     struct mem_plan plan;
@@ -118,6 +140,8 @@ struct cuda_state {
     void *wh;                     /* device: a block-quantized weight as bf16 (prefill), or NULL */
     size_t wh_bytes;
     float *att_part;              /* device: split-attention partials */
+    unsigned *att_counters;       /* device (CU_ATT_COUNTERS): split merge counters, zero between launches */
+    bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
     int64_t att_part_floats;
     /* KV mirror */
     const struct kv_cache *kv_owner;
@@ -136,8 +160,16 @@ struct cuda_state {
     struct backend_stats stats;
     /* rms_norm nodes whose every user is a linear reading them as x through the matvec:
      * with <= CUDA_MATVEC_MAX_ROWS rows the norm runs inside those matvecs (prologue);
-     * only with $LLMOPT_CUDA_FUSE_NORM=1 */
+     * on unless $LLMOPT_CUDA_FUSE_NORM=0 */
     bool *norm_into_matvec;       /* (n_nodes) */
+    /* decode fusion (cuda_fuse_plan), used by steps of at most CUDA_MATVEC_MAX_ROWS
+     * tokens (`fused`); off with $LLMOPT_CUDA_FUSE=0 */
+    struct cuda_fuse *fuse;       /* (n_nodes) */
+    float **priv;                 /* (n_nodes) device storage of results written before
+                                   * their own place in the node order, or NULL */
+    float *priv_store;
+    bool fused;                   /* the current step runs the fused schedule */
+    int32_t kernels_per_step_fused;
     /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
      * kind of kernel (prefill and decode apart), printed to stderr at release */
     bool profile;
@@ -201,17 +233,14 @@ static bool extent_eq(const struct ir_extent *a, const struct ir_extent *b) {
 
 static void *node_ptr(struct cuda_state *s, int32_t i) {
     if (s->g->nodes[i].op == IR_OP_PARAM) return (void *)s->weight[i].data;
+    if (s->fused && s->priv[s->plan.root[i]]) return s->priv[s->plan.root[i]];
     return s->arena + s->plan.offset[i];
 }
 static float *node_f32(struct cuda_state *s, int32_t i) { return (float *)node_ptr(s, i); }
 
 /* ---- one node ---------------------------------------------------------------------- */
 
-static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node *n, int32_t i,
-                                     struct llmopt_err *err) {
-    const struct ir_extent *ex = &s->extent[n->in[0]];
-    const struct cu_weight *w = &s->weight[n->in[1]];
-    int64_t k = w->cols, rows = k ? ir_extent_numel(ex) / k : 0;
+static struct cu_epilogue linear_epilogue(struct cuda_state *s, const struct ir_node *n) {
     uint32_t fl = n->attrs.linear_flags;
     int k_op = 2;
     struct cu_epilogue ep;
@@ -219,11 +248,108 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     ep.gate = fl & IR_LINEAR_GATE ? node_f32(s, n->in[k_op++]) : NULL;
     ep.residual = fl & IR_LINEAR_RESIDUAL ? node_f32(s, n->in[k_op++]) : NULL;
     ep.act = n->attrs.linear_act == IR_OP_INPUT ? -1 : (int)n->attrs.linear_act;
+    ep.norm_w = NULL;
+    ep.norm_eps = 0.0f;
+    return ep;
+}
+
+static const char *const mv_tag[] = {"linear.matvec f32", "linear.matvec f16", "linear.matvec bf16",
+                                     "linear.matvec q8_0", "linear.matvec q4_0"};
+
+/* A fused step's MULTI or PAIR linear (rows <= CUDA_MATVEC_MAX_ROWS by the plan). */
+static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir_node *n, int32_t i,
+                                           struct llmopt_err *err) {
+    const struct cuda_fuse *f = &s->fuse[i];
+    const struct cu_weight *w = &s->weight[n->in[1]];
+    int64_t rows = w->cols ? ir_extent_numel(&s->extent[n->in[0]]) / w->cols : 0;
+    if (rows <= 0) return LLMOPT_OK;
+    struct cu_mv_seg seg[CUDA_FUSE_MAX];
+    memset(seg, 0, sizeof seg);
+    /* an rms_norm computed in the launch's prologue (norm_into_matvec): x is its input */
+    int32_t xi = n->in[0];
+    const struct ir_node *norm = s->norm_into_matvec[xi] ? &s->g->nodes[xi] : NULL;
+    const float *x = node_f32(s, norm ? norm->in[0] : xi);
+    if (f->kind == FUSE_MV_PAIR) {
+        static const char *const tag[] = {"linear.matvec pair f32", "linear.matvec pair f16", "linear.matvec pair bf16",
+                                          "linear.matvec pair q8_0", "linear.matvec pair q4_0"};
+        s->prof_tag = tag[w->dtype];
+        seg[0].w = *w;
+        seg[0].y = node_f32(s, i);
+        seg[0].ep = linear_epilogue(s, n);
+        seg[0].ep.gate = NULL; /* the up product, computed beside */
+        if (norm) {
+            seg[0].ep.norm_w = node_f32(s, norm->in[1]);
+            seg[0].ep.norm_eps = (float)norm->attrs.value;
+        }
+        CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, 1, &s->weight[s->g->nodes[f->m[0]].in[1]]));
+        return LLMOPT_OK;
+    }
+    static const char *const tag[] = {"linear.matvec multi f32", "linear.matvec multi f16", "linear.matvec multi bf16",
+                                      "linear.matvec multi q8_0", "linear.matvec multi q4_0"};
+    s->prof_tag = tag[w->dtype];
+    for (int k = 0; k < f->n; k++) {
+        const struct ir_node *l = &s->g->nodes[f->m[k]];
+        seg[k].w = s->weight[l->in[1]];
+        seg[k].y = node_f32(s, f->out[k]);
+        seg[k].ep = linear_epilogue(s, l);
+        seg[k].head_dim = f->head_dim[k];
+    }
+    if (norm) {
+        seg[0].ep.norm_w = node_f32(s, norm->in[1]);
+        seg[0].ep.norm_eps = (float)norm->attrs.value;
+    }
+    CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, f->n, NULL));
+    return LLMOPT_OK;
+}
+
+/* A fused step's NORM_ROPE node: every part's [rms_norm ->] permute -> rope. */
+static enum llmopt_status run_norm_rope(struct cuda_state *s, int32_t i, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    const struct cuda_fuse *f = &s->fuse[i];
+    struct cu_norm_rope_part part[CUDA_FUSE_MAX];
+    memset(part, 0, sizeof part);
+    int64_t d = 0;
+    for (int k = 0; k < f->n; k++) {
+        const struct ir_node *o = &g->nodes[f->m[k]], *p = &g->nodes[o->in[0]];
+        const struct ir_extent *eo = &s->extent[f->m[k]];
+        d = eo->dims[eo->rank - 1];
+        part[k].n_rows = d ? ir_extent_numel(eo) / d : 0;
+        int32_t pin = p->in[0]; /* the rms_norm (f->out[k]) or the permuted source */
+        part[k].x = node_f32(s, f->out[k] != IR_NONE ? g->nodes[pin].in[0] : pin);
+        if (f->out[k] != IR_NONE) {
+            const struct ir_node *r = &g->nodes[f->out[k]];
+            part[k].norm_w = node_f32(s, r->in[1]);
+            part[k].eps = (float)r->attrs.value;
+        }
+        part[k].c = node_f32(s, o->in[1]);
+        part[k].s = node_f32(s, o->in[2]);
+        part[k].o = node_f32(s, f->m[k]);
+        int64_t cs[IR_MAX_RANK], in_strides[IR_MAX_RANK];
+        broadcast_strides(&s->extent[o->in[1]], eo, cs);
+        contiguous_strides(&s->extent[pin], in_strides);
+        part[k].rows = strided_of(eo);
+        part[k].rows.rank = eo->rank - 1;
+        for (int dd = 0; dd < eo->rank - 1; dd++) {
+            part[k].rows.sa[dd] = cs[dd];
+            part[k].rows.sb[dd] = in_strides[p->attrs.axes[dd]];
+        }
+    }
+    s->prof_tag = f->out[0] != IR_NONE ? "rms_norm+permute+rope" : "permute+rope";
+    CU_TRY(cu_norm_rope(s->stream, part, f->n, d));
+    return LLMOPT_OK;
+}
+
+static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node *n, int32_t i,
+                                     struct llmopt_err *err) {
+    const struct ir_extent *ex = &s->extent[n->in[0]];
+    const struct cu_weight *w = &s->weight[n->in[1]];
+    int64_t k = w->cols, rows = k ? ir_extent_numel(ex) / k : 0;
+    if (s->fused && (s->fuse[i].kind == FUSE_MV_MULTI || s->fuse[i].kind == FUSE_MV_PAIR))
+        return run_linear_fused(s, n, i, err);
+    struct cu_epilogue ep = linear_epilogue(s, n);
     const float *x = node_f32(s, n->in[0]);
     float *y = node_f32(s, i);
     if (rows <= 0) return LLMOPT_OK;
-    ep.norm_w = NULL;
-    ep.norm_eps = 0.0f;
     if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[n->in[0]]) {
         const struct ir_node *nn = &s->g->nodes[n->in[0]]; /* the rms_norm, not run: x is its input */
         static const char *const nmv_tag[] = {"linear.matvec+rms_norm f32", "linear.matvec+rms_norm f16",
@@ -235,8 +361,6 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
         CU_TRY(cu_matvec(s->stream, w, node_f32(s, nn->in[0]), rows, y, &ep));
         return LLMOPT_OK;
     }
-    static const char *const mv_tag[] = {"linear.matvec f32", "linear.matvec f16", "linear.matvec bf16",
-                                         "linear.matvec q8_0", "linear.matvec q4_0"};
     if (rows <= CUDA_MATVEC_MAX_ROWS && cu_matvec_ok(w)) {
         s->prof_tag = mv_tag[w->dtype];
         CU_TRY(cu_matvec(s->stream, w, x, rows, y, &ep));
@@ -308,6 +432,8 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.max_blocks_per_slot = s->kv_owner->max_blocks_per_slot;
     a.splits = cu_attention_splits(a.n_tok, a.n_heads, s->max_ctx);
     a.part = s->att_part;
+    a.counters = s->att_counters;
+    a.per_position = s->att_per_position;
     if (cu_attention_part_floats(a.n_tok, a.n_heads, a.head_dim, a.splits) > s->att_part_floats)
         return err_set(err, LLMOPT_ERR_LIMIT, "cuda: attention scratch too small for %d tokens", a.n_tok);
     CU_TRY(cu_attention(s->stream, &a));
@@ -388,6 +514,7 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     const struct ir_node *n = &g->nodes[i];
     const struct ir_extent *eo = &s->extent[i];
     cudaStream_t st = s->stream;
+    if (s->fused && s->fuse[i].kind == FUSE_NORM_ROPE) return run_norm_rope(s, i, err);
     switch (n->op) {
     case IR_OP_INPUT:
     case IR_OP_PARAM:
@@ -671,10 +798,11 @@ static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_e
     const struct ir_graph *g = s->g;
     s->norm_into_matvec = (bool *)calloc((size_t)g->n_nodes, sizeof(bool));
     if (!s->norm_into_matvec) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
-    /* opt-in: measured slower on the H200 (every block re-reads x for the sum of
-     * squares and waits at a barrier before streaming weights), see docs/cuda.md */
+    /* on unless $LLMOPT_CUDA_FUSE_NORM=0: with the normalized row staged in shared
+     * memory and the q/k/v and gate/up launches fused, measured faster on the H200
+     * (bench/results/cuda-fusion-2026-11-29.md) */
     const char *e = getenv("LLMOPT_CUDA_FUSE_NORM");
-    if (!(e && !strcmp(e, "1"))) return LLMOPT_OK;
+    if (e && !strcmp(e, "0")) return LLMOPT_OK;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         s->norm_into_matvec[i] = n->op == IR_OP_RMS_NORM && n->n_in == 2 && !n->constant && i != g->output &&
@@ -690,6 +818,7 @@ static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_e
             if (!s->norm_into_matvec[src]) continue;
             used[src] = true;
             bool ok = n->op == IR_OP_LINEAR && k == 0 && cu_matvec_ok(&s->weight[n->in[1]]) &&
+                      s->weight[n->in[1]].cols <= CU_MATVEC_NORM_MAX_K &&
                       s->weight[n->in[1]].cols == g->nodes[src].shape.dims[g->nodes[src].shape.rank - 1].coef;
             for (int k2 = 1; k2 < n->n_in; k2++) ok = ok && n->in[k2] != src;
             if (!ok) s->norm_into_matvec[src] = false;
@@ -716,6 +845,246 @@ static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_e
     }
     free(last_user);
     free(used);
+    return LLMOPT_OK;
+}
+
+/* ---- decode fusion plan ------------------------------------------------------------ */
+
+struct fuse_ctx {
+    struct cuda_state *s;
+    int32_t *uses;  /* (n_nodes) input slots reading the node */
+    int32_t *user;  /* (n_nodes) its last user */
+    int32_t *eff;   /* (n_nodes) the node position at which the fused schedule computes it */
+    bool *claimed;  /* (n_nodes) taken by a pattern */
+};
+
+/* Rows of the products of x at every fused batch size (N = M = CUDA_MATVEC_MAX_ROWS
+ * bounds them all) fit the matvec. */
+static bool fuse_x_ok(const struct fuse_ctx *c, int32_t x, int64_t k) {
+    const struct cuda_state *s = c->s;
+    struct ir_extent e;
+    ir_extent_of(&s->g->nodes[x].shape, CUDA_MATVEC_MAX_ROWS, CUDA_MATVEC_MAX_ROWS, &e);
+    return k > 0 && ir_extent_numel(&e) / k <= CUDA_MATVEC_MAX_ROWS;
+}
+
+static bool fuse_linear_ok(const struct fuse_ctx *c, int32_t i) {
+    const struct ir_node *n = &c->s->g->nodes[i];
+    if (n->op != IR_OP_LINEAR || n->n_in < 2 || n->constant || c->claimed[i] || i == c->s->g->output) return false;
+    const struct cu_weight *w = &c->s->weight[n->in[1]];
+    return cu_matvec_ok(w) && fuse_x_ok(c, n->in[0], w->cols);
+}
+
+/* Node x can be read at position t of the fused schedule: computed before t, and its
+ * storage still holds it (own storage, never reused, or the plan keeps it to t). */
+static bool fuse_ready(const struct fuse_ctx *c, const bool *early, int32_t x, int32_t t) {
+    int32_t r = c->s->plan.root[x];
+    return c->eff[r] < t && (c->eff[r] < 0 || early[r] || c->s->plan.last_use[r] >= t);
+}
+
+/* Every operand of node i past the first `from` can be read at position t. */
+static bool fuse_inputs_before(const struct fuse_ctx *c, const bool *early, int32_t i, int from, int32_t t) {
+    const struct ir_node *n = &c->s->g->nodes[i];
+    for (int k = from; k < n->n_in; k++)
+        if (!fuse_ready(c, early, n->in[k], t)) return false;
+    return true;
+}
+
+/* x [.., N, K] -> linear l -> reshape [1.., N, H, Dh] -> permute to [1.., H, N, Dh], each
+ * used once: returns the permute (the linear can write head-major into it), else IR_NONE. */
+static int32_t fuse_head_major(const struct fuse_ctx *c, int32_t l, int64_t *head_dim) {
+    const struct ir_graph *g = c->s->g;
+    const struct ir_node *x = &g->nodes[g->nodes[l].in[0]];
+    int32_t v = c->user[l], p = v >= 0 ? c->user[v] : -1;
+    if (c->uses[l] != 1 || v < 0 || g->nodes[v].op != IR_OP_RESHAPE || c->uses[v] != 1 || p < 0 ||
+        g->nodes[p].op != IR_OP_PERMUTE || c->claimed[p] || p == g->output)
+        return IR_NONE;
+    for (int d = 0; d < x->shape.rank - 1; d++) /* x rows are the tokens: [1.., N, K] */
+        if (x->shape.dims[d].coef != 1 || x->shape.dims[d].sym != (d == x->shape.rank - 2 ? IR_SYM_N : IR_SYM_NONE))
+            return IR_NONE;
+    const struct ir_shape *vs = &g->nodes[v].shape;
+    const struct ir_node *pn = &g->nodes[p];
+    int r = vs->rank;
+    if (r < 3 || pn->attrs.n_axes != r) return IR_NONE;
+    for (int d = 0; d < r; d++) {
+        bool n_dim = d == r - 3;
+        if ((d < r - 3 || n_dim) && (vs->dims[d].coef != 1 || vs->dims[d].sym != (n_dim ? IR_SYM_N : IR_SYM_NONE)))
+            return IR_NONE;
+        if (d >= r - 2 && vs->dims[d].sym != IR_SYM_NONE) return IR_NONE;
+        int want = d == r - 3 ? r - 2 : d == r - 2 ? r - 3 : d;
+        if (pn->attrs.axes[d] != want) return IR_NONE;
+    }
+    *head_dim = vs->dims[r - 1].coef;
+    return *head_dim > 0 ? p : IR_NONE;
+}
+
+/* Decides the fused schedule of small batches (struct cuda_fuse) from the graph's
+ * structure, and gives every result the schedule writes ahead of its own position
+ * device storage of its own (priv), sized for CUDA_MATVEC_MAX_ROWS tokens: the memory
+ * plan only knows the node order. */
+static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    int32_t n = g->n_nodes;
+    s->fuse = (struct cuda_fuse *)calloc((size_t)n, sizeof *s->fuse);
+    s->priv = (float **)calloc((size_t)n, sizeof *s->priv);
+    if (!s->fuse || !s->priv) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    const char *e = getenv("LLMOPT_CUDA_FUSE");
+    if (e && !strcmp(e, "0")) return LLMOPT_OK;
+    struct fuse_ctx c = {s, (int32_t *)calloc((size_t)n, 4), (int32_t *)malloc((size_t)n * 4),
+                         (int32_t *)malloc((size_t)n * 4), (bool *)calloc((size_t)n, 1)};
+    int32_t *chain_t0 = (int32_t *)malloc((size_t)n * 4); /* rope node -> first node of its chain, or -1 */
+    bool *early = (bool *)calloc((size_t)n, 1);          /* gets priv storage */
+    if (!c.uses || !c.user || !c.eff || !c.claimed || !chain_t0 || !early) {
+        free(c.uses);
+        free(c.user);
+        free(c.eff);
+        free(c.claimed);
+        free(chain_t0);
+        free(early);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const struct ir_node *ni = &g->nodes[i];
+        c.user[i] = -1;
+        /* parameters, inputs and constants are there before the step's first kernel */
+        c.eff[i] = ni->op == IR_OP_PARAM || ni->op == IR_OP_INPUT || ni->op == IR_OP_CONST || ni->constant ? -1 : i;
+        chain_t0[i] = -1;
+    }
+    for (int32_t i = 0; i < n; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) {
+            c.uses[g->nodes[i].in[k]]++;
+            c.user[g->nodes[i].in[k]] = i;
+        }
+    /* SwiGLU pairs: act(x Wg^T) * u with u = x Wu^T used only there */
+    for (int32_t i = 0; i < n; i++) {
+        const struct ir_node *gn = &g->nodes[i];
+        if (!fuse_linear_ok(&c, i) || !(gn->attrs.linear_flags & IR_LINEAR_GATE)) continue;
+        int k_gate = 2 + !!(gn->attrs.linear_flags & IR_LINEAR_BIAS);
+        if (gn->n_in <= k_gate) continue;
+        int32_t u = gn->in[k_gate];
+        if (!fuse_linear_ok(&c, u)) continue;
+        const struct ir_node *un = &g->nodes[u];
+        const struct cu_weight *wg = &s->weight[gn->in[1]], *wu = &s->weight[un->in[1]];
+        if (un->in[0] != gn->in[0] || un->attrs.linear_flags || un->attrs.linear_act != IR_OP_INPUT || c.uses[u] != 1 ||
+            wu->dtype != wg->dtype || wu->rows != wg->rows || wu->cols != wg->cols)
+            continue;
+        s->fuse[i] = (struct cuda_fuse){FUSE_MV_PAIR, 1, {u, 0, 0}, {i, 0, 0}, {0, 0, 0}};
+        s->fuse[u].kind = FUSE_SKIP;
+        c.claimed[i] = c.claimed[u] = true;
+    }
+    /* [rms_norm ->] permute (last axis kept) -> rope chains, each link used once */
+    for (int32_t i = 0; i < n; i++) {
+        const struct ir_node *o = &g->nodes[i];
+        if (o->op != IR_OP_ROPE || o->constant || i == g->output || o->n_in != 3) continue;
+        int32_t p = o->in[0];
+        const struct ir_node *pn = &g->nodes[p];
+        int rank = o->shape.rank;
+        if (pn->op != IR_OP_PERMUTE || c.uses[p] != 1 || c.claimed[p] || pn->attrs.n_axes != rank || rank < 2 ||
+            pn->attrs.axes[rank - 1] != rank - 1 || o->shape.dims[rank - 1].sym != IR_SYM_NONE ||
+            o->shape.dims[rank - 1].coef % 2 || o->in[1] == p || o->in[2] == p)
+            continue;
+        int32_t r = pn->in[0];
+        const struct ir_node *rn = &g->nodes[r];
+        bool norm = rn->op == IR_OP_RMS_NORM && rn->n_in == 2 && c.uses[r] == 1 && !c.claimed[r] && r != g->output &&
+                    !s->norm_into_matvec[r] && g->nodes[rn->in[1]].dtype == IR_DTYPE_F32 &&
+                    (g->nodes[rn->in[1]].op != IR_OP_PARAM || g->nodes[rn->in[1]].weight.dtype == IR_DTYPE_F32);
+        chain_t0[i] = norm ? r : p;
+        c.claimed[i] = c.claimed[p] = true;
+        if (norm) c.claimed[r] = true;
+    }
+    /* products of one x in one launch, each possibly written head-major */
+    for (int32_t i = 0; i < n; i++) {
+        if (!fuse_linear_ok(&c, i)) continue;
+        const struct ir_node *l0 = &g->nodes[i];
+        const struct cu_weight *w0 = &s->weight[l0->in[1]];
+        struct cuda_fuse f = {FUSE_MV_MULTI, 1, {i, 0, 0}, {i, 0, 0}, {0, 0, 0}};
+        for (int32_t j = i + 1; j < n && f.n < CUDA_FUSE_MAX; j++) {
+            const struct ir_node *l = &g->nodes[j];
+            if (!fuse_linear_ok(&c, j) || l->in[0] != l0->in[0] || s->weight[l->in[1]].dtype != w0->dtype ||
+                s->weight[l->in[1]].cols != w0->cols || !fuse_inputs_before(&c, early, j, 2, i))
+                continue;
+            f.m[f.n] = f.out[f.n] = j;
+            f.n++;
+        }
+        bool any_hm = false;
+        for (int k = 0; k < f.n; k++) {
+            int32_t pm = fuse_head_major(&c, f.m[k], &f.head_dim[k]);
+            if (pm == IR_NONE || s->weight[g->nodes[f.m[k]].in[1]].rows % f.head_dim[k]) {
+                f.head_dim[k] = 0;
+                continue;
+            }
+            f.out[k] = pm;
+            any_hm = true;
+        }
+        if (f.n < 2 && !any_hm) continue;
+        s->fuse[i] = f;
+        for (int k = 0; k < f.n; k++) {
+            c.claimed[f.m[k]] = true;
+            if (k > 0) s->fuse[f.m[k]].kind = FUSE_SKIP;
+            if (f.out[k] != f.m[k]) { /* the reshape is a view; the permute is not run */
+                c.claimed[f.out[k]] = true;
+                s->fuse[f.out[k]].kind = FUSE_SKIP;
+            }
+            c.eff[f.m[k]] = c.eff[f.out[k]] = i;
+            early[f.out[k]] = f.out[k] != i;
+        }
+    }
+    /* chains: one launch at the first chain's first node takes the later chains whose
+     * inputs are ready by then */
+    for (int32_t i = 0; i < n; i++) {
+        if (chain_t0[i] < 0) continue;
+        int32_t t0 = chain_t0[i];
+        const struct ir_node *o = &g->nodes[i];
+        int32_t p = o->in[0];
+        bool norm = t0 != p;
+        struct cuda_fuse f = {FUSE_NORM_ROPE, 0, {0, 0, 0}, {IR_NONE, IR_NONE, IR_NONE}, {0, 0, 0}};
+        for (int32_t j = i; j < n && f.n < CUDA_FUSE_MAX; j++) {
+            if (chain_t0[j] < 0) continue;
+            const struct ir_node *oj = &g->nodes[j];
+            int32_t pj = oj->in[0], rj = g->nodes[pj].in[0];
+            bool norm_j = chain_t0[j] != pj;
+            int32_t xj = norm_j ? g->nodes[rj].in[0] : rj;
+            bool ready = fuse_ready(&c, early, xj, t0) && fuse_ready(&c, early, oj->in[1], t0) &&
+                         fuse_ready(&c, early, oj->in[2], t0) && (!norm_j || fuse_ready(&c, early, g->nodes[rj].in[1], t0)) &&
+                         oj->shape.dims[oj->shape.rank - 1].coef == o->shape.dims[o->shape.rank - 1].coef;
+            if (j == i && !ready) break; /* an input comes later: this chain stays unfused */
+            if (!ready) continue;
+            f.m[f.n] = j;
+            f.out[f.n++] = norm_j ? rj : IR_NONE;
+            if (j != i) {
+                s->fuse[chain_t0[j]].kind = FUSE_SKIP;
+                chain_t0[j] = -1;
+            }
+            s->fuse[j].kind = FUSE_SKIP;
+            if (pj != chain_t0[j] && pj != t0) s->fuse[pj].kind = FUSE_SKIP;
+            c.eff[j] = t0;
+            early[j] = true;
+        }
+        if (!f.n) continue;
+        if (norm) s->fuse[p].kind = FUSE_SKIP;
+        s->fuse[t0] = f;
+    }
+    size_t total = 0, at = 0;
+    int64_t nb = s->n_max < CUDA_MATVEC_MAX_ROWS ? s->n_max : CUDA_MATVEC_MAX_ROWS;
+    for (int32_t i = 0; i < n; i++)
+        if (early[i]) total += (mem_plan_node_bytes(&g->nodes[i], nb, nb) + 255) & ~(size_t)255;
+    free(c.uses);
+    free(c.user);
+    free(c.eff);
+    free(c.claimed);
+    free(chain_t0);
+    if (total) {
+        cudaError_t ce = cudaMalloc((void **)&s->priv_store, total);
+        if (ce != cudaSuccess) {
+            free(early);
+            CU_TRY(ce);
+        }
+        for (int32_t i = 0; i < n; i++)
+            if (early[i]) {
+                s->priv[i] = (float *)((uint8_t *)s->priv_store + at);
+                at += (mem_plan_node_bytes(&g->nodes[i], nb, nb) + 255) & ~(size_t)255;
+            }
+    }
+    free(early);
     return LLMOPT_OK;
 }
 
@@ -747,7 +1116,11 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
         cudaGetLastError(); /* optional: without it quantized prefill takes the tiled kernel */
         s->wh = NULL;
     }
-    if (s->att_part_floats) CU_TRY(cudaMalloc((void **)&s->att_part, (size_t)s->att_part_floats * 4));
+    if (s->att_part_floats) {
+        CU_TRY(cudaMalloc((void **)&s->att_part, (size_t)s->att_part_floats * 4));
+        CU_TRY(cudaMalloc((void **)&s->att_counters, CU_ATT_COUNTERS * sizeof(unsigned)));
+        CU_TRY(cudaMemset(s->att_counters, 0, CU_ATT_COUNTERS * sizeof(unsigned)));
+    }
     return LLMOPT_OK;
 }
 
@@ -772,6 +1145,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
         s->profile = true;
         s->use_graphs = false; /* events between the nodes of every step */
     }
+    e = getenv("LLMOPT_CUDA_ATT_WARP");
+    s->att_per_position = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
     s->use_blas = !(e && *e && strcmp(e, "0"));
     CU_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
@@ -793,10 +1168,13 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: the graph lacks input '%s'", ir_input_names[k]);
     if ((st = upload_weights(s, err))) return st;
     if ((st = plan_norm_fusion(s, err))) return st;
+    if ((st = plan_decode_fusion(s, err))) return st;
     if ((st = size_scratch(s, err))) return st;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
-        s->kernels_per_step += !(n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE);
+        bool kernel = !(n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE);
+        s->kernels_per_step += kernel;
+        s->kernels_per_step_fused += kernel && s->fuse[i].kind != FUSE_SKIP;
     }
     return compute_constants(s, err);
 }
@@ -967,6 +1345,7 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE) continue;
+        if (s->fused && s->fuse[i].kind == FUSE_SKIP) continue;
         s->prof_tag = NULL;
         enum llmopt_status st = run_node(s, i, err);
         if (st) return st;
@@ -1105,6 +1484,7 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
         CU_TRY(cudaMemcpyAsync(s->d_block_table, s->h_block_table, (size_t)s->bt_elems * 4,
                                cudaMemcpyHostToDevice, s->stream));
     }
+    s->fused = b->n_tokens <= CUDA_MATVEC_MAX_ROWS;
     if ((st = launch_step(s, b, ids != NULL, err))) {
         cudaStreamSynchronize(s->stream);
         cudaGetLastError();
@@ -1112,7 +1492,7 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     }
     CU_TRY(cudaStreamSynchronize(s->stream));
     CU_TRY(cudaGetLastError());
-    s->stats.kernels_run += (uint64_t)s->kernels_per_step;
+    s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step);
     s->stats.steps++;
     if (s->profile) profile_collect(s, b->n_tokens > CUDA_GRAPH_MAX_N ? 0 : 1);
     if (ids)
@@ -1152,6 +1532,7 @@ static void cuda_release(void *state) {
     cudaFree(s->xh);
     cudaFree(s->wh);
     cudaFree(s->att_part);
+    cudaFree(s->att_counters);
     cudaFreeHost(s->h_inputs);
     cudaFreeHost(s->h_out);
     cudaFree(s->d_keys);
@@ -1162,6 +1543,9 @@ static void cuda_release(void *state) {
     cudaGetLastError();
     free(s->extent);
     free(s->norm_into_matvec);
+    free(s->fuse);
+    free(s->priv);
+    cudaFree(s->priv_store);
     free(s->weight);
     free(s->uploads);
     mem_plan_free(&s->plan);

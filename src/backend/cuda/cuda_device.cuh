@@ -124,6 +124,26 @@ static __device__ __forceinline__ void cu_pdl_trigger(void) {
 #endif
 }
 
+/* Launches kernel<<<grid, block, smem, st>>>(args) as a programmatic dependent of the
+ * kernel before it on the stream (unless $LLMOPT_CUDA_PDL=0): the kernel must call
+ * cu_pdl_wait() before it reads anything an earlier kernel writes, or writes anything
+ * an earlier kernel reads. */
+template <typename... P, typename... A>
+static inline cudaError_t cu_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                        A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cu_pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+
 static inline unsigned cu_blocks(int64_t n, int threads) {
     return (unsigned)((n + threads - 1) / threads);
 }

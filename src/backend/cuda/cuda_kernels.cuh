@@ -45,9 +45,9 @@ struct cu_epilogue {
     const float *gate;     /* (rows, n_out) */
     const float *residual; /* (rows, n_out) */
     int act;               /* enum ir_op, or -1 */
-    /* cu_matvec only (a prologue): when set, each x row is first replaced by
-     * rms_norm(x) = x * (1 / sqrt(mean(x^2) + norm_eps)) * norm_w, as cu_norm computes
-     * it, so the norm needs no kernel of its own */
+    /* cu_matvec only (a prologue; K <= CU_MATVEC_NORM_MAX_K): when set, each x row is
+     * first replaced by rms_norm(x) = x * (1 / sqrt(mean(x^2) + norm_eps)) * norm_w, as
+     * cu_norm computes it, so the norm needs no kernel of its own */
     const float *norm_w;   /* (K) */
     float norm_eps;
 };
@@ -55,12 +55,29 @@ struct cu_epilogue {
 /* Matrix-vector product for few rows (decode): W read once, 16-byte loads, dequantized
  * in registers, two output rows per warp. Needs cu_matvec_ok(). rows <= CU_MATVEC_MAX_ROWS. */
 #define CU_MATVEC_MAX_ROWS 8
+#define CU_MATVEC_NORM_MAX_K 12288 /* the normalized row in 48 KB of shared memory */
 /* Matvec kernels start as programmatic dependents of the kernel before them (their
  * first weight loads overlap its tail) unless $LLMOPT_CUDA_PDL=0. */
 bool cu_pdl_enabled(void);
 bool cu_matvec_ok(const struct cu_weight *w);
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep);
+/* Several products of one x in one launch (decode: q/k/v, or a SwiGLU gate/up pair).
+ * Each segment has its own weight (one dtype and K for all), output and epilogue; with
+ * head_dim > 0 the output row r is written head-major, element j at
+ * ((j / head_dim) * rows + r) * head_dim + j % head_dim: the [N, H, Dh] -> [H, N, Dh]
+ * permute that usually follows a q/k/v projection. With `up` (then n_seg == 1) the
+ * launch computes y = act(x W0^T + bias) * (x up^T) + residual: segment 0's gate
+ * operand is replaced by that second product, streamed beside W0 (x read once). */
+#define CU_MV_MAX_SEGS 3
+struct cu_mv_seg {
+    struct cu_weight w;
+    float *y;
+    struct cu_epilogue ep; /* norm_w only in segment 0 */
+    int64_t head_dim;
+};
+cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
+                            const struct cu_weight *up);
 /* Any rows, any dtype: a tiled kernel that dequantizes a tile of W into shared memory. */
 cudaError_t cu_linear_tiled(cudaStream_t st, const struct cu_weight *w, const float *x,
                             int64_t rows, float *y, const struct cu_epilogue *ep);
@@ -122,6 +139,21 @@ cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float
  * without its last dim, with cos/sin strides in sa). */
 cudaError_t cu_rope(cudaStream_t st, const float *x, const float *c, const float *s, float *o,
                     int64_t n_rows, int64_t d, const struct cu_strided *rows);
+/* Optional rms_norm, a permute that keeps the last axis, and rope, in one launch (a
+ * warp per output row of d elements). For each of up to CU_NR_MAX_PARTS parts: output
+ * row r (over `rows`, the rope output's extent without its last dim) reads source row
+ * offset sb(r) of x (the permute's strides) and cos/sin at offset sa(r); with norm_w
+ * the row is first replaced by x * (1 / sqrt(mean(x^2) + eps)) * norm_w, as cu_norm
+ * computes it; then the split-half rotation of cu_rope. */
+#define CU_NR_MAX_PARTS 3
+struct cu_norm_rope_part {
+    const float *x, *norm_w, *c, *s;
+    float *o;
+    float eps;
+    int64_t n_rows;
+    struct cu_strided rows;
+};
+cudaError_t cu_norm_rope(cudaStream_t st, const struct cu_norm_rope_part *parts, int n_parts, int64_t d);
 /* Batched matmul with broadcast batch dims: batch extent in s (sa/sb in matrices). */
 cudaError_t cu_matmul(cudaStream_t st, const float *a, const float *b, float *o, int64_t p,
                       int64_t k, int64_t q, const struct cu_strided *batch);
@@ -144,9 +176,14 @@ struct cu_attention {
     int block_size, max_blocks_per_slot;
     float scale;
     int window;  /* 0: unlimited */
-    int splits;  /* context splits per (token, head); > 1 needs part */
+    int splits;  /* context splits per (token, head); > 1 needs part and counters */
     float *part; /* (N * H * splits, Dh + 2) partial results */
+    unsigned *counters; /* (CU_ATT_COUNTERS) zeros before the launch, zeros after it */
+    bool per_position;  /* batches <= 16 tokens: the block-per-position-chunk kernel even
+                         * where the warp kernel applies (head dim % 4 == 0, <= 128) */
 };
+/* Split attention launches have N * H < 264 (cu_attention_splits): counters enough. */
+#define CU_ATT_COUNTERS 512
 /* Splits that keep the device busy for n_tok tokens of n_heads heads; at most
  * CU_ATT_MAX_SPLITS, and part needs cu_attention_part_floats() floats. */
 #define CU_ATT_MAX_SPLITS 32
@@ -156,7 +193,8 @@ int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int split
  * tiled kernel: K/V chunks in shared memory for 16 queries at a time (prefill). */
 #define CU_ATT_TILED_MIN_TOKENS 17
 bool cu_attention_tiled_ok(const struct cu_attention *a);
-/* Appends K/V of every token to its sequence, then attends causally. */
+/* Appends K/V of every token to its sequence, then attends causally: for one token
+ * (decode, head dim <= 512) a single launch. */
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a);
 
 /* short_conv (a depthwise causal convolution over each sequence, LFM2-style):

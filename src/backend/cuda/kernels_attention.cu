@@ -3,14 +3,17 @@
  *
  * 1. kv_append: every token's K and V rows go to its sequence's block.
  * 2. attention_partial: one block per (context split, query head, token). The split's
- *    positions are walked ATT_CHUNK at a time: each position's K/V row offset (through
+ *    positions are walked ATT_CHUNK at a time: each position's K/V row address (through
  *    the block table) into shared memory, scores into shared memory (a warp per
  *    position, lanes over the head dim, 4 positions in flight), then an online softmax
  *    update of the running max, sum and the weighted V sum (a thread per head-dim
  *    element, 8 V loads in flight). Positions and block tables are read from device
  *    memory, so the launch is the same every decode step (a CUDA graph replays it).
- * 3. attention_combine (splits > 1): merges the partial (max, sum, acc) of each split:
- *    flash-decoding for long contexts with few tokens.
+ * 3. splits > 1: the last block of each (token, head) to finish merges the partial
+ *    (max, sum, acc) of every split (flash-decoding for long contexts with few
+ *    tokens), counted through a device counter it resets. A single token (decode)
+ *    needs no step 1: the attention kernel appends its K/V and reads the token's own
+ *    position from the inputs, so decode attention is one launch.
  * 2'. attention_tiled (batches above CU_ATT_TILED_MIN_TOKENS, head dim <= 128, a
  *    multiple of 4: prefill): one block per (16 consecutive tokens of the batch, head).
  *    For each sequence present in the tile, the union of its tokens' key ranges is
@@ -36,6 +39,7 @@ static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int
 
 __global__ void kv_append_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself */
     int t = blockIdx.x;
     int row_elems = a.n_kv_heads * a.head_dim;
     int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, a.slot[t], a.pos[t]);
@@ -48,16 +52,61 @@ __global__ void kv_append_kernel(struct cu_attention a) {
     }
 }
 
+/* Merges a split's partial result into out once every split of (token, head) th has
+ * left its (m, l, acc) in part: the last block to arrive (counters[th]) does it and
+ * resets the counter. Called by all ATT_THREADS threads of each block. */
+static __device__ __forceinline__ void att_merge_splits(const struct cu_attention &a, int64_t th, bool *last_block,
+                                                        float *ms, float *ws) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *last_block = atomicAdd(&a.counters[th], 1u) == (unsigned)a.splits - 1;
+    __syncthreads();
+    if (!*last_block) return;
+    __threadfence();
+    const int Dh = a.head_dim;
+    const float *pt = a.part + th * a.splits * (Dh + 2);
+    for (int sp = threadIdx.x; sp < a.splits; sp += blockDim.x) {
+        ms[sp] = __ldcg(pt + sp * (Dh + 2));
+        ws[sp] = __ldcg(pt + sp * (Dh + 2) + 1);
+    }
+    __syncthreads();
+    float mm = -INFINITY, ll = 0.0f;
+    for (int sp = 0; sp < a.splits; sp++)
+        if (ws[sp] > 0.0f) mm = fmaxf(mm, ms[sp]);
+    for (int sp = 0; sp < a.splits; sp++) /* the weight of each split, and the sum */
+        if (ws[sp] > 0.0f) ll += ws[sp] * expf(ms[sp] - mm);
+    __syncthreads();
+    for (int sp = threadIdx.x; sp < a.splits; sp += blockDim.x) ws[sp] = ws[sp] > 0.0f ? expf(ms[sp] - mm) : 0.0f;
+    __syncthreads();
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll 8
+        for (int sp = 0; sp < a.splits; sp++)
+            if (ws[sp] > 0.0f) o += __ldcg(pt + sp * (Dh + 2) + 2 + d) * ws[sp];
+        a.out[th * Dh + d] = o / ll;
+    }
+    if (threadIdx.x == 0) a.counters[th] = 0; /* ready for the next launch */
+}
+
+/* APPEND (one token): the kernel appends the token's K/V itself (a block per KV head
+ * writes its row); every block reads the token's own position from the k/v inputs, the
+ * other positions from the cache. With splits, each block leaves its partial result
+ * and the last block of a (token, head) to finish merges them (counters[t, h], reset
+ * by that block), so no combine kernel follows. */
+template <bool APPEND>
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself */
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
-    __shared__ int64_t rowoff[ATT_CHUNK]; /* element offset of each position's K/V head row */
+    __shared__ const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK]; /* each position's K/V head row */
     __shared__ float red[32];
+    __shared__ float ms[CU_ATT_MAX_SPLITS], ws[CU_ATT_MAX_SPLITS];
+    __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     constexpr int nw = ATT_THREADS / CU_WARP;
-    const int kvh = h / (a.n_heads / a.n_kv_heads), row_elems = a.n_kv_heads * Dh;
+    const int group = a.n_heads / a.n_kv_heads, kvh = h / group, row_elems = a.n_kv_heads * Dh;
     const int32_t p = a.pos[t], slot = a.slot[t];
     const int32_t first = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
     /* this split's positions: whole chunks, split as evenly as the chunk count allows */
@@ -65,6 +114,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
     const int32_t per = (n_chunks + a.splits - 1) / a.splits;
     const int32_t begin = first + split * per * ATT_CHUNK;
     const int32_t end = min(p + 1, begin + per * ATT_CHUNK);
+    const float *k_own = a.k + ((int64_t)kvh * a.n_tok + t) * Dh, *v_own = a.v + ((int64_t)kvh * a.n_tok + t) * Dh;
+    if (APPEND && split == 0 && h % group == 0) {
+        const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, p) * row_elems +
+                            (int64_t)kvh * Dh;
+        for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
+            a.k_cache[row + d] = k_own[d];
+            a.v_cache[row + d] = v_own[d];
+        }
+    }
 
     for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) qs[d] = a.q[((int64_t)h * a.n_tok + t) * Dh + d];
     float m = -INFINITY, l = 0.0f, acc[ATT_DH_PER_THREAD];
@@ -73,10 +131,18 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
 
     for (int32_t c0 = begin; c0 < end; c0 += ATT_CHUNK) {
         const int cn = min(ATT_CHUNK, end - c0);
-        for (int jj = threadIdx.x; jj < cn; jj += ATT_THREADS)
-            rowoff[jj] = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj) * row_elems +
-                         (int64_t)kvh * Dh;
-        __syncthreads(); /* rowoff (and qs on the first chunk) */
+        for (int jj = threadIdx.x; jj < cn; jj += ATT_THREADS) {
+            if (c0 + jj == p) {
+                krow[jj] = k_own;
+                vrow[jj] = v_own;
+            } else {
+                int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj) * row_elems +
+                              (int64_t)kvh * Dh;
+                krow[jj] = a.k_cache + off;
+                vrow[jj] = a.v_cache + off;
+            }
+        }
+        __syncthreads(); /* krow/vrow (and qs on the first chunk) */
         /* scores: a warp per position, 4 positions in flight per warp */
         for (int jj0 = warp; jj0 < cn; jj0 += 4 * nw) {
             float dot[4];
@@ -85,7 +151,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
                 int jj = jj0 + u * nw;
                 dot[u] = 0.0f;
                 if (jj < cn) {
-                    const float *kr = a.k_cache + rowoff[jj];
+                    const float *kr = krow[jj];
                     for (int d = lane; d < Dh; d += CU_WARP) dot[u] += qs[d] * kr[d];
                 }
             }
@@ -121,17 +187,17 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
             for (; jj + 8 <= cn; jj += 8) {
                 float v[8];
 #pragma unroll
-                for (int u = 0; u < 8; u++) v[u] = a.v_cache[rowoff[jj + u] + d];
+                for (int u = 0; u < 8; u++) v[u] = vrow[jj + u][d];
 #pragma unroll
                 for (int u = 0; u < 8; u += 2) {
                     s0 += sc[jj + u] * v[u];
                     s1 += sc[jj + u + 1] * v[u + 1];
                 }
             }
-            for (; jj < cn; jj++) s0 += sc[jj] * a.v_cache[rowoff[jj] + d];
+            for (; jj < cn; jj++) s0 += sc[jj] * vrow[jj][d];
             acc[i] = s0 + s1;
         }
-        __syncthreads(); /* sc and rowoff are rewritten by the next chunk */
+        __syncthreads(); /* sc and krow/vrow are rewritten by the next chunk */
     }
 
     const int64_t th = (int64_t)t * a.n_heads + h;
@@ -153,29 +219,135 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
         part[0] = m;
         part[1] = l;
     }
+    att_merge_splits(a, th, &last_block, ms, ws);
 }
 
-__global__ void attention_combine_kernel(struct cu_attention a) {
+/* Decode attention with warps as independent sub-splits (head dim a multiple of 4, at
+ * most 128: a lane holds 4 dims of a row). One block per (split, head, token), the
+ * split's positions as in attention_partial_kernel; warp w takes positions w, w + 4,
+ * ... of each group of ATT_WCHUNK: the lanes find 16 rows through the block table at
+ * once, load 16 K rows (16 independent 16-byte loads a lane), score them (warp sums),
+ * update the warp's own running max / sum / weighted V sum with 16 V rows in flight.
+ * The four warps merge at the end; splits merge as in attention_partial_kernel
+ * (counters, last block), and APPEND has the same meaning. */
+#define ATT_WPOS 16                        /* positions per warp per group */
+#define ATT_WCHUNK (ATT_WPOS * ATT_THREADS / CU_WARP)
+template <bool APPEND>
+__global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
-    const int h = blockIdx.x, t = blockIdx.y, Dh = a.head_dim;
-    const int64_t th = (int64_t)t * a.n_heads + h;
-    const float *part = a.part + th * a.splits * (Dh + 2);
-    float m = -INFINITY;
-    for (int s = 0; s < a.splits; s++)
-        if (part[s * (Dh + 2) + 1] > 0.0f) m = fmaxf(m, part[s * (Dh + 2)]);
-    float l = 0.0f;
-    for (int s = 0; s < a.splits; s++) {
-        const float *ps = part + s * (Dh + 2);
-        if (ps[1] > 0.0f) l += ps[1] * expf(ps[0] - m);
-    }
-    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int s = 0; s < a.splits; s++) {
-            const float *ps = part + s * (Dh + 2);
-            if (ps[1] > 0.0f) acc += ps[2 + d] * expf(ps[0] - m);
+    cu_pdl_wait();    /* launched as a dependent itself */
+    constexpr int nw = ATT_THREADS / CU_WARP;
+    __shared__ float wm[nw], wl[nw];
+    __shared__ __align__(16) float wacc[nw][128];
+    __shared__ float ms[CU_ATT_MAX_SPLITS], ws[CU_ATT_MAX_SPLITS];
+    __shared__ bool last_block;
+    const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+    const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
+    const int group = a.n_heads / a.n_kv_heads, kvh = h / group, row_elems = a.n_kv_heads * Dh;
+    const int32_t p = a.pos[t], slot = a.slot[t];
+    const int32_t first = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    const int32_t n_chunks = (p + 1 - first + ATT_CHUNK - 1) / ATT_CHUNK;
+    const int32_t per = (n_chunks + a.splits - 1) / a.splits;
+    const int32_t begin = first + split * per * ATT_CHUNK;
+    const int32_t end = min(p + 1, begin + per * ATT_CHUNK);
+    const float *k_own = a.k + ((int64_t)kvh * a.n_tok + t) * Dh, *v_own = a.v + ((int64_t)kvh * a.n_tok + t) * Dh;
+    if (APPEND && split == 0 && h % group == 0) {
+        const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, p) * row_elems +
+                            (int64_t)kvh * Dh;
+        for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
+            a.k_cache[row + d] = k_own[d];
+            a.v_cache[row + d] = v_own[d];
         }
-        a.out[th * Dh + d] = acc / l;
     }
+    const bool dl = 4 * lane < Dh; /* this lane's 4 dims exist */
+    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
+    float m = -INFINITY, l = 0.0f;
+    float4 acc = zero4;
+    for (int32_t c0 = begin; c0 < end; c0 += ATT_WCHUNK) {
+        /* this warp's positions c0 + warp + nw * i, i < ATT_WPOS; lane i finds row i */
+        const int32_t mine = c0 + warp + nw * lane;
+        int64_t off = -1;
+        if (lane < ATT_WPOS && mine < end && mine != p)
+            off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, mine) * row_elems + (int64_t)kvh * Dh;
+        const int n_mine = min(ATT_WPOS, max(0, (end - c0 - warp + nw - 1) / nw));
+        if (n_mine == 0) continue;
+        float4 kv[ATT_WPOS];
+#pragma unroll
+        for (int i = 0; i < ATT_WPOS; i++) {
+            const int64_t oi = __shfl_sync(0xffffffffu, off, i);
+            const int32_t pi = c0 + warp + nw * i;
+            kv[i] = zero4;
+            if (i < n_mine && dl) kv[i] = *(const float4 *)((pi == p ? k_own : a.k_cache + oi) + 4 * lane);
+        }
+        float sc[ATT_WPOS], cmax = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < ATT_WPOS; i++) {
+            float d = q.x * kv[i].x + q.y * kv[i].y + q.z * kv[i].z + q.w * kv[i].w;
+            d = cu_warp_sum(d) * a.scale;
+            sc[i] = i < n_mine ? d : -INFINITY;
+            cmax = fmaxf(cmax, sc[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_WPOS; i++) {
+            const int64_t oi = __shfl_sync(0xffffffffu, off, i);
+            const int32_t pi = c0 + warp + nw * i;
+            kv[i] = zero4;
+            if (i < n_mine && dl) kv[i] = *(const float4 *)((pi == p ? v_own : a.v_cache + oi) + 4 * lane);
+        }
+        const float new_m = fmaxf(m, cmax);
+        const float corr = expf(m - new_m); /* 0 on the warp's first group (m = -inf) */
+        float csum = 0.0f;
+        acc.x *= corr;
+        acc.y *= corr;
+        acc.z *= corr;
+        acc.w *= corr;
+#pragma unroll
+        for (int i = 0; i < ATT_WPOS; i++) {
+            const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
+            csum += e;
+            acc.x += e * kv[i].x;
+            acc.y += e * kv[i].y;
+            acc.z += e * kv[i].z;
+            acc.w += e * kv[i].w;
+        }
+        l = l * corr + csum;
+        m = new_m;
+    }
+    /* the warps' results, merged by the block */
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+    if (dl) *(float4 *)&wacc[warp][4 * lane] = acc;
+    __syncthreads();
+    float bm = -INFINITY, bl = 0.0f;
+#pragma unroll
+    for (int w = 0; w < nw; w++)
+        if (wl[w] > 0.0f) bm = fmaxf(bm, wm[w]);
+    float wsc[nw];
+#pragma unroll
+    for (int w = 0; w < nw; w++) {
+        wsc[w] = wl[w] > 0.0f ? expf(wm[w] - bm) : 0.0f;
+        bl += wl[w] * wsc[w];
+    }
+    const int64_t th = (int64_t)t * a.n_heads + h;
+    float *part = a.splits > 1 ? a.part + (th * a.splits + split) * (Dh + 2) : NULL;
+    for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < nw; w++) o += wacc[w][d] * wsc[w];
+        if (part)
+            part[2 + d] = o;
+        else
+            a.out[th * Dh + d] = o / bl;
+    }
+    if (!part) return;
+    if (threadIdx.x == 0) {
+        part[0] = bm;
+        part[1] = bl;
+    }
+    att_merge_splits(a, th, &last_block, ms, ws);
 }
 
 #define ATT_TQ 16      /* queries per block */
@@ -341,20 +513,27 @@ bool cu_attention_tiled_ok(const struct cu_attention *a) {
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     if (a->n_tok <= 0) return cudaSuccess;
     if (a->head_dim > ATT_MAX_DH || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
-        a->n_heads > 65535 || a->n_tok > 65535 || a->splits < 1 || (a->splits > 1 && !a->part))
+        a->n_heads > 65535 || a->n_tok > 65535 || a->splits < 1 ||
+        (a->splits > 1 && (!a->part || !a->counters || (int64_t)a->n_tok * a->n_heads > CU_ATT_COUNTERS)))
         return cudaErrorInvalidValue;
-    kv_append_kernel<<<a->n_tok, 256, 0, st>>>(*a);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    if (cu_attention_tiled_ok(a)) {
+    bool tiled = cu_attention_tiled_ok(a);
+    cudaError_t e;
+    if (tiled || a->n_tok > 1) { /* one token appends inside the attention kernel */
+        if ((e = cu_launch_pdl(kv_append_kernel, dim3(a->n_tok), dim3(256), 0, st, *a)) != cudaSuccess) return e;
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    if (tiled) {
         attention_tiled_kernel<<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
         return cudaGetLastError();
     }
     dim3 grid(a->splits, a->n_heads, a->n_tok);
-    attention_partial_kernel<<<grid, ATT_THREADS, 0, st>>>(*a);
-    if ((e = cudaGetLastError()) != cudaSuccess || a->splits == 1) return e;
-    attention_combine_kernel<<<dim3(a->n_heads, a->n_tok), 128, 0, st>>>(*a);
-    return cudaGetLastError();
+    if (a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position)
+        e = cu_launch_pdl(a->n_tok == 1 ? attention_warp_kernel<true> : attention_warp_kernel<false>, grid,
+                          dim3(ATT_THREADS), 0, st, *a);
+    else
+        e = cu_launch_pdl(a->n_tok == 1 ? attention_partial_kernel<true> : attention_partial_kernel<false>, grid,
+                          dim3(ATT_THREADS), 0, st, *a);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* ---- short_conv ------------------------------------------------------------------- */

@@ -117,48 +117,80 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, const struct cu_wei
     }
 }
 
+/* What one matvec launch computes: up to CU_MV_MAX_SEGS products sharing x (their
+ * output rows are laid end to end: group g of NR rows belongs to the segment whose
+ * [g_begin, g_end) holds it), or, with `up` set, one SwiGLU pair (segment 0's weight
+ * and `up` read side by side, y = act(x W0^T + b) * (x Wup^T) + residual). */
+struct mv_job {
+    struct cu_mv_seg seg[CU_MV_MAX_SEGS];
+    int64_t g_end[CU_MV_MAX_SEGS];
+    int n_seg;
+    struct cu_weight up; /* data NULL: no pair */
+};
+
+
 /* Block: MV_WARPS warps; `ksplit` consecutive warps share NR consecutive output rows
  * j0..j0+NR-1, each warp taking every ksplit-th group of 32 chunks. With one x row
- * (decode) a lane loads its x chunk once and applies it to NR weight rows: x traffic
- * through L1 per weight byte drops NR times (a q8_0 chunk of 16 bytes needs 64 bytes
- * of x). With several x rows (RMAX > 1, NR = 1) each weight chunk serves every row. */
-template <int DT, int RMAX, int NR, bool NORM>
+ * (decode) a lane loads its x chunk once and applies it to the NW = NR (PAIR: 2 NR)
+ * weight rows: x traffic through L1 per weight byte drops NW times (a q8_0 chunk of 16
+ * bytes needs 64 bytes of x). With several x rows (RMAX > 1, NR = 1) each weight chunk
+ * serves every row. */
+template <int DT, int RMAX, int NR, bool NORM, bool PAIR>
 __global__ void __launch_bounds__(MV_THREADS)
-    matvec_kernel(struct cu_weight w, const float *__restrict__ x, int rows, float *__restrict__ y,
-                  struct cu_epilogue ep, int ksplit) {
+    matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit) {
     constexpr int E = mv_traits<DT>::E;
-    constexpr int U = NR == 1 ? MV_UNROLL : NR == 2 ? 2 : 1; /* U * NR loads in flight per lane */
-    static_assert(RMAX == 1 || NR == 1, "several x rows take one weight row per warp");
-    __shared__ float part[MV_WARPS][NR * RMAX];
+    constexpr int NW = PAIR ? 2 * NR : NR;                 /* weight rows a warp streams */
+    constexpr int U = NW == 1 ? MV_UNROLL : NW == 2 ? 2 : 1; /* U * NW loads in flight per lane */
+    static_assert(RMAX == 1 || NR == 1, "several x rows take one output row per warp");
+    __shared__ float part[MV_WARPS][NW * RMAX];
     cu_pdl_trigger();
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     const int rows_per_block = MV_WARPS / ksplit;
     const int ks = warp % ksplit;
-    const int64_t j0 = ((int64_t)blockIdx.x * rows_per_block + warp / ksplit) * NR;
+    const int64_t gidx = (int64_t)blockIdx.x * rows_per_block + warp / ksplit;
+    static_assert(CU_MV_MAX_SEGS == 3, "the segment choice below names each segment");
+    /* constant indices only: a dynamically indexed parameter would be copied to local memory */
+    struct cu_mv_seg seg;
+    int64_t g_base;
+    if (job.n_seg > 2 && gidx >= job.g_end[1]) {
+        seg = job.seg[2];
+        g_base = job.g_end[1];
+    } else if (job.n_seg > 1 && gidx >= job.g_end[0]) {
+        seg = job.seg[1];
+        g_base = job.g_end[0];
+    } else {
+        seg = job.seg[0];
+        g_base = 0;
+    }
+    const struct cu_weight w = seg.w;
+    const struct cu_epilogue ep = seg.ep;
+    const int64_t j0 = (gidx - g_base) * NR;
     const int64_t K = w.cols, n_out = w.rows, n_chunks = K / E;
-    float acc[NR][RMAX];
+    float acc[NW][RMAX];
 #pragma unroll
-    for (int nr = 0; nr < NR; nr++)
+    for (int nr = 0; nr < NW; nr++)
 #pragma unroll
         for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
     constexpr int64_t bytes_num = DT == CU_F32 ? 4 : DT == CU_Q4_0 ? 1 : DT == CU_Q8_0 ? 2 : 4;
     constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
-    const uint4 *wrow[NR];
-    int64_t jr[NR]; /* rows past the end repeat the last one; their sums are dropped */
+    const uint4 *wrow[NW];
+    struct cu_weight wsrc[NW]; /* scales of each streamed row (q8_0/q4_0) */
+    int64_t jr[NW]; /* rows past the end repeat the last one; their sums are dropped */
 #pragma unroll
-    for (int nr = 0; nr < NR; nr++) {
-        jr[nr] = j0 + nr < n_out ? j0 + nr : n_out - 1;
-        wrow[nr] = (const uint4 *)((const uint8_t *)w.data + (size_t)(jr[nr] * K * bytes_num / bytes_den));
+    for (int nr = 0; nr < NW; nr++) {
+        wsrc[nr] = PAIR && nr >= NR ? job.up : w;
+        jr[nr] = j0 + nr % NR < n_out ? j0 + nr % NR : n_out - 1;
+        wrow[nr] = (const uint4 *)((const uint8_t *)wsrc[nr].data + (size_t)(jr[nr] * K * bytes_num / bytes_den));
     }
     const int64_t step = (int64_t)CU_WARP * ksplit;
-    uint4 raw[U][NR];
-    auto load = [&](int64_t c0) { /* U chunks of NR rows: U * NR loads in flight */
+    uint4 raw[U][NW];
+    auto load = [&](int64_t c0) { /* U chunks of NW rows: U * NW loads in flight */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t c = c0 + u * step;
             if (c < n_chunks)
 #pragma unroll
-                for (int nr = 0; nr < NR; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
+                for (int nr = 0; nr < NW; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
         }
     };
     /* the weights do not depend on the previous kernel: the first loads go out before
@@ -166,15 +198,27 @@ __global__ void __launch_bounds__(MV_THREADS)
     const int64_t first = (int64_t)ks * CU_WARP + lane;
     if (j0 < n_out) load(first);
     cu_pdl_wait();
+    /* the rms_norm prologue (segment 0 carries it for the launch): every x row's scale,
+     * by the whole block; with one row the normalized row goes to shared memory (xs,
+     * K floats) and the loop below reads it from there */
     __shared__ float inv_rms[RMAX], red[32];
-    if constexpr (NORM) { /* the rms_norm prologue: every x row's scale, by the whole block */
+    extern __shared__ float4 xs_dyn[];
+    const float *xs = (const float *)xs_dyn;
+    const float *norm_w = job.seg[0].ep.norm_w;
+    if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
             float ss = 0.0f;
             for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) ss += x[(size_t)r * K + k] * x[(size_t)r * K + k];
             ss = cu_block_sum(ss, red);
-            if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(ss / (float)K + ep.norm_eps);
+            if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(ss / (float)K + job.seg[0].ep.norm_eps);
         }
         __syncthreads();
+        if constexpr (RMAX == 1) {
+            float *xw = (float *)xs_dyn;
+            const float sc = inv_rms[0];
+            for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) xw[k] = x[k] * sc * norm_w[k];
+            __syncthreads();
+        }
     }
     if (j0 < n_out) {
         for (int64_t c0 = first; c0 < n_chunks; c0 += step * U) {
@@ -185,78 +229,69 @@ __global__ void __launch_bounds__(MV_THREADS)
                 if (c >= n_chunks) break;
                 if constexpr (RMAX == 1) {
                     float xr[E];
-                    const float4 *xv = (const float4 *)(x + (size_t)c * E);
 #pragma unroll
                     for (int i = 0; i < E / 4; i++) {
-                        float4 xx = __ldg(xv + i);
+                        float4 xx = NORM ? ((const float4 *)(xs + (size_t)c * E))[i]
+                                         : __ldg((const float4 *)(x + (size_t)c * E) + i);
                         xr[4 * i] = xx.x;
                         xr[4 * i + 1] = xx.y;
                         xr[4 * i + 2] = xx.z;
                         xr[4 * i + 3] = xx.w;
                     }
-                    if constexpr (NORM) {
-                        const float sc = inv_rms[0];
-                        const float4 *nv = (const float4 *)(ep.norm_w + (size_t)c * E);
 #pragma unroll
-                        for (int i = 0; i < E / 4; i++) {
-                            float4 nw = __ldg(nv + i);
-                            xr[4 * i] = xr[4 * i] * sc * nw.x;
-                            xr[4 * i + 1] = xr[4 * i + 1] * sc * nw.y;
-                            xr[4 * i + 2] = xr[4 * i + 2] * sc * nw.z;
-                            xr[4 * i + 3] = xr[4 * i + 3] * sc * nw.w;
-                        }
-                    }
-#pragma unroll
-                    for (int nr = 0; nr < NR; nr++) {
+                    for (int nr = 0; nr < NW; nr++) {
                         float f[E];
-                        float scale = mv_decode<DT>(raw[u][nr], w, jr[nr], c, f);
+                        float scale = mv_decode<DT>(raw[u][nr], wsrc[nr], jr[nr], c, f);
                         float s = 0.0f;
 #pragma unroll
                         for (int i = 0; i < E; i++) s += f[i] * xr[i];
                         acc[nr][0] += s * scale;
                     }
                 } else {
-                    float f[E];
-                    float scale = mv_decode<DT>(raw[u][0], w, jr[0], c, f);
 #pragma unroll
-                    for (int r = 0; r < RMAX; r++) {
-                        if (r >= rows) break;
-                        const float4 *xv = (const float4 *)(x + (size_t)r * K + (size_t)c * E);
-                        float s = 0.0f;
+                    for (int nr = 0; nr < NW; nr++) {
+                        float f[E];
+                        float scale = mv_decode<DT>(raw[u][nr], wsrc[nr], jr[nr], c, f);
 #pragma unroll
-                        for (int i = 0; i < E / 4; i++) {
-                            float4 xx = __ldg(xv + i);
-                            if constexpr (NORM) {
-                                const float sc = inv_rms[r];
-                                const float4 nw = __ldg((const float4 *)(ep.norm_w + (size_t)c * E) + i);
-                                xx.x = xx.x * sc * nw.x;
-                                xx.y = xx.y * sc * nw.y;
-                                xx.z = xx.z * sc * nw.z;
-                                xx.w = xx.w * sc * nw.w;
+                        for (int r = 0; r < RMAX; r++) {
+                            if (r >= rows) break;
+                            const float4 *xv = (const float4 *)(x + (size_t)r * K + (size_t)c * E);
+                            float s = 0.0f;
+#pragma unroll
+                            for (int i = 0; i < E / 4; i++) {
+                                float4 xx = __ldg(xv + i);
+                                if constexpr (NORM) {
+                                    const float sc = inv_rms[r];
+                                    const float4 nw = __ldg((const float4 *)(norm_w + (size_t)c * E) + i);
+                                    xx.x = xx.x * sc * nw.x;
+                                    xx.y = xx.y * sc * nw.y;
+                                    xx.z = xx.z * sc * nw.z;
+                                    xx.w = xx.w * sc * nw.w;
+                                }
+                                s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
+                                     f[4 * i + 3] * xx.w;
                             }
-                            s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
-                                 f[4 * i + 3] * xx.w;
+                            acc[nr][r] += s * scale;
                         }
-                        acc[0][r] += s * scale;
                     }
                 }
             }
         }
     }
 #pragma unroll
-    for (int nr = 0; nr < NR; nr++)
+    for (int nr = 0; nr < NW; nr++)
 #pragma unroll
         for (int r = 0; r < RMAX; r++) acc[nr][r] = cu_warp_sum(acc[nr][r]);
     if (ksplit > 1) {
         if (lane == 0)
 #pragma unroll
-            for (int nr = 0; nr < NR; nr++)
+            for (int nr = 0; nr < NW; nr++)
 #pragma unroll
                 for (int r = 0; r < RMAX; r++) part[warp][nr * RMAX + r] = acc[nr][r];
         __syncthreads();
         if (ks == 0 && lane == 0)
 #pragma unroll
-            for (int nr = 0; nr < NR; nr++)
+            for (int nr = 0; nr < NW; nr++)
 #pragma unroll
                 for (int r = 0; r < RMAX; r++) {
                     float s = 0.0f;
@@ -265,6 +300,7 @@ __global__ void __launch_bounds__(MV_THREADS)
                 }
     }
     if (ks != 0 || lane != 0) return;
+    const int64_t hd = seg.head_dim;
 #pragma unroll
     for (int nr = 0; nr < NR; nr++) {
         const int64_t j = j0 + nr;
@@ -273,9 +309,12 @@ __global__ void __launch_bounds__(MV_THREADS)
             float v = acc[nr][r] + (ep.bias ? ep.bias[j] : 0.0f);
             if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
             size_t o = (size_t)r * n_out + j;
-            if (ep.gate) v *= ep.gate[o];
+            if constexpr (PAIR)
+                v *= acc[NR + nr][r];
+            else if (ep.gate)
+                v *= ep.gate[o];
             if (ep.residual) v += ep.residual[o];
-            y[o] = v;
+            seg.y[hd > 0 ? (size_t)(((j / hd) * rows + r) * hd + j % hd) : o] = v;
         }
     }
 }
@@ -298,61 +337,109 @@ bool cu_matvec_ok(const struct cu_weight *w) {
            cu_weight_data_bytes(w->dtype, 1, w->cols) % 16 == 0;
 }
 
-template <int DT, int RMAX, int NR, bool NORM>
-static void mv_launch_nr(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
-                         const struct cu_epilogue *ep) {
-    /* Split K until about 4096 warps have work (132 SMs x 32 warps on an H200), but keep
-     * >= 2 groups of 32 chunks per warp. */
-    int64_t n_chunks = w->cols / mv_traits<DT>::E, groups = (w->rows + NR - 1) / NR;
-    int ksplit = 1;
-    while (ksplit < MV_WARPS && groups * ksplit < 4096 && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
-    unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(MV_THREADS);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = cu_pdl_enabled() ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, matvec_kernel<DT, RMAX, NR, NORM>, *w, x, rows, y, *ep, ksplit);
+/* Warps a launch aims at (K split across warps until this many have work, keeping at
+ * least two rounds of 32 chunks per warp): $LLMOPT_CUDA_MV_WARPS, default 4096 (132
+ * SMs x 32 warps on an H200), read once. */
+static int64_t mv_target_warps(void) {
+    static int64_t target = 0;
+    if (!target) {
+        const char *e = getenv("LLMOPT_CUDA_MV_WARPS");
+        long long v = e ? atoll(e) : 0;
+        target = v >= 128 && v <= (1 << 20) ? (int64_t)v : 4096;
+    }
+    return target;
 }
 
-template <int DT, bool NORM>
-static void mv_launch_norm(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
-                           const struct cu_epilogue *ep) {
+template <int DT, int RMAX, int NR, bool NORM, bool PAIR>
+static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int rows) {
+    /* Split K until about 4096 warps have work (132 SMs x 32 warps on an H200), but keep
+     * >= 2 groups of 32 chunks per warp. */
+    int64_t n_chunks = job.seg[0].w.cols / mv_traits<DT>::E, groups = 0;
+    for (int k = 0; k < job.n_seg; k++) {
+        groups += (job.seg[k].w.rows + NR - 1) / NR;
+        job.g_end[k] = groups;
+    }
+    const int64_t want = mv_target_warps();
+    int ksplit = 1;
+    while (ksplit < MV_WARPS && groups * ksplit < want && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
+    unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
+    size_t smem = NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
+    cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x, rows, ksplit);
+}
+
+/* Output rows per warp: big matrices stream 2 or 4 weight rows at a time (a SwiGLU
+ * pair counts both of its weights). */
+template <int DT, bool NORM, bool PAIR>
+static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
+    int64_t streamed = 0;
+    for (int k = 0; k < job.n_seg; k++) streamed += job.seg[k].w.rows;
+    if (PAIR) streamed *= 2;
     if (rows > 1)
-        mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM>(st, w, x, rows, y, ep);
-    else if (w->rows >= 16384)
-        mv_launch_nr<DT, 1, 4, NORM>(st, w, x, rows, y, ep);
-    else if (w->rows >= 8192)
-        mv_launch_nr<DT, 1, 2, NORM>(st, w, x, rows, y, ep);
+        mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR>(st, job, x, rows);
+    else if constexpr (PAIR) {
+        if (streamed >= 16384)
+            mv_launch_nr<DT, 1, 2, NORM, PAIR>(st, job, x, rows);
+        else
+            mv_launch_nr<DT, 1, 1, NORM, PAIR>(st, job, x, rows);
+    } else if (streamed >= 16384)
+        mv_launch_nr<DT, 1, 4, NORM, PAIR>(st, job, x, rows);
+    else if (streamed >= 8192)
+        mv_launch_nr<DT, 1, 2, NORM, PAIR>(st, job, x, rows);
     else
-        mv_launch_nr<DT, 1, 1, NORM>(st, w, x, rows, y, ep);
+        mv_launch_nr<DT, 1, 1, NORM, PAIR>(st, job, x, rows);
 }
 
 template <int DT>
-static void mv_launch(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
-                      const struct cu_epilogue *ep) {
-    if (ep->norm_w)
-        mv_launch_norm<DT, true>(st, w, x, rows, y, ep);
+static void mv_launch(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
+    if (job.up.data && job.seg[0].ep.norm_w)
+        mv_launch_rows<DT, true, true>(st, job, x, rows);
+    else if (job.up.data)
+        mv_launch_rows<DT, false, true>(st, job, x, rows);
+    else if (job.seg[0].ep.norm_w)
+        mv_launch_rows<DT, true, false>(st, job, x, rows);
     else
-        mv_launch_norm<DT, false>(st, w, x, rows, y, ep);
+        mv_launch_rows<DT, false, false>(st, job, x, rows);
+}
+
+cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
+                            const struct cu_weight *up) {
+    if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || n_seg < 1 || n_seg > CU_MV_MAX_SEGS || (up && n_seg != 1))
+        return cudaErrorInvalidValue;
+    struct mv_job job;
+    memset(&job, 0, sizeof job);
+    job.n_seg = n_seg;
+    for (int k = 0; k < n_seg; k++) {
+        const struct cu_weight *w = &segs[k].w;
+        if (!cu_matvec_ok(w) || w->dtype != segs[0].w.dtype || w->cols != segs[0].w.cols ||
+            (k > 0 && segs[k].ep.norm_w) || (segs[k].head_dim > 0 && w->rows % segs[k].head_dim) ||
+            (segs[k].ep.norm_w && w->cols > CU_MATVEC_NORM_MAX_K))
+            return cudaErrorInvalidValue;
+        job.seg[k] = segs[k];
+    }
+    if (up) {
+        if (up->dtype != segs[0].w.dtype || up->rows != segs[0].w.rows || up->cols != segs[0].w.cols)
+            return cudaErrorInvalidValue;
+        job.up = *up;
+    }
+    switch (segs[0].w.dtype) {
+    case CU_F32: mv_launch<CU_F32>(st, job, x, (int)rows); break;
+    case CU_F16: mv_launch<CU_F16>(st, job, x, (int)rows); break;
+    case CU_BF16: mv_launch<CU_BF16>(st, job, x, (int)rows); break;
+    case CU_Q8_0: mv_launch<CU_Q8_0>(st, job, x, (int)rows); break;
+    case CU_Q4_0: mv_launch<CU_Q4_0>(st, job, x, (int)rows); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
 }
 
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep) {
-    if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || !cu_matvec_ok(w)) return cudaErrorInvalidValue;
-    switch (w->dtype) {
-    case CU_F32: mv_launch<CU_F32>(st, w, x, (int)rows, y, ep); break;
-    case CU_F16: mv_launch<CU_F16>(st, w, x, (int)rows, y, ep); break;
-    case CU_BF16: mv_launch<CU_BF16>(st, w, x, (int)rows, y, ep); break;
-    case CU_Q8_0: mv_launch<CU_Q8_0>(st, w, x, (int)rows, y, ep); break;
-    case CU_Q4_0: mv_launch<CU_Q4_0>(st, w, x, (int)rows, y, ep); break;
-    default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
+    struct cu_mv_seg seg;
+    memset(&seg, 0, sizeof seg);
+    seg.w = *w;
+    seg.y = y;
+    seg.ep = *ep;
+    return cu_matvec_multi(st, x, rows, &seg, 1, NULL);
 }
 
 /* ---- tiled linear (any shape, any dtype) ---------------------------------------- */

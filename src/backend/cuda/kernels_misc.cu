@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_device.cuh"
 
 #include <float.h>
+#include <string.h>
 
 #define EW_THREADS 256
 
@@ -231,6 +232,7 @@ cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer,
 __global__ void norm_kernel(const float *x, const float *w, const float *b, float *o, int64_t d,
                             float eps, bool layer) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself: x is the kernel before's */
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *orow = o + (int64_t)blockIdx.x * d;
@@ -257,8 +259,8 @@ cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float
     if (rows <= 0 || d <= 0) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
     int threads = d >= 2048 ? 512 : d >= 512 ? 256 : d >= 128 ? 128 : 32;
-    norm_kernel<<<(unsigned)rows, threads, 0, st>>>(x, w, b, o, d, eps, layer);
-    return cudaGetLastError();
+    cudaError_t e = cu_launch_pdl(norm_kernel, dim3((unsigned)rows), dim3(threads), 0, st, x, w, b, o, d, eps, layer);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* rope: one thread per (row, k < d/2) */
@@ -356,3 +358,72 @@ cudaError_t cu_argmax_rows(cudaStream_t st, const float *x, int64_t rows, int64_
 }
 
 int32_t cu_argmax_key_index(unsigned long long key) { return (int32_t)~(uint32_t)key; }
+
+/* ---- rms_norm + permute + rope (decode fusion) ----------------------------------- */
+
+struct nr_job {
+    struct cu_norm_rope_part part[CU_NR_MAX_PARTS];
+    int64_t end[CU_NR_MAX_PARTS]; /* cumulative rows */
+    int n;
+};
+
+#define NR_THREADS 128
+
+/* A warp per output row: sum of squares over the source row, then each lane rotates
+ * pairs (k, k + d/2) of normalized values. */
+__global__ void __launch_bounds__(NR_THREADS) norm_rope_kernel(struct nr_job job, int64_t d) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    cu_pdl_wait();    /* launched as a dependent itself */
+    static_assert(CU_NR_MAX_PARTS == 3, "the part choice below names each part");
+    const int lane = threadIdx.x % CU_WARP;
+    int64_t row = (int64_t)blockIdx.x * (NR_THREADS / CU_WARP) + threadIdx.x / CU_WARP;
+    struct cu_norm_rope_part p; /* constant indices: no local copy of the parameter */
+    if (job.n > 2 && row >= job.end[1]) {
+        p = job.part[2];
+        row -= job.end[1];
+    } else if (job.n > 1 && row >= job.end[0]) {
+        p = job.part[1];
+        row -= job.end[0];
+    } else {
+        p = job.part[0];
+    }
+    if (row >= p.n_rows) return;
+    int64_t co, xo;
+    strided_offsets(p.rows, row, &co, &xo);
+    const float *xr = p.x + xo, *cr = p.c + co, *sr = p.s + co;
+    float *orow = p.o + row * d;
+    float scale = 1.0f;
+    if (p.norm_w) {
+        float ss = 0.0f;
+        for (int64_t k = lane; k < d; k += CU_WARP) ss += xr[k] * xr[k];
+        ss = cu_warp_sum(ss);
+        scale = 1.0f / sqrtf(ss / (float)d + p.eps);
+    }
+    const int64_t half = d / 2;
+    for (int64_t k = lane; k < half; k += CU_WARP) {
+        float x0 = xr[k], x1 = xr[k + half];
+        if (p.norm_w) {
+            x0 = x0 * scale * p.norm_w[k];
+            x1 = x1 * scale * p.norm_w[k + half];
+        }
+        orow[k] = x0 * cr[k] - x1 * sr[k];
+        orow[k + half] = x1 * cr[k + half] + x0 * sr[k + half];
+    }
+}
+
+cudaError_t cu_norm_rope(cudaStream_t st, const struct cu_norm_rope_part *parts, int n_parts, int64_t d) {
+    if (n_parts < 1 || n_parts > CU_NR_MAX_PARTS || d < 2 || d % 2) return cudaErrorInvalidValue;
+    struct nr_job job;
+    memset(&job, 0, sizeof job);
+    job.n = n_parts;
+    int64_t rows = 0;
+    for (int k = 0; k < n_parts; k++) {
+        job.part[k] = parts[k];
+        rows += parts[k].n_rows;
+        job.end[k] = rows;
+    }
+    if (rows <= 0) return cudaSuccess;
+    const int64_t per_block = NR_THREADS / CU_WARP;
+    cudaError_t e = cu_launch_pdl(norm_rope_kernel, dim3(cu_blocks(rows, (int)per_block)), dim3(NR_THREADS), 0, st, job, d);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
