@@ -103,7 +103,76 @@ static __device__ __forceinline__ float cu_weight_elem(const struct cu_weight &w
         int q = in_blk < 16 ? (b & 15) : (b >> 4);
         return (float)(q - 8) * cu_f16(w.scales[r * (w.cols / 32) + c / 32]);
     }
+    case CU_Q4_K:
+    case CU_Q5_K: { /* format/quant_k.c's dequantize_q4_K / _q5_K, same f32 operations */
+        const bool q5 = w.dtype == CU_Q5_K;
+        const int64_t nb = w.cols / 256, e = c % 256;
+        const uint8_t *bp = (const uint8_t *)w.data + (size_t)(r * nb + c / 256) * (q5 ? 176 : 144);
+        const int j = (int)(e / 32), l = (int)(e % 32);
+        const uint8_t *sb = bp + 4; /* the 12 packed 6-bit scales and mins */
+        const int sc = j < 4 ? sb[j] & 63 : (sb[j + 4] & 15) | ((sb[j - 4] >> 6) << 4);
+        const int mn = j < 4 ? sb[j + 4] & 63 : (sb[j + 4] >> 4) | ((sb[j] >> 6) << 4);
+        int q = (bp[(q5 ? 48 : 16) + 32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+        if (q5) q |= ((bp[16 + l] >> j) & 1) << 4;
+        const float d = cu_f16((uint16_t)(bp[0] | bp[1] << 8)), dmin = cu_f16((uint16_t)(bp[2] | bp[3] << 8));
+        return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)q), __fmul_rn(dmin, (float)mn));
+    }
+    case CU_Q6_K: { /* dequantize_q6_K on the 208-byte upload blocks, d apart */
+        const int64_t nb = w.cols / 256, e = c % 256;
+        const uint8_t *bp = (const uint8_t *)w.data + (size_t)(r * nb + c / 256) * 208;
+        const int h = (int)(e / 128), g = (int)(e % 128) / 32, l = (int)(e % 32);
+        const uint8_t lo = bp[64 * h + l + 32 * (g & 1)];
+        const int q = (g < 2 ? lo & 15 : lo >> 4) | (((bp[128 + 32 * h + l] >> (2 * g)) & 3) << 4);
+        const float d = cu_f16(w.scales[r * nb + c / 256]);
+        return __fmul_rn(__fmul_rn(d, (float)(int8_t)bp[192 + e / 16]), (float)(q - 32));
+    }
     default: return 0.0f;
+    }
+}
+
+/* The end of a matvec block (cu_matvec, cu_matvec_kq): each lane holds partial sums
+ * acc[nr][r] for output rows j0 + nr and x rows r; the warp sums them, the `ksplit`
+ * warps sharing rows add their sums through part (a barrier every thread of the block
+ * reaches), and the first of them writes act(sum + bias) * gate + residual. */
+template <int NR, int RMAX>
+static __device__ __forceinline__ void cu_matvec_finish(float (&acc)[NR][RMAX], float (*part)[NR * RMAX], int ksplit,
+                                                        int64_t j0, int64_t n_out, int rows, float *__restrict__ y,
+                                                        const struct cu_epilogue &ep) {
+    const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, ks = warp % ksplit;
+#pragma unroll
+    for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) acc[nr][r] = cu_warp_sum(acc[nr][r]);
+    if (ksplit > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) part[warp][nr * RMAX + r] = acc[nr][r];
+        __syncthreads();
+        if (ks == 0 && lane == 0)
+#pragma unroll
+            for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) {
+                    float s = 0.0f;
+                    for (int k = 0; k < ksplit; k++) s += part[warp + k][nr * RMAX + r];
+                    acc[nr][r] = s;
+                }
+    }
+    if (ks != 0 || lane != 0) return;
+#pragma unroll
+    for (int nr = 0; nr < NR; nr++) {
+        const int64_t j = j0 + nr;
+        if (j >= n_out) break;
+        for (int r = 0; r < rows && r < RMAX; r++) {
+            float v = acc[nr][r] + (ep.bias ? ep.bias[j] : 0.0f);
+            if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+            const size_t o = (size_t)r * n_out + j;
+            if (ep.gate) v *= ep.gate[o];
+            if (ep.residual) v += ep.residual[o];
+            y[o] = v;
+        }
     }
 }
 
@@ -126,6 +195,33 @@ static __device__ __forceinline__ void cu_pdl_trigger(void) {
 
 static inline unsigned cu_blocks(int64_t n, int threads) {
     return (unsigned)((n + threads - 1) / threads);
+}
+
+/* Split-K factor of a matvec launch: powers of two up to `warps` (a block's) until
+ * about 4096 warps have work (132 SMs x 32 warps on an H200), keeping >= 2 rounds of 32
+ * chunks a lane (n_chunks: the 16-byte chunks or K-quant units of a row). */
+static inline int cu_matvec_ksplit(int64_t groups, int64_t n_chunks, int warps) {
+    int ksplit = 1;
+    while (ksplit < warps && groups * ksplit < 4096 && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
+    return ksplit;
+}
+
+/* Launches a matvec kernel, as a programmatic dependent of the kernel before it unless
+ * $LLMOPT_CUDA_PDL=0 (cu_pdl_enabled). */
+template <typename... P, typename... A>
+static void cu_launch_matvec(void (*kernel)(P...), unsigned blocks, unsigned threads, size_t smem, cudaStream_t st,
+                             A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cu_pdl_enabled() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
 }
 
 #endif
