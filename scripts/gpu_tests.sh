@@ -127,10 +127,12 @@ bench_model() { # like type [parity: 1 = compare 16 greedy ids with the CPU]
 }
 if command -v "$LLMOPT" >/dev/null; then
     bench_model qwen3-0.6b q8_0
+    bench_model qwen3-0.6b q4_k_m
     [ $QUICK = 1 ] || bench_model qwen3-0.6b bf16
     if [ "${GPU_BENCH_8B:-0}" = 1 ]; then
         bench_model qwen3-8b bf16 0
         bench_model qwen3-8b q8_0 0
+        bench_model qwen3-8b q4_k_m 0
     fi
 fi
 

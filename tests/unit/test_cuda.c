@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "base/fp16.h"
 #include "format/quant.h"
+#include "format/quant_k.h"
 #include "llmopt.h"
 #include "golden_row.h"
 #include "test.h"
@@ -122,6 +123,9 @@ static int32_t gb_param(struct gb *b, enum ir_dtype t, int64_t rows, int64_t col
             break;
         case IR_DTYPE_Q8_0: quant_quantize_row_q8_0(tmp, dst, cols); break;
         case IR_DTYPE_Q4_0: quant_quantize_row_q4_0(tmp, dst, cols); break;
+        case IR_DTYPE_Q4_K: quant_k_quantize_row_q4_K(tmp, dst, cols); break;
+        case IR_DTYPE_Q5_K: quant_k_quantize_row_q5_K(tmp, dst, cols); break;
+        case IR_DTYPE_Q6_K: quant_k_quantize_row_q6_K(tmp, dst, cols); break;
         default: memcpy(dst, tmp, (size_t)cols * 4); break;
         }
     }
@@ -290,11 +294,12 @@ static const struct batch_spec plain_steps[] = {{1, 1, 1}, {5, 2, 1}, {37, 3, 1}
 /* ---- op tests ------------------------------------------------------------------------ */
 
 static void test_embedding_all_types(void) {
-    enum ir_dtype types[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
-    for (int t = 0; t < 5; t++) {
+    enum ir_dtype types[] = {IR_DTYPE_F32,  IR_DTYPE_F16,  IR_DTYPE_BF16, IR_DTYPE_Q8_0,
+                             IR_DTYPE_Q4_0, IR_DTYPE_Q4_K, IR_DTYPE_Q5_K, IR_DTYPE_Q6_K};
+    for (int t = 0; t < 8; t++) {
         struct gb b;
         gb_init(&b);
-        int32_t tab = gb_param(&b, types[t], b.vocab, 96, 2.0f);
+        int32_t tab = gb_param(&b, types[t], b.vocab, t < 5 ? 96 : 512, 2.0f);
         int32_t x = gb_op2(&b, IR_OP_EMBEDDING, tab, b.g.inputs[IR_INPUT_TOKENS]);
         char what[64];
         snprintf(what, sizeof what, "embedding %s", ir_dtype_name(types[t]));
@@ -309,6 +314,7 @@ struct linear_case {
     uint32_t flags;
     enum ir_op act;
 };
+static double linear_small_tol; /* up to 8 rows, when not 0 (a matvec that rounds x) */
 
 static void run_linear_case(const struct linear_case *lc, bool no_blas) {
     struct gb b;
@@ -337,7 +343,7 @@ static void run_linear_case(const struct linear_case *lc, bool no_blas) {
     /* f16/bf16 rows the 16-byte matvec cannot take (K % 8) go to cuBLAS at any batch */
     bool half_small = (lc->wt == IR_DTYPE_F16 || lc->wt == IR_DTYPE_BF16) && !no_blas && lc->k % 8;
     if (no_blas) setenv("LLMOPT_CUDA_NO_BLAS", "1", 1);
-    compare_graph(what, &b, y, small, 3, 64, half_small ? TOL_HALF : TOL_F32);
+    compare_graph(what, &b, y, small, 3, 64, linear_small_tol > 0 ? linear_small_tol : half_small ? TOL_HALF : TOL_F32);
     compare_graph(what, &b, y, big, 3, 64, half ? TOL_HALF : TOL_F32);
     unsetenv("LLMOPT_CUDA_NO_BLAS");
     gb_free(&b);
@@ -360,6 +366,40 @@ static void test_linear(void) {
     /* row lengths the 16-byte matvec cannot take go through the tiled kernel */
     struct linear_case odd[] = {{IR_DTYPE_F32, 70, 9, IR_LINEAR_BIAS, IR_OP_RELU}, {IR_DTYPE_BF16, 36, 11, 0, IR_OP_INPUT}};
     for (int c = 0; c < 2; c++) run_linear_case(&odd[c], false);
+}
+
+/* K-quants (rows of 256-element super-blocks): every matvec variant (1, 2 and 4 output
+ * rows a warp from 2048 / 8192 rows, with a tail; split K from 8192 (Q4_K/Q5_K) or
+ * 16384 (Q6_K) columns; several x rows) in each x mode ($LLMOPT_CUDA_KQ_X: 1 the
+ * default, f32 staged in shared memory; 0 f32 from global memory, also what K = 32768
+ * takes; 2 int8 x and dp4a, within 1e-2), the tiled kernel and bf16 + cuBLAS. */
+static void test_linear_kquant(void) {
+    enum ir_dtype types[] = {IR_DTYPE_Q4_K, IR_DTYPE_Q5_K, IR_DTYPE_Q6_K};
+    static const char *const modes[] = {"1", "0", "2"};
+    for (int m = 0; m < 3; m++) {
+        setenv("LLMOPT_CUDA_KQ_X", modes[m], 1);
+        for (int t = 0; t < 3; t++) {
+            struct linear_case cases[] = {
+                {types[t], 256, 48, 0, IR_OP_INPUT},
+                {types[t], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+                {types[t], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+                {types[t], 256, 2051, 0, IR_OP_INPUT},
+                {types[t], 256, 8195, IR_LINEAR_BIAS, IR_OP_INPUT},
+                {types[t], t == 2 ? 16384 : 8192, 40, 0, IR_OP_INPUT},
+                {types[t], 32768, 3, 0, IR_OP_INPUT},
+            };
+            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                if (m > 0 && c == 2) continue; /* the other modes: the matvec shapes */
+                /* f32 sums of 32768 products in the reference's order alone differ by
+                 * ~1e-5 relative (sqrt(K) * 2^-24): that case gets 5e-5 */
+                linear_small_tol = m == 2 ? TOL_HALF : cases[c].k > 16384 ? 5e-5 : 0;
+                run_linear_case(&cases[c], false);
+                if (c == 1 && m == 0) run_linear_case(&cases[c], true);
+            }
+        }
+    }
+    unsetenv("LLMOPT_CUDA_KQ_X");
+    linear_small_tol = 0;
 }
 
 static void test_unary(void) {
@@ -1016,11 +1056,12 @@ int main(void) {
     char desc[256] = "";
     cuda_device_describe(desc, sizeof desc);
     fprintf(stderr, "device: %s\n", desc);
-    const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_unary, test_binary_broadcast,
+    const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_attention,
                            test_decode_fusion, test_short_conv, test_stories_greedy, test_goldens};
-    const char *names[] = {"errors", "embedding_all_types", "linear", "unary", "binary_broadcast",
-                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "short_conv", "stories_greedy",
+    const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
+                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "short_conv",
+                           "stories_greedy",
                            "goldens"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");
     int n = (int)(sizeof fns / sizeof fns[0]);

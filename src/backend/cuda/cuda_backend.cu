@@ -33,7 +33,8 @@ extern "C" {
 static_assert(CU_MAX_RANK == IR_MAX_RANK, "kernel shape structs hold IR ranks");
 static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
                   (int)IR_DTYPE_BF16 == CU_BF16 && (int)IR_DTYPE_Q8_0 == CU_Q8_0 &&
-                  (int)IR_DTYPE_Q4_0 == CU_Q4_0,
+                  (int)IR_DTYPE_Q4_0 == CU_Q4_0 && (int)IR_DTYPE_Q4_K == CU_Q4_K &&
+                  (int)IR_DTYPE_Q5_K == CU_Q5_K && (int)IR_DTYPE_Q6_K == CU_Q6_K,
               "cu_dtype numbers enum ir_dtype");
 
 #define CUDA_GRAPH_CACHE 8     /* captured (N, M) shapes kept */
@@ -253,8 +254,10 @@ static struct cu_epilogue linear_epilogue(struct cuda_state *s, const struct ir_
     return ep;
 }
 
-static const char *const mv_tag[] = {"linear.matvec f32", "linear.matvec f16", "linear.matvec bf16",
-                                     "linear.matvec q8_0", "linear.matvec q4_0"};
+/* by enum cu_dtype */
+static const char *const mv_tag[] = {"linear.matvec f32",  "linear.matvec f16",  "linear.matvec bf16",
+                                     "linear.matvec q8_0", "linear.matvec q4_0", "",
+                                     "linear.matvec q4_k", "linear.matvec q5_k", "linear.matvec q6_k"};
 
 /* A fused step's MULTI or PAIR linear (rows <= CUDA_MATVEC_MAX_ROWS by the plan). */
 static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir_node *n, int32_t i,
@@ -388,7 +391,7 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
         CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
         return LLMOPT_OK;
     }
-    if (blas_ok && (w->dtype == CU_Q8_0 || w->dtype == CU_Q4_0) && rows >= CUDA_DEQUANT_MIN_ROWS && s->wh &&
+    if (blas_ok && cu_dtype_blocked(w->dtype) && rows >= CUDA_DEQUANT_MIN_ROWS && s->wh &&
         (size_t)(w->rows * k) * 2 <= s->wh_bytes && (size_t)(rows * k) * 2 <= s->xh_bytes) {
         /* prefill: W once to bf16, then tensor cores (the tiled kernel is f32 FMA) */
         s->prof_tag = "linear.gemm dequant->bf16 (+cvt, epilogue)";
@@ -684,7 +687,7 @@ static enum llmopt_status upload_weight(struct cuda_state *s, const struct ir_no
     int64_t cols = n->shape.rank == 2 ? n->shape.dims[1].coef : 1;
     if (n->shape.rank != 2)
         for (int d = 0; d < n->shape.rank; d++) cols *= n->shape.dims[d].coef;
-    if ((n->shape.rank != 2 && (dtype == CU_Q8_0 || dtype == CU_Q4_0)) || dtype > CU_Q4_0 || dtype < 0)
+    if ((n->shape.rank != 2 && cu_dtype_blocked(dtype)) || dtype < 0 || (dtype > CU_Q4_0 && !cu_dtype_kquant(dtype)))
         return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: parameter '%s' (%s, rank %d) cannot be uploaded",
                        n->name ? n->name : "", ir_dtype_name(n->weight.dtype), n->shape.rank);
     if ((uint64_t)ir_dtype_row_bytes(n->weight.dtype, cols) * (uint64_t)rows > n->weight.n_bytes)
@@ -819,6 +822,7 @@ static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_e
             used[src] = true;
             bool ok = n->op == IR_OP_LINEAR && k == 0 && cu_matvec_ok(&s->weight[n->in[1]]) &&
                       s->weight[n->in[1]].cols <= CU_MATVEC_NORM_MAX_K &&
+                      !cu_dtype_kquant(s->weight[n->in[1]].dtype) && /* no norm prologue there */
                       s->weight[n->in[1]].cols == g->nodes[src].shape.dims[g->nodes[src].shape.rank - 1].coef;
             for (int k2 = 1; k2 < n->n_in; k2++) ok = ok && n->in[k2] != src;
             if (!ok) s->norm_into_matvec[src] = false;
@@ -871,7 +875,8 @@ static bool fuse_linear_ok(const struct fuse_ctx *c, int32_t i) {
     const struct ir_node *n = &c->s->g->nodes[i];
     if (n->op != IR_OP_LINEAR || n->n_in < 2 || n->constant || c->claimed[i] || i == c->s->g->output) return false;
     const struct cu_weight *w = &c->s->weight[n->in[1]];
-    return cu_matvec_ok(w) && fuse_x_ok(c, n->in[0], w->cols);
+    /* the K-quant matvec (kernels_kquant.cu) has no multi-segment or pair form */
+    return cu_matvec_ok(w) && !cu_dtype_kquant(w->dtype) && fuse_x_ok(c, n->in[0], w->cols);
 }
 
 /* Node x can be read at position t of the fused schedule: computed before t, and its
@@ -1096,7 +1101,7 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
         if (n->op == IR_OP_LINEAR) {
             const struct ir_node *wn = &g->nodes[n->in[1]];
             enum ir_dtype t = wn->weight.dtype;
-            bool quant = t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0;
+            bool quant = cu_dtype_blocked((int)t);
             if (t != IR_DTYPE_F16 && t != IR_DTYPE_BF16 && !(quant && s->n_max >= CUDA_DEQUANT_MIN_ROWS)) continue;
             size_t need = mem_plan_node_bytes(&g->nodes[n->in[0]], s->n_max, s->n_max) / 2;
             if (need > s->xh_bytes) s->xh_bytes = need;
@@ -1147,6 +1152,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     }
     e = getenv("LLMOPT_CUDA_ATT_WARP");
     s->att_per_position = e && !strcmp(e, "0");
+    e = getenv("LLMOPT_CUDA_KQ_X"); /* the K-quant matvec's x mode (A/B, tests) */
+    cu_kq_set_x_mode(e && *e ? atoi(e) : -1);
     e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
     s->use_blas = !(e && *e && strcmp(e, "0"));
     CU_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

@@ -103,7 +103,84 @@ static __device__ __forceinline__ float cu_weight_elem(const struct cu_weight &w
         int q = in_blk < 16 ? (b & 15) : (b >> 4);
         return (float)(q - 8) * cu_f16(w.scales[r * (w.cols / 32) + c / 32]);
     }
+    case CU_Q4_K:
+    case CU_Q5_K: { /* format/quant_k.c's dequantize_q4_K / _q5_K, same f32 operations */
+        const bool q5 = w.dtype == CU_Q5_K;
+        const int64_t nb = w.cols / 256, e = c % 256;
+        const uint8_t *bp = (const uint8_t *)w.data + (size_t)(r * nb + c / 256) * (q5 ? 176 : 144);
+        const int j = (int)(e / 32), l = (int)(e % 32);
+        const uint8_t *sb = bp + 4; /* the 12 packed 6-bit scales and mins */
+        const int sc = j < 4 ? sb[j] & 63 : (sb[j + 4] & 15) | ((sb[j - 4] >> 6) << 4);
+        const int mn = j < 4 ? sb[j + 4] & 63 : (sb[j + 4] >> 4) | ((sb[j] >> 6) << 4);
+        int q = (bp[(q5 ? 48 : 16) + 32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+        if (q5) q |= ((bp[16 + l] >> j) & 1) << 4;
+        const float d = cu_f16((uint16_t)(bp[0] | bp[1] << 8)), dmin = cu_f16((uint16_t)(bp[2] | bp[3] << 8));
+        return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)q), __fmul_rn(dmin, (float)mn));
+    }
+    case CU_Q6_K: { /* dequantize_q6_K on the 208-byte upload blocks, d apart */
+        const int64_t nb = w.cols / 256, e = c % 256;
+        const uint8_t *bp = (const uint8_t *)w.data + (size_t)(r * nb + c / 256) * 208;
+        const int h = (int)(e / 128), g = (int)(e % 128) / 32, l = (int)(e % 32);
+        const uint8_t lo = bp[64 * h + l + 32 * (g & 1)];
+        const int q = (g < 2 ? lo & 15 : lo >> 4) | (((bp[128 + 32 * h + l] >> (2 * g)) & 3) << 4);
+        const float d = cu_f16(w.scales[r * nb + c / 256]);
+        return __fmul_rn(__fmul_rn(d, (float)(int8_t)bp[192 + e / 16]), (float)(q - 32));
+    }
     default: return 0.0f;
+    }
+}
+
+/* The end of a matvec block (cu_matvec_multi, cu_matvec_kq): each lane holds partial
+ * sums acc[nr][r] for output rows j0 + nr and x rows r (with PAIR, acc[NR + nr][r] are
+ * the up products of a SwiGLU pair); the warp sums them, the `ksplit` warps sharing
+ * rows add their sums through part (a barrier every thread of the block reaches), and
+ * the first of them writes act(sum + bias) * (up or gate) + residual. head_dim > 0
+ * writes output row r head-major: element j at ((j / head_dim) * rows + r) * head_dim
+ * + j % head_dim. */
+template <int NR, int RMAX, bool PAIR = false>
+static __device__ __forceinline__ void cu_matvec_finish(float (&acc)[NR * (PAIR ? 2 : 1)][RMAX],
+                                                        float (*part)[NR * (PAIR ? 2 : 1) * RMAX], int ksplit,
+                                                        int64_t j0, int64_t n_out, int rows, float *__restrict__ y,
+                                                        const struct cu_epilogue &ep, int64_t head_dim = 0) {
+    constexpr int NW = NR * (PAIR ? 2 : 1);
+    const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, ks = warp % ksplit;
+#pragma unroll
+    for (int nr = 0; nr < NW; nr++)
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) acc[nr][r] = cu_warp_sum(acc[nr][r]);
+    if (ksplit > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int nr = 0; nr < NW; nr++)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) part[warp][nr * RMAX + r] = acc[nr][r];
+        __syncthreads();
+        if (ks == 0 && lane == 0)
+#pragma unroll
+            for (int nr = 0; nr < NW; nr++)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) {
+                    float s = 0.0f;
+                    for (int k = 0; k < ksplit; k++) s += part[warp + k][nr * RMAX + r];
+                    acc[nr][r] = s;
+                }
+    }
+    if (ks != 0 || lane != 0) return;
+#pragma unroll
+    for (int nr = 0; nr < NR; nr++) {
+        const int64_t j = j0 + nr;
+        if (j >= n_out) break;
+        for (int r = 0; r < rows && r < RMAX; r++) {
+            float v = acc[nr][r] + (ep.bias ? ep.bias[j] : 0.0f);
+            if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+            const size_t o = (size_t)r * n_out + j;
+            if constexpr (PAIR)
+                v *= acc[NR + nr][r];
+            else if (ep.gate)
+                v *= ep.gate[o];
+            if (ep.residual) v += ep.residual[o];
+            y[head_dim > 0 ? (size_t)(((j / head_dim) * rows + r) * head_dim + j % head_dim) : o] = v;
+        }
     }
 }
 
@@ -146,6 +223,15 @@ static inline cudaError_t cu_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 bl
 
 static inline unsigned cu_blocks(int64_t n, int threads) {
     return (unsigned)((n + threads - 1) / threads);
+}
+
+/* Split-K factor of a matvec launch: powers of two up to `warps` (a block's) until
+ * about `target` warps have work (4096 = 132 SMs x 32 warps on an H200), keeping >= 2
+ * rounds of 32 chunks a lane (n_chunks: the 16-byte chunks or K-quant units of a row). */
+static inline int cu_matvec_ksplit(int64_t groups, int64_t n_chunks, int warps, int64_t target) {
+    int ksplit = 1;
+    while (ksplit < warps && groups * ksplit < target && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
+    return ksplit;
 }
 
 #endif

@@ -14,7 +14,10 @@
 #define CU_MAX_RANK 6 /* == IR_MAX_RANK (static_assert in cuda_backend.cu) */
 
 /* Weight dtypes, numbered as enum ir_dtype (checked in cuda_backend.cu). */
-enum cu_dtype { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2, CU_Q8_0 = 3, CU_Q4_0 = 4 };
+enum cu_dtype { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2, CU_Q8_0 = 3, CU_Q4_0 = 4, CU_Q4_K = 6, CU_Q5_K = 7, CU_Q6_K = 8 };
+static inline bool cu_dtype_kquant(int t) { return t == CU_Q4_K || t == CU_Q5_K || t == CU_Q6_K; }
+/* Types that are uploaded as blocks (matrices only) */
+static inline bool cu_dtype_blocked(int t) { return t == CU_Q8_0 || t == CU_Q4_0 || cu_dtype_kquant(t); }
 
 /* A weight matrix [rows, cols] on the device in its stored type. Block-quantized types
  * are split at upload into a quant array and a scale array (same bytes, GPU-friendly
@@ -22,7 +25,11 @@ enum cu_dtype { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2, CU_Q8_0 = 3, CU_Q4_0 = 4 };
  *   q8_0: qs int8 [rows, cols]          scales f16 [rows, cols / 32]
  *   q4_0: qs u8 [rows, cols / 2] where byte (b*16 + i) of a row holds element b*32+i in
  *         its low nibble and b*32+16+i in its high nibble (GGUF's order within a block),
- *         scales f16 [rows, cols / 32]; element = (nibble - 8) * scale. */
+ *         scales f16 [rows, cols / 32]; element = (nibble - 8) * scale.
+ * K-quants (format/quant_k.h, super-blocks of 256; every block 16-byte aligned):
+ *   q4_k, q5_k: data = the GGUF blocks as stored (144 / 176 bytes), scales NULL;
+ *   q6_k: data = 208-byte blocks (GGUF's ql 128, qh 64, scales 16), scales = the f16
+ *         super-block scale d of each block [rows, cols / 256]. */
 struct cu_weight {
     int dtype;              /* enum cu_dtype */
     int64_t rows, cols;
@@ -78,6 +85,21 @@ struct cu_mv_seg {
 };
 cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
                             const struct cu_weight *up);
+/* The K-quant matvec behind cu_matvec (kernels_kquant.cu) with its knobs open for the
+ * kernel lab: output rows per warp nr (1, 2 or 4; 0: by the matrix's rows) and how one
+ * x row is read, xm: 0 f32 from global memory, 1 f32 staged in shared memory, 2 int8
+ * in shared memory with dp4a products (x rounded to 8 bits per group of 16); < 0: the
+ * mode of cu_kq_set_x_mode, or 0 where x does not fit (64 KiB). No rms_norm prologue
+ * (ep->norm_w must be NULL). */
+cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
+                         const struct cu_epilogue *ep, int nr, int xm);
+/* The x mode of later K-quant matvecs, process-wide (< 0 or out of range: the default,
+ * 1); the backend sets it from $LLMOPT_CUDA_KQ_X when a session is prepared. */
+void cu_kq_set_x_mode(int mode);
+/* K-quant weight -> bf16 [rows, cols] (cu_weight_to_bf16 for those types). */
+cudaError_t cu_kq_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out);
+/* GGUF q6_K blocks -> the upload layout: `blocks` 208-byte blocks to qs, their d to d. */
+void cu_kq_repack_q6_k(const void *src, int64_t blocks, void *qs, uint16_t *d);
 /* Any rows, any dtype: a tiled kernel that dequantizes a tile of W into shared memory. */
 cudaError_t cu_linear_tiled(cudaStream_t st, const struct cu_weight *w, const float *x,
                             int64_t rows, float *y, const struct cu_epilogue *ep);

@@ -24,16 +24,24 @@ size_t cu_weight_data_bytes(int dtype, int64_t rows, int64_t cols) {
     case CU_BF16: return (size_t)(rows * cols) * 2;
     case CU_Q8_0: return (size_t)(rows * cols);
     case CU_Q4_0: return (size_t)(rows * cols / 2);
+    case CU_Q4_K: return (size_t)(rows * (cols / 256)) * 144;
+    case CU_Q5_K: return (size_t)(rows * (cols / 256)) * 176;
+    case CU_Q6_K: return (size_t)(rows * (cols / 256)) * 208;
     default: return 0;
     }
 }
 
 size_t cu_weight_scale_bytes(int dtype, int64_t rows, int64_t cols) {
+    if (dtype == CU_Q6_K) return (size_t)(rows * (cols / 256)) * 2;
     return dtype == CU_Q8_0 || dtype == CU_Q4_0 ? (size_t)(rows * (cols / 32)) * 2 : 0;
 }
 
 void cu_weight_repack_rows(int dtype, const void *src, int64_t rows, int64_t cols, void *qs,
                            uint16_t *sc) {
+    if (dtype == CU_Q6_K) {
+        cu_kq_repack_q6_k(src, rows * (cols / 256), qs, sc);
+        return;
+    }
     const uint8_t *s = (const uint8_t *)src;
     uint8_t *q = (uint8_t *)qs;
     int64_t nb = cols / 32;
@@ -278,45 +286,7 @@ __global__ void __launch_bounds__(MV_THREADS)
             }
         }
     }
-#pragma unroll
-    for (int nr = 0; nr < NW; nr++)
-#pragma unroll
-        for (int r = 0; r < RMAX; r++) acc[nr][r] = cu_warp_sum(acc[nr][r]);
-    if (ksplit > 1) {
-        if (lane == 0)
-#pragma unroll
-            for (int nr = 0; nr < NW; nr++)
-#pragma unroll
-                for (int r = 0; r < RMAX; r++) part[warp][nr * RMAX + r] = acc[nr][r];
-        __syncthreads();
-        if (ks == 0 && lane == 0)
-#pragma unroll
-            for (int nr = 0; nr < NW; nr++)
-#pragma unroll
-                for (int r = 0; r < RMAX; r++) {
-                    float s = 0.0f;
-                    for (int k = 0; k < ksplit; k++) s += part[warp + k][nr * RMAX + r];
-                    acc[nr][r] = s;
-                }
-    }
-    if (ks != 0 || lane != 0) return;
-    const int64_t hd = seg.head_dim;
-#pragma unroll
-    for (int nr = 0; nr < NR; nr++) {
-        const int64_t j = j0 + nr;
-        if (j >= n_out) break;
-        for (int r = 0; r < rows && r < RMAX; r++) {
-            float v = acc[nr][r] + (ep.bias ? ep.bias[j] : 0.0f);
-            if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
-            size_t o = (size_t)r * n_out + j;
-            if constexpr (PAIR)
-                v *= acc[NR + nr][r];
-            else if (ep.gate)
-                v *= ep.gate[o];
-            if (ep.residual) v += ep.residual[o];
-            seg.y[hd > 0 ? (size_t)(((j / hd) * rows + r) * hd + j % hd) : o] = v;
-        }
-    }
+    cu_matvec_finish<NR, RMAX, PAIR>(acc, part, ksplit, j0, n_out, rows, seg.y, ep, seg.head_dim);
 }
 
 static int mv_elems(int dtype) {
@@ -331,6 +301,7 @@ static int mv_elems(int dtype) {
 }
 
 bool cu_matvec_ok(const struct cu_weight *w) {
+    if (cu_dtype_kquant(w->dtype)) return w->cols % 256 == 0; /* kernels_kquant.cu */
     int e = mv_elems(w->dtype);
     /* every load 16-byte aligned: row bytes and x rows (K floats) multiples of 16 */
     return e > 0 && w->cols % e == 0 && w->cols % 4 == 0 &&
@@ -352,16 +323,12 @@ static int64_t mv_target_warps(void) {
 
 template <int DT, int RMAX, int NR, bool NORM, bool PAIR>
 static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int rows) {
-    /* Split K until about 4096 warps have work (132 SMs x 32 warps on an H200), but keep
-     * >= 2 groups of 32 chunks per warp. */
     int64_t n_chunks = job.seg[0].w.cols / mv_traits<DT>::E, groups = 0;
     for (int k = 0; k < job.n_seg; k++) {
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const int64_t want = mv_target_warps();
-    int ksplit = 1;
-    while (ksplit < MV_WARPS && groups * ksplit < want && n_chunks / (CU_WARP * ksplit * 2) >= 2) ksplit *= 2;
+    const int ksplit = cu_matvec_ksplit(groups, n_chunks, MV_WARPS, mv_target_warps());
     unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
     size_t smem = NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
     cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x, rows, ksplit);
@@ -434,6 +401,8 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
 
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep) {
+    if (rows >= 1 && rows <= CU_MATVEC_MAX_ROWS && cu_dtype_kquant(w->dtype) && cu_matvec_ok(w))
+        return cu_matvec_kq(st, w, x, rows, y, ep, 0, -1); /* kernels_kquant.cu */
     struct cu_mv_seg seg;
     memset(&seg, 0, sizeof seg);
     seg.w = *w;
@@ -585,6 +554,7 @@ __global__ void q4_0_to_bf16_kernel(const uint8_t *qs, const uint16_t *scales, u
 cudaError_t cu_weight_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out) {
     int64_t n = w->rows * w->cols;
     if (n <= 0) return cudaSuccess;
+    if (cu_dtype_kquant(w->dtype)) return cu_kq_to_bf16(st, w, out);
     bool aligned = ((uintptr_t)w->data % 16) == 0 && ((uintptr_t)out % 16) == 0 && w->cols % 32 == 0;
     if (aligned && w->dtype == CU_Q8_0) {
         q8_0_to_bf16_kernel<<<4 * 132 * 8, 256, 0, st>>>((const int8_t *)w->data, w->scales, (uint4 *)out, n / 16);

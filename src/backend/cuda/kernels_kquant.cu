@@ -1,0 +1,457 @@
+/* K-quant (Q4_K, Q5_K, Q6_K) linear kernels: the decode matvec and the dequantization
+ * to bf16 that sends prefill through cuBLAS. Upload layouts: cuda_kernels.cuh.
+ *
+ * A "unit" is what one lane decodes from its 16-byte loads: Q4_K/Q5_K 32 elements (one
+ * 16-byte slice of qs, 8 units a super-block), Q6_K 64 elements (one slice of each ql
+ * half and the matching qh slice, 4 units a super-block). A unit splits into G groups
+ * of 16 consecutive elements that share one scale and one min: value = sc * q - mn
+ * with q an unsigned quant. The matvec factors that per group,
+ *     sum(value * x) = sc * sum(q * x) - mn * sum(x),
+ * so each element costs a byte-to-float (prmt into the 2^23 mantissa, one subtract)
+ * and one FMA per weight row, and sum(x) is shared by the rows of a warp. By default
+ * the arithmetic is f32 with x as given; the int8 x mode (KQ_X_Q8) trades 8-bit x for
+ * dp4a products. */
+#include "backend/cuda/cuda_device.cuh"
+
+#include <string.h>
+
+#include <type_traits>
+
+template <int DT> struct kq_traits;
+template <> struct kq_traits<CU_Q4_K> { static constexpr int BYTES = 144, UPB = 8, G = 2; };
+template <> struct kq_traits<CU_Q5_K> { static constexpr int BYTES = 176, UPB = 8, G = 2; };
+template <> struct kq_traits<CU_Q6_K> { static constexpr int BYTES = 208, UPB = 4, G = 4; };
+
+/* The loads of one unit: Q4_K a = meta (d, dmin, scales), b = qs slice; Q5_K adds
+ * c = qh slice; Q6_K a, b = the two ql slices, c = qh slice, s = 8 sub-block scales,
+ * d = super-block scale. */
+struct kq_raw {
+    uint4 a, b, c;
+    uint2 s;
+    float d;
+};
+
+template <int DT>
+static __device__ __forceinline__ void kq_load(const uint8_t *row, const uint16_t *drow, int64_t blk, int ub,
+                                               kq_raw &r) {
+    const uint8_t *bp = row + blk * kq_traits<DT>::BYTES;
+    if constexpr (DT == CU_Q4_K) {
+        r.a = __ldg((const uint4 *)bp);
+        r.b = __ldg((const uint4 *)(bp + 16) + ub);
+    } else if constexpr (DT == CU_Q5_K) {
+        r.a = __ldg((const uint4 *)bp);
+        r.c = __ldg((const uint4 *)(bp + 16) + (ub & 1));
+        r.b = __ldg((const uint4 *)(bp + 48) + ub);
+    } else {
+        const int h = ub >> 1, s = ub & 1;
+        r.a = __ldg((const uint4 *)(bp + 64 * h + 16 * s));
+        r.b = __ldg((const uint4 *)(bp + 64 * h + 32 + 16 * s));
+        r.c = __ldg((const uint4 *)(bp + 128 + 32 * h + 16 * s));
+        r.s = __ldg((const uint2 *)(bp + 192 + 8 * h));
+        r.d = cu_f16(drow[blk]);
+    }
+}
+
+/* Byte b of v as a float: v's byte under 0x4b0000 reads as 2^23 + byte, exactly. */
+static __device__ __forceinline__ float kq_byte(uint32_t v, int b) {
+    return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u | (unsigned)b)) - 8388608.0f;
+}
+
+/* Sub-block j's 6-bit scale and min from the 12 packed bytes (words y, z, w of the
+ * meta load: bytes 0..3, 4..7, 8..11), format/quant_k.h's packing. */
+static __device__ __forceinline__ void kq_scale_min(const uint4 &m, int j, int &sc, int &mn) {
+    const int sh = 8 * (j & 3);
+    const int by = (int)((m.y >> sh) & 0xffu), bz = (int)((m.z >> sh) & 0xffu), bw = (int)((m.w >> sh) & 0xffu);
+    if (j < 4) {
+        sc = by & 63;
+        mn = bz & 63;
+    } else {
+        sc = (bw & 15) | ((by >> 6) << 4);
+        mn = (bw >> 4) | ((bz >> 6) << 4);
+    }
+}
+
+/* First element (within the super-block) of group g of unit ub. */
+template <int DT> static __device__ __forceinline__ int kq_group_off(int ub, int g) {
+    if constexpr (DT == CU_Q6_K)
+        return 128 * (ub >> 1) + 32 * g + 16 * (ub & 1);
+    else
+        return 64 * (ub >> 1) + 32 * g + 16 * (ub & 1);
+}
+
+/* Group g of unit ub: 16 quants as bytes (4 words) and the group's scale and min. */
+template <int DT, int g>
+static __device__ __forceinline__ void kq_group(const kq_raw &r, int ub, uint32_t qw[4], float &sc, float &mn) {
+    const uint32_t b[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+    if constexpr (DT == CU_Q6_K) {
+        const uint32_t a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, c[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t lo = g == 0 ? a[i] : g == 1 ? b[i] : g == 2 ? a[i] >> 4 : b[i] >> 4;
+            const uint32_t hi = g == 0 ? c[i] << 4 : g == 1 ? c[i] << 2 : g == 2 ? c[i] : c[i] >> 2;
+            qw[i] = (lo & 0x0f0f0f0fu) | (hi & 0x30303030u);
+        }
+        const int k = 2 * g + (ub & 1); /* scales[8h + k] */
+        const int8_t s8 = (int8_t)(((k < 4 ? r.s.x : r.s.y) >> (8 * (k & 3))) & 0xffu);
+        sc = r.d * (float)s8;
+        mn = 32.0f * sc;
+    } else {
+        const int j = 2 * (ub >> 1) + g; /* sub-block */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t q = (g == 0 ? b[i] : b[i] >> 4) & 0x0f0f0f0fu;
+            if constexpr (DT == CU_Q5_K) {
+                const uint32_t c[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
+                q |= ((c[i] >> j) & 0x01010101u) << 4;
+            }
+            qw[i] = q;
+        }
+        int s6, m6;
+        kq_scale_min(r.a, j, s6, m6);
+        sc = cu_f16((uint16_t)(r.a.x & 0xffffu)) * (float)s6;
+        mn = cu_f16((uint16_t)(r.a.x >> 16)) * (float)m6;
+    }
+}
+
+/* ---- matrix-vector -------------------------------------------------------------- */
+
+#define KQ_THREADS 256
+#define KQ_WARPS (KQ_THREADS / CU_WARP)
+#define KQ_XS_MAX_BYTES (64 << 10) /* staged x: up to 64 KiB of dynamic shared memory */
+
+/* How the matvec reads its one x row (cu_kq_set_x_mode):
+ *   KQ_X_GLOBAL  f32 from global memory (L2), 4 float4 loads a group of 16;
+ *   KQ_X_SHARED  f32, the block first copies x into shared memory (K * 4 bytes);
+ *   KQ_X_Q8      the block quantizes x into shared memory, int8 per group of 16 with
+ *                its scale d and the f32 sum of the group (K * 1.5 bytes), and the dot
+ *                products are dp4a: sc * d * sum(q * qx) - mn * sum(x). Not exact: x is
+ *                rounded to 8 bits (relative error ~1e-3), as the CPU's K-quant
+ *                kernels do with q8 activations. */
+enum { KQ_X_GLOBAL = 0, KQ_X_SHARED = 1, KQ_X_Q8 = 2 };
+#define KQ_X_DEFAULT KQ_X_SHARED
+static int kq_x_mode = KQ_X_DEFAULT;
+
+void cu_kq_set_x_mode(int mode) {
+    kq_x_mode = mode >= KQ_X_GLOBAL && mode <= KQ_X_Q8 ? mode : KQ_X_DEFAULT;
+}
+
+static size_t kq_x_smem(int mode, int64_t K) {
+    return mode == KQ_X_SHARED ? (size_t)K * 4 : mode == KQ_X_Q8 ? (size_t)K + (size_t)K / 2 : 0;
+}
+
+/* Slot (16-byte unit) of q8 group G: the lanes of a quarter warp read groups 16 or 64
+ * elements apart; XOR-ing bit 1 with bit 3 and bit 2 with bit 4 puts them on distinct
+ * banks for all three layouts (a permutation inside each aligned run of 32). */
+static __device__ __forceinline__ int64_t kq_q8_slot(int64_t G) {
+    return G ^ (((G >> 3) & 1) << 1) ^ (((G >> 4) & 1) << 2);
+}
+
+
+/* x staged in shared memory: float4 f of the row at kq_xs_slot(f). A lane reads 16
+ * consecutive floats and the lanes of a quarter warp start 16 or 64 floats apart, which
+ * would put them on the same banks; XOR-ing the float4 index with its bits 4..6 spreads
+ * them (a permutation inside each aligned run of 8 float4). */
+static __device__ __forceinline__ int64_t kq_xs_slot(int64_t f) {
+    return f ^ ((f >> 4) & 7);
+}
+
+/* 16 consecutive floats of x at element e (a multiple of 16): from global memory, or
+ * from the staged copy xs (KQ_X_SHARED) */
+template <int XM>
+static __device__ __forceinline__ void kq_load_x(const float *x, const float4 *xs, int64_t e, float xr[16]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float4 v = XM == KQ_X_SHARED ? xs[kq_xs_slot(e / 4 + i)] : __ldg((const float4 *)(x + e) + i);
+        xr[4 * i] = v.x;
+        xr[4 * i + 1] = v.y;
+        xr[4 * i + 2] = v.z;
+        xr[4 * i + 3] = v.w;
+    }
+}
+
+/* sum(q[i] * x[i]) over a group: two FMA chains */
+static __device__ __forceinline__ float kq_dot16(const uint32_t qw[4], const float xr[16]) {
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+        s0 += kq_byte(qw[i / 4], i % 4) * xr[i];
+        s1 += kq_byte(qw[i / 4], i % 4 + 1) * xr[i + 1];
+    }
+    return s0 + s1;
+}
+
+/* x (K floats) -> int8 groups of 16 at kq_q8_slot, with (d, sum) per group after them;
+ * by the whole block. */
+static __device__ __forceinline__ void kq_stage_q8(const float *__restrict__ x, int64_t K, uint4 *q8, float2 *dsum) {
+    for (int64_t G = threadIdx.x; G < K / 16; G += KQ_THREADS) {
+        float v[16];
+        kq_load_x<KQ_X_GLOBAL>(x, NULL, G * 16, v);
+        float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            amax = fmaxf(amax, fabsf(v[i]));
+            sum += v[i];
+        }
+        const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        uint32_t q[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int qi = max(-127, min(127, __float2int_rn(v[i] * inv)));
+            q[i / 4] |= (uint32_t)(qi & 0xff) << (8 * (i % 4));
+        }
+        q8[kq_q8_slot(G)] = make_uint4(q[0], q[1], q[2], q[3]);
+        dsum[G] = make_float2(d, sum);
+    }
+}
+
+/* Block: KQ_WARPS warps; `ksplit` consecutive warps share NR consecutive output rows,
+ * each warp taking every ksplit-th group of 32 units. One x row (RMAX 1): a lane loads
+ * its x groups once (as XM says) and applies them to NR weight rows; the staged modes
+ * fill shared memory while the first weight loads are in flight. Several x rows (NR 1,
+ * x from global memory): each decoded group serves every x row. */
+template <int DT, int RMAX, int NR, int XM>
+__global__ void __launch_bounds__(KQ_THREADS, 2) /* <= 128 registers: 16 warps an SM */
+    kq_matvec_kernel(struct cu_weight w, const float *__restrict__ x, int rows, float *__restrict__ y,
+                     struct cu_epilogue ep, int ksplit) {
+    static_assert(XM == KQ_X_GLOBAL || RMAX == 1, "one staged x row");
+    extern __shared__ float4 xs[];
+    using T = kq_traits<DT>;
+    constexpr int U = NR == 1 ? 2 : 1; /* units in flight per lane and row */
+    static_assert(RMAX == 1 || NR == 1, "several x rows take one weight row per warp");
+    __shared__ float part[KQ_WARPS][NR * RMAX];
+    cu_pdl_trigger();
+    const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
+    const int ks = warp % ksplit;
+    const int64_t j0 = ((int64_t)blockIdx.x * (KQ_WARPS / ksplit) + warp / ksplit) * NR;
+    const int64_t K = w.cols, n_out = w.rows, nb = K / 256, n_units = nb * T::UPB;
+    const uint8_t *wrow[NR];
+    const uint16_t *drow[NR];
+#pragma unroll
+    for (int nr = 0; nr < NR; nr++) { /* rows past the end repeat the last one; dropped */
+        const int64_t jr = j0 + nr < n_out ? j0 + nr : n_out - 1;
+        wrow[nr] = (const uint8_t *)w.data + (size_t)(jr * nb * T::BYTES);
+        drow[nr] = w.scales ? w.scales + jr * nb : NULL;
+    }
+    float acc[NR][RMAX];
+#pragma unroll
+    for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
+    const int64_t step = (int64_t)CU_WARP * ksplit;
+    kq_raw raw[U][NR];
+    auto load = [&](int64_t u0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t un = u0 + u * step;
+            if (un < n_units)
+#pragma unroll
+                for (int nr = 0; nr < NR; nr++)
+                    kq_load<DT>(wrow[nr], drow[nr], un / T::UPB, (int)(un % T::UPB), raw[u][nr]);
+        }
+    };
+    /* weights first, then wait for x (programmatic dependent launch) */
+    const int64_t first = (int64_t)ks * CU_WARP + lane;
+    if (j0 < n_out) load(first);
+    cu_pdl_wait();
+    /* staging: every thread, before any may leave */
+    uint4 *const q8 = (uint4 *)xs;
+    float2 *const dsum = (float2 *)((uint8_t *)xs + K);
+    if constexpr (XM == KQ_X_SHARED) {
+        for (int64_t f = threadIdx.x; f < K / 4; f += KQ_THREADS) xs[kq_xs_slot(f)] = __ldg((const float4 *)x + f);
+        __syncthreads();
+    } else if constexpr (XM == KQ_X_Q8) {
+        kq_stage_q8(x, K, q8, dsum);
+        __syncthreads();
+    }
+    if (j0 < n_out) {
+        for (int64_t u0 = first; u0 < n_units; u0 += step * U) {
+            if (u0 != first) load(u0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t un = u0 + u * step;
+                if (un >= n_units) break;
+                const int ub = (int)(un % T::UPB);
+                const int64_t eb = un / T::UPB * 256; /* the unit's super-block in x */
+                auto group = [&](auto gc) {
+                    constexpr int g = decltype(gc)::value;
+                    const int off = kq_group_off<DT>(ub, g);
+                    if constexpr (XM == KQ_X_Q8) {
+                        const int64_t G = (eb + off) / 16;
+                        const uint4 xq = q8[kq_q8_slot(G)];
+                        const float2 ds = dsum[G];
+#pragma unroll
+                        for (int nr = 0; nr < NR; nr++) {
+                            uint32_t qw[4];
+                            float sc, mn;
+                            kq_group<DT, g>(raw[u][nr], ub, qw, sc, mn);
+                            int dot = __dp4a((int)qw[0], (int)xq.x, 0); /* quants < 128: signed is exact */
+                            dot = __dp4a((int)qw[1], (int)xq.y, dot);
+                            dot = __dp4a((int)qw[2], (int)xq.z, dot);
+                            dot = __dp4a((int)qw[3], (int)xq.w, dot);
+                            acc[nr][0] += sc * ds.x * (float)dot - mn * ds.y;
+                        }
+                    } else if constexpr (RMAX == 1) {
+                        float xr[16];
+                        kq_load_x<XM>(x, xs, eb + off, xr);
+                        float sx = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < 16; i++) sx += xr[i];
+#pragma unroll
+                        for (int nr = 0; nr < NR; nr++) {
+                            uint32_t qw[4];
+                            float sc, mn;
+                            kq_group<DT, g>(raw[u][nr], ub, qw, sc, mn);
+                            acc[nr][0] += sc * kq_dot16(qw, xr) - mn * sx;
+                        }
+                    } else {
+                        uint32_t qw[4];
+                        float sc, mn;
+                        kq_group<DT, g>(raw[u][0], ub, qw, sc, mn);
+#pragma unroll
+                        for (int r = 0; r < RMAX; r++) {
+                            if (r >= rows) break;
+                            float xr[16];
+                            kq_load_x<KQ_X_GLOBAL>(x, xs, (int64_t)r * K + eb + off, xr);
+                            float sx = 0.0f;
+#pragma unroll
+                            for (int i = 0; i < 16; i++) sx += xr[i];
+                            acc[0][r] += sc * kq_dot16(qw, xr) - mn * sx;
+                        }
+                    }
+                };
+                group(std::integral_constant<int, 0>());
+                group(std::integral_constant<int, 1>());
+                if constexpr (T::G == 4) {
+                    group(std::integral_constant<int, 2>());
+                    group(std::integral_constant<int, 3>());
+                }
+            }
+        }
+    }
+    cu_matvec_finish<NR, RMAX>(acc, part, ksplit, j0, n_out, rows, y, ep);
+}
+
+template <int DT, int RMAX, int NR, int XM>
+static void kq_launch(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
+                      const struct cu_epilogue *ep) {
+    static bool smem_set = false; /* above 48 KiB dynamic shared memory is opt-in */
+    if (XM != KQ_X_GLOBAL && !smem_set) {
+        cudaFuncSetAttribute(kq_matvec_kernel<DT, RMAX, NR, XM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             KQ_XS_MAX_BYTES);
+        smem_set = true;
+    }
+    const int64_t n_units = w->cols / 256 * kq_traits<DT>::UPB, groups = (w->rows + NR - 1) / NR;
+    const int ksplit = cu_matvec_ksplit(groups, n_units, KQ_WARPS, 4096);
+    (void)cu_launch_pdl(kq_matvec_kernel<DT, RMAX, NR, XM>, dim3(cu_blocks(groups, KQ_WARPS / ksplit)),
+                        dim3(KQ_THREADS), kq_x_smem(XM, w->cols), st, *w, x, rows, y, *ep, ksplit);
+}
+
+template <int DT, int XM>
+static void kq_launch_nr(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
+                         const struct cu_epilogue *ep, int nr) {
+    if (nr == 4)
+        kq_launch<DT, 1, 4, XM>(st, w, x, rows, y, ep);
+    else if (nr == 2)
+        kq_launch<DT, 1, 2, XM>(st, w, x, rows, y, ep);
+    else
+        kq_launch<DT, 1, 1, XM>(st, w, x, rows, y, ep);
+}
+
+template <int DT>
+static void kq_launch_rows(cudaStream_t st, const struct cu_weight *w, const float *x, int rows, float *y,
+                           const struct cu_epilogue *ep, int nr, int xm) {
+    if (rows > 1)
+        kq_launch<DT, CU_MATVEC_MAX_ROWS, 1, KQ_X_GLOBAL>(st, w, x, rows, y, ep);
+    else if (xm == KQ_X_Q8)
+        kq_launch_nr<DT, KQ_X_Q8>(st, w, x, rows, y, ep, nr);
+    else if (xm == KQ_X_SHARED)
+        kq_launch_nr<DT, KQ_X_SHARED>(st, w, x, rows, y, ep, nr);
+    else
+        kq_launch_nr<DT, KQ_X_GLOBAL>(st, w, x, rows, y, ep, nr);
+}
+
+cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
+                         const struct cu_epilogue *ep, int nr, int xm) {
+    if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || ep->norm_w || w->cols % 256 || w->rows < 1 || nr > 4 ||
+        xm > KQ_X_Q8)
+        return cudaErrorInvalidValue;
+    if (nr <= 0) nr = w->rows >= 8192 ? 4 : w->rows >= 2048 ? 2 : 1;
+    if (xm < 0) { /* the mode, where x fits in shared memory */
+        xm = kq_x_mode;
+        if (kq_x_smem(xm, w->cols) > KQ_XS_MAX_BYTES) xm = KQ_X_GLOBAL;
+    } else if (kq_x_smem(xm, w->cols) > KQ_XS_MAX_BYTES)
+        return cudaErrorInvalidValue;
+    switch (w->dtype) {
+    case CU_Q4_K: kq_launch_rows<CU_Q4_K>(st, w, x, (int)rows, y, ep, nr, xm); break;
+    case CU_Q5_K: kq_launch_rows<CU_Q5_K>(st, w, x, (int)rows, y, ep, nr, xm); break;
+    case CU_Q6_K: kq_launch_rows<CU_Q6_K>(st, w, x, (int)rows, y, ep, nr, xm); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ---- dequantization to bf16 (prefill) ------------------------------------------- */
+
+/* A thread per group of 16 elements (two 16-byte stores; a warp writes 1 KiB in
+ * order), value = sc * q - mn rounded once (the matvec's factoring, not the
+ * reference's expression order: bf16 rounding dominates either way). */
+template <int DT, int g>
+static __device__ __forceinline__ void kq_group_to_bf16(const kq_raw &r, int ub, uint4 *dst) {
+    uint32_t qw[4], o[8];
+    float sc, mn;
+    kq_group<DT, g>(r, ub, qw, sc, mn);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float lo = sc * kq_byte(qw[i / 2], 2 * (i % 2)) - mn;
+        const float hi = sc * kq_byte(qw[i / 2], 2 * (i % 2) + 1) - mn;
+        o[i] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+               ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+    }
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+template <int DT>
+__global__ void kq_to_bf16_kernel(struct cu_weight w, uint4 *out, int64_t n_groups) {
+    for (int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; gi < n_groups;
+         gi += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t blk = gi / 16; /* flat super-block (row blk / nb) */
+        const int G = (int)(gi % 16); /* elements 16G .. 16G + 15 of it */
+        /* the unit and group holding them (kq_group_off inverted) */
+        const int ub = DT == CU_Q6_K ? 2 * (G / 8) + (G & 1) : 2 * (G / 4) + (G & 1);
+        const int g = DT == CU_Q6_K ? (G % 8) / 2 : (G % 4) / 2;
+        kq_raw r;
+        kq_load<DT>((const uint8_t *)w.data, w.scales, blk, ub, r);
+        uint4 *dst = out + gi * 2;
+        if (g == 0) kq_group_to_bf16<DT, 0>(r, ub, dst);
+        else if (g == 1) kq_group_to_bf16<DT, 1>(r, ub, dst);
+        else if constexpr (DT == CU_Q6_K) {
+            if (g == 2) kq_group_to_bf16<DT, 2>(r, ub, dst);
+            else kq_group_to_bf16<DT, 3>(r, ub, dst);
+        }
+    }
+}
+
+cudaError_t cu_kq_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out) {
+    if (w->cols % 256 || ((uintptr_t)out % 16)) return cudaErrorInvalidValue;
+    const int64_t blocks = w->rows * (w->cols / 256);
+    if (blocks <= 0) return cudaSuccess;
+    switch (w->dtype) {
+    case CU_Q4_K: kq_to_bf16_kernel<CU_Q4_K><<<4 * 132 * 8, 256, 0, st>>>(*w, (uint4 *)out, blocks * 16); break;
+    case CU_Q5_K: kq_to_bf16_kernel<CU_Q5_K><<<4 * 132 * 8, 256, 0, st>>>(*w, (uint4 *)out, blocks * 16); break;
+    case CU_Q6_K: kq_to_bf16_kernel<CU_Q6_K><<<4 * 132 * 8, 256, 0, st>>>(*w, (uint4 *)out, blocks * 16); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ---- upload --------------------------------------------------------------------- */
+
+void cu_kq_repack_q6_k(const void *src, int64_t blocks, void *qs, uint16_t *d) {
+    const uint8_t *s = (const uint8_t *)src;
+    uint8_t *q = (uint8_t *)qs;
+    for (int64_t b = 0; b < blocks; b++) { /* GGUF: ql 128, qh 64, scales 16, d 2 */
+        memcpy(q + b * 208, s + b * 210, 208);
+        memcpy(&d[b], s + b * 210 + 208, 2);
+    }
+}
