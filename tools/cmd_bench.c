@@ -38,6 +38,7 @@ int cmd_bench(int argc, char **argv) {
     if (!prefill_s || !itl || !decode_s || !tokens) goto done;
     if (cli_bench_setup(&o, &model, &s, tokens, &err)) goto done;
     int n_itl = 0;
+    double kernels_per_step = 0; /* launched per decode step, fusion included (last repetition) */
     for (long long r = 0; r <= reps; r++) { /* r == 0 warms up */
         llmopt_session_reset(s, 0);
         double t0 = cli_now_s();
@@ -46,12 +47,14 @@ int cmd_bench(int argc, char **argv) {
         if (llmopt_session_append_greedy(s, 0, tokens, (int32_t)n_prompt, &tok, &err)) goto done;
         double t1 = cli_now_s();
         double prev = t1;
+        uint64_t k0 = llmopt_session_kernels_run(s);
         for (long long g = 0; g < n_gen; g++) {
             if (llmopt_session_append_greedy(s, 0, &tok, 1, &tok, &err)) goto done;
             double t = cli_now_s();
             if (r > 0) itl[n_itl++] = t - prev;
             prev = t;
         }
+        if (n_gen > 0) kernels_per_step = (double)(llmopt_session_kernels_run(s) - k0) / (double)n_gen;
         if (r > 0) {
             prefill_s[r - 1] = t1 - t0;
             decode_s[r - 1] = prev - t1;
@@ -73,12 +76,12 @@ int cmd_bench(int argc, char **argv) {
                "\"n_gen\": %lld, \"reps\": %lld, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
                "\"ttft_ms\": %.3f, \"itl_ms_p50\": %.3f, \"itl_ms_p95\": %.3f, \"itl_ms_p99\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"read_bandwidth_gbps\": %.2f, \"decode_roofline_tok_s\": %.2f, "
-               "\"roofline_fraction\": %.3f, \"kernels_per_step\": %d, \"peak_rss_mib\": %.1f, "
+               "\"roofline_fraction\": %.3f, \"kernels_per_step\": %.1f, \"graph_kernels\": %d, \"peak_rss_mib\": %.1f, "
                "\"kv_type\": \"%s\", \"kv_bytes\": %llu}\n",
                model_path, llmopt_model_program(model), backend ? backend : "cpu", threads, n_prompt, n_gen, reps,
                pp, tg, prefill_s[reps / 2] * 1e3, percentile(itl, n_itl, 50) * 1e3,
                percentile(itl, n_itl, 95) * 1e3, percentile(itl, n_itl, 99) * 1e3, (unsigned long long)bytes, bw,
-               roof, roof > 0 ? tg / roof : 0, cs.kernels_compiled, ru.ru_maxrss / 1024.0,
+               roof, roof > 0 ? tg / roof : 0, kernels_per_step, cs.kernels_compiled, ru.ru_maxrss / 1024.0,
                llmopt_kv_type_name(llmopt_session_kv_type(s)), (unsigned long long)llmopt_session_kv_bytes(s));
     } else {
         char thr[32];
@@ -90,8 +93,9 @@ int cmd_bench(int argc, char **argv) {
         printf("decode          %lld tokens: %.1f tok/s; inter-token latency p50 %.2f / p95 %.2f / p99 %.2f ms\n",
                n_gen, tg, percentile(itl, n_itl, 50) * 1e3, percentile(itl, n_itl, 95) * 1e3,
                percentile(itl, n_itl, 99) * 1e3);
-        printf("bytes per token %.1f MB of weights (KV reads extra); kernels per step %d\n", bytes / 1e6,
-               cs.kernels_compiled);
+        printf("bytes per token %.1f MB of weights (KV reads extra); kernels per decode step %.1f launched "
+               "(%d in the compiled graph)\n",
+               bytes / 1e6, kernels_per_step, cs.kernels_compiled);
         if (roof > 0)
             printf("roofline        %.1f GB/s measured read bandwidth -> ceiling %.1f tok/s; decode at %.0f%%\n", bw,
                    roof, 100.0 * tg / roof);
