@@ -75,6 +75,38 @@ static inline vf v_reduce_lanes(const vf *a) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
+/* 8-lane segment vocabulary (kern_generic.h, KG_HAVE_SEG8): a vector is two segments,
+ * lanes 0-7 and 8-15 (two heads of 8 values). v_reduce_seg8: lane s * 8 + i = sum of
+ * segment s of a[i] (the last three folds of v_reduce_lanes, which never cross a
+ * segment); v_seg8_max / v_seg8_sum: every lane = its segment's max / sum;
+ * v_bcast_seg8: lane i of each segment over the segment. */
+#define KG_HAVE_SEG8 1
+static inline vf v_reduce_seg8(const vf *a) {
+    vf x[4], y[2];
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xdd));
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xee));
+    vf r = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), r);
+}
+static inline vf v_seg8_max(vf x) {
+    x = _mm512_max_ps(x, _mm512_shuffle_ps(x, x, 0x4e));
+    x = _mm512_max_ps(x, _mm512_shuffle_ps(x, x, 0xb1));
+    return _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+static inline vf v_seg8_sum(vf x) {
+    x = _mm512_add_ps(x, _mm512_shuffle_ps(x, x, 0x4e));
+    x = _mm512_add_ps(x, _mm512_shuffle_ps(x, x, 0xb1));
+    return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+static inline vf v_bcast_seg8(vf x, int i) {
+    const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(base, _mm512_set1_epi32(i)), x);
+}
+
 /* KV cache vocabulary: VLEN int8 at p widened to floats, and
  * the f16 at p broadcast to every lane. */
 static inline vf v_load_i8(const int8_t *p) {
@@ -460,6 +492,8 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx512 = {
     .rms_norm_row = kg_rms_norm_row,
     .rope_row = kg_rope_row,
     .attention_block = kg_attention_block,
+    .attention_heads_ok = kg_attention_heads_ok,
+    .attention_heads = kg_attention_heads,
     .exp_row = kg_exp_row,
     .epilogue_row = kg_epilogue_row,
     .gemm_panel_bytes = gemm_panel_bytes,

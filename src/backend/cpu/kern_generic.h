@@ -733,4 +733,210 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
     }
 }
 
+/* ---- decode attention over every head of a token at once (small heads) ------------- */
+
+/* Heads of dh = VLEN / S values: a KV row (all Hkv heads) is NV = Hkv / S vectors of S
+ * heads each. S = 1 (dh = VLEN) everywhere; S = 2 (dh = VLEN / 2 = 8) where the ISA
+ * defines the 8-lane segment vocabulary (KG_HAVE_SEG8: v_reduce_seg8, v_seg8_max,
+ * v_seg8_sum, v_bcast_seg8). A vector's lanes [s * dh, (s + 1) * dh) are segment s. */
+
+/* Every lane of a segment = the max / sum of that segment's lanes. */
+KG_INLINE vf kg_seg_max(vf x, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) return v_seg8_max(x);
+#endif
+    (void)S;
+    return v_set1(v_hmax(x));
+}
+
+KG_INLINE vf kg_seg_sum(vf x, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) return v_seg8_sum(x);
+#endif
+    (void)S;
+    return v_set1(v_hsum(x));
+}
+
+/* Lane s * NP + i of the result = sum of segment s of a[i] (NP = VLEN / S vectors). */
+KG_INLINE vf kg_reduce_seg(const vf *a, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) return v_reduce_seg8(a);
+#endif
+    (void)S;
+    return v_reduce_lanes(a);
+}
+
+/* Lane i of each segment of x (p = x in memory), over that segment. */
+KG_INLINE vf kg_bcast_seg(vf x, const float *p, int i, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) return v_bcast_seg8(x, i);
+#endif
+    (void)S;
+    (void)x;
+    return v_set1(p[i]);
+}
+
+
+/* One query token t (a run of one) and every head: the block table is walked once per
+ * chunk for all KV heads, the scores of NP = VLEN / S positions for S heads come out of
+ * one segmented reduction (no lane wasted on heads narrower than a vector), the softmax
+ * runs on whole vectors with per-segment maxima, and each V row is loaded once for the
+ * G query heads of its KV heads. Group size G (1, 2, 4) and S are constants. */
+KG_INLINE void kg_attention_heads_kt(const struct cpu_attention *a, int64_t t, float *scratch, const int kt,
+                                     const int S, const int G) {
+    const int NP = VLEN / S, dh = VLEN / S;
+    const struct kv_cache *kv = a->kv;
+    const int64_t n_tok = a->n_tok, nv = a->n_kv_heads / S, ld = KG_DEC_CHUNK * S;
+    float *qs = scratch;             /* (nv, G, VLEN) scaled queries, segment s = KV head v*S+s */
+    float *sc = qs + nv * G * VLEN;  /* (G, ld) probabilities of one chunk, steps of VLEN */
+    float *st = sc + G * ld;         /* (nv, G, 3, VLEN): acc, max, sum between chunks */
+    int64_t roff[KG_DEC_CHUNK + VLEN];
+    const int32_t p = a->pos[t], bs = kv->block_size;
+    const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    const int64_t row_bytes = kv->row_bytes[a->layer];
+    const int32_t *table = kv->block_table + (int64_t)a->slot[t] * kv->max_blocks_per_slot;
+    const uint8_t *kbase = kv->k[a->layer], *vbase = kv->v[a->layer];
+    (void)dh;
+    for (int64_t v = 0; v < nv; v++)
+        for (int g = 0; g < G; g++)
+            for (int s = 0; s < S; s++) {
+                const float *qh = a->q + (((v * S + s) * G + g) * n_tok + t) * (VLEN / S);
+                float *d = qs + (v * G + g) * VLEN + s * (VLEN / S);
+                for (int e = 0; e < VLEN / S; e++) d[e] = qh[e] * a->scale;
+            }
+    for (int32_t j0 = first; j0 <= p; j0 += KG_DEC_CHUNK) {
+        const int n = p + 1 - j0 < KG_DEC_CHUNK ? p + 1 - j0 : KG_DEC_CHUNK;
+        const int steps = (n + NP - 1) / NP, tail = n - (steps - 1) * NP;
+        for (int i = 0; i < n;) { /* row offsets: one block-table lookup per block */
+            int32_t pos = j0 + i, off = pos % bs;
+            int64_t r = ((int64_t)table[pos / bs] * bs + off) * row_bytes;
+            for (; off < bs && i < n; off++, i++, r += row_bytes) roff[i] = r;
+        }
+        /* positions past the last repeat its row: same score, probability masked to 0 */
+        for (int i = n; i < steps * NP; i++) roff[i] = roff[n - 1];
+        vf tmask;
+        {
+            float mk[VLEN];
+            for (int l = 0; l < VLEN; l++) mk[l] = l % NP < tail ? 1.0f : 0.0f;
+            tmask = v_load(mk);
+        }
+        for (int64_t v = 0; v < nv; v++) {
+            const int64_t kcol = kv_dtype_bytes(kt, v * VLEN);
+            vf acc[4], mx[4], sum[4], cmax[4], qv[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                qv[g] = v_load(qs + (v * G + g) * VLEN);
+                cmax[g] = v_set1(-INFINITY);
+                if (j0 == first) {
+                    acc[g] = v_zero();
+                    mx[g] = v_set1(-INFINITY);
+                    sum[g] = v_zero();
+                } else {
+                    acc[g] = v_load(st + (g * 3 + 0) * VLEN + v * G * 3 * VLEN);
+                    mx[g] = v_load(st + (g * 3 + 1) * VLEN + v * G * 3 * VLEN);
+                    sum[g] = v_load(st + (g * 3 + 2) * VLEN + v * G * 3 * VLEN);
+                }
+            }
+            /* scores of NP positions x S heads per reduction */
+            for (int s0 = 0; s0 < steps; s0++) {
+                const int64_t *ro = roff + s0 * NP;
+                vf kr[VLEN];
+#pragma GCC unroll 16
+                for (int i = 0; i < NP; i++) kr[i] = kg_load_kv(kbase + ro[i] + kcol, 0, kt);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++) {
+                    vf pr[VLEN];
+#pragma GCC unroll 16
+                    for (int i = 0; i < NP; i++) pr[i] = v_mul(kr[i], qv[g]);
+                    vf r = kg_reduce_seg(pr, S);
+                    v_store(sc + g * ld + s0 * VLEN, r);
+                    cmax[g] = v_max(cmax[g], r);
+                }
+            }
+            /* online softmax: per-segment maxima, rescale what earlier chunks summed */
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                vf m_new = v_max(mx[g], kg_seg_max(cmax[g], S));
+                if (j0 != first) {
+                    vf alpha = v_exp(v_sub(mx[g], m_new));
+                    acc[g] = v_mul(acc[g], alpha);
+                    sum[g] = v_mul(sum[g], alpha);
+                }
+                mx[g] = m_new;
+                for (int s0 = 0; s0 < steps; s0++) {
+                    float *ps = sc + g * ld + s0 * VLEN;
+                    vf e = v_exp(v_sub(v_load(ps), m_new));
+                    if (s0 == steps - 1) e = v_mul(e, tmask);
+                    v_store(ps, e);
+                    sum[g] = v_add(sum[g], e);
+                }
+            }
+            /* weighted sums: each V vector (S heads) once for the G query heads */
+            for (int s0 = 0; s0 < steps; s0++) {
+                const int64_t *ro = roff + s0 * NP;
+                vf pv[4];
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++) pv[g] = v_load(sc + g * ld + s0 * VLEN);
+#pragma GCC unroll 16
+                for (int i = 0; i < NP; i++) {
+                    vf vv = kg_load_kv(vbase + ro[i] + kcol, 0, kt);
+#pragma GCC unroll 4
+                    for (int g = 0; g < G; g++)
+                        acc[g] = v_fma(kg_bcast_seg(pv[g], sc + g * ld + s0 * VLEN, i, S), vv, acc[g]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                v_store(st + (g * 3 + 0) * VLEN + v * G * 3 * VLEN, acc[g]);
+                v_store(st + (g * 3 + 1) * VLEN + v * G * 3 * VLEN, mx[g]);
+                v_store(st + (g * 3 + 2) * VLEN + v * G * 3 * VLEN, sum[g]);
+            }
+        }
+    }
+    for (int64_t v = 0; v < nv; v++)
+        for (int g = 0; g < G; g++) {
+            const float *sv = st + v * G * 3 * VLEN + g * 3 * VLEN;
+            float o[VLEN];
+            v_store(o, v_div(v_load(sv), kg_seg_sum(v_load(sv + 2 * VLEN), S)));
+            for (int s = 0; s < S; s++) {
+                float *ov = a->out + (t * a->n_heads + (v * S + s) * G + g) * (VLEN / S); /* (N, H, Dh) */
+                for (int e = 0; e < VLEN / S; e++) ov[e] = o[s * (VLEN / S) + e];
+            }
+        }
+}
+
+/* The shapes kg_attention_heads takes: f32 / f16 caches, dh = VLEN (or VLEN / 2 with an
+ * even Hkv where the ISA has the segment vocabulary), 1, 2 or 4 query heads per KV
+ * head. Scratch: cpu_attention_scratch_floats covers it (4 H Dh + 2 G chunk). */
+static bool kg_attention_heads_ok(const struct cpu_attention *a) {
+    const int64_t dh = a->head_dim, hkv = a->n_kv_heads, group = hkv > 0 ? a->n_heads / hkv : 0;
+    if (VLEN < 8 || (a->kv->dtype != KV_DTYPE_F32 && a->kv->dtype != KV_DTYPE_F16)) return false;
+    if ((group != 1 && group != 2 && group != 4) || group * hkv != a->n_heads) return false;
+    if (dh == VLEN) return true;
+#ifdef KG_HAVE_SEG8
+    if (dh == VLEN / 2 && hkv % 2 == 0) return true;
+#endif
+    return false;
+}
+
+#define KG_HEADS_G(kt, S)                                                                  \
+    switch (group) {                                                                       \
+    case 1: kg_attention_heads_kt(a, t, scratch, kt, S, 1); return;                        \
+    case 2: kg_attention_heads_kt(a, t, scratch, kt, S, 2); return;                        \
+    default: kg_attention_heads_kt(a, t, scratch, kt, S, 4); return;                       \
+    }
+
+static void kg_attention_heads(const struct cpu_attention *a, int64_t t, float *scratch) {
+    const int64_t group = a->n_heads / a->n_kv_heads;
+    const bool f16 = a->kv->dtype == KV_DTYPE_F16;
+#ifdef KG_HAVE_SEG8
+    if (a->head_dim != VLEN) {
+        if (f16) KG_HEADS_G(KV_DTYPE_F16, 2)
+        KG_HEADS_G(KV_DTYPE_F32, 2)
+    }
+#endif
+    if (f16) KG_HEADS_G(KV_DTYPE_F16, 1)
+    KG_HEADS_G(KV_DTYPE_F32, 1)
+}
+
 #endif

@@ -345,6 +345,8 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
 
 /* ---- attention -------------------------------------------------------------------- */
 
+bool cpu_attention_heads = true;
+
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
     int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : n_heads, nq = CPU_ATT_QBLOCK * group + 4;
     /* the block kernel: acc, max, sum, a chunk of scores per query; one chunk of K and
@@ -353,32 +355,53 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
     /* the decode kernel: the same per head of a group (chunks of CPU_ATT_DEC_CHUNK
      * positions, 16 lanes of padding) */
     int64_t decode = group * (head_dim + 2 + CPU_ATT_DEC_CHUNK + 16);
-    return block > decode ? block : decode;
+    /* the all-heads decode kernel: scaled queries, accumulator, max and sum per head,
+     * and a chunk of scores for two heads per query head of a KV head */
+    int64_t heads = 4 * n_heads * head_dim + 2 * group * CPU_ATT_DEC_CHUNK;
+    int64_t most = block > decode ? block : decode;
+    return most > heads ? most : heads;
 }
 
 struct attention_ctx {
     const struct cpu_attention *op;
     const struct cpu_isa_kernels *kern;
+    bool heads; /* single-token runs go to attention_heads, one item per token */
     _Atomic int64_t next_item;
 };
+
+/* Token t is a run of one within its block of CPU_ATT_QBLOCK: no neighbour in the
+ * block continues its sequence. */
+static bool attention_single(const struct cpu_attention *op, int64_t t) {
+    int64_t b0 = t / CPU_ATT_QBLOCK * CPU_ATT_QBLOCK, b1 = b0 + CPU_ATT_QBLOCK < op->n_tok ? b0 + CPU_ATT_QBLOCK : op->n_tok;
+    bool after = t > b0 && op->slot[t - 1] == op->slot[t] && op->pos[t] == op->pos[t - 1] + 1;
+    bool before = t + 1 < b1 && op->slot[t + 1] == op->slot[t] && op->pos[t + 1] == op->pos[t] + 1;
+    return !after && !before;
+}
 
 /* Items (block of CPU_ATT_QBLOCK tokens, KV head) are taken one at a time from a
  * counter: prefill items grow with the position, and a thread the OS delays should not
  * hold up the others. Within a block, runs of one sequence at consecutive positions
- * share their K/V reads. */
+ * share their K/V reads. With ctx->heads, the first n_tok items are the tokens, and a
+ * run of one takes every head in one call there instead. */
 static void attention_thread(void *arg, int ith, int nth) {
     struct attention_ctx *ctx = arg;
     const struct cpu_attention *op = ctx->op;
     float *scratch = op->scratch + ith * op->scratch_per_thread;
     int64_t n_blocks = (op->n_tok + CPU_ATT_QBLOCK - 1) / CPU_ATT_QBLOCK, it;
+    int64_t n_single = ctx->heads ? op->n_tok : 0;
     (void)nth;
-    while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_blocks * op->n_kv_heads) {
+    while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_single + n_blocks * op->n_kv_heads) {
+        if (it < n_single) {
+            if (attention_single(op, it)) ctx->kern->attention_heads(op, it, scratch);
+            continue;
+        }
+        it -= n_single;
         int64_t b = it / op->n_kv_heads, kvh = it % op->n_kv_heads;
         int64_t end = (b + 1) * CPU_ATT_QBLOCK < op->n_tok ? (b + 1) * CPU_ATT_QBLOCK : op->n_tok;
         for (int64_t t0 = b * CPU_ATT_QBLOCK, t1; t0 < end; t0 = t1) {
             for (t1 = t0 + 1; t1 < end && op->slot[t1] == op->slot[t0] && op->pos[t1] == op->pos[t1 - 1] + 1;)
                 t1++;
-            ctx->kern->attention_block(op, t0, t1, kvh, scratch);
+            if (!ctx->heads || t1 - t0 > 1) ctx->kern->attention_block(op, t0, t1, kvh, scratch);
         }
     }
 }
@@ -388,6 +411,7 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
     struct attention_ctx ctx = {.op = op, .kern = kern};
     LLMOPT_ASSERT(op->scratch_per_thread >=
                   cpu_attention_scratch_floats(op->n_heads, op->n_kv_heads, op->head_dim));
+    ctx.heads = cpu_attention_heads && kern->attention_heads_ok && kern->attention_heads_ok(op);
     /* multiply-adds of q.k and p.v over every token's positions */
     int64_t work = 0;
     for (int64_t t = 0; t < op->n_tok; t++) work += 2 * ((int64_t)op->pos[t] + 1) * op->n_heads * op->head_dim;

@@ -169,6 +169,11 @@ struct cpu_isa_kernels {
      * CPU_ATT_QBLOCK), KV head kvh: the n_heads / n_kv_heads query heads that read it. */
     void (*attention_block)(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
                             float *scratch);
+    /* Token t, a run of one (decode), every head at once: cheaper than attention_block
+     * per KV head where heads are one vector or less (stories260K: head_dim 8). Only
+     * for the shapes attention_heads_ok accepts. */
+    bool (*attention_heads_ok)(const struct cpu_attention *a);
+    void (*attention_heads)(const struct cpu_attention *a, int64_t t, float *scratch);
     /* dst[i] = exp(src[i]) (the vector exp attention uses). */
     void (*exp_row)(const float *src, float *dst, int64_t n);
     /* y = act(x + bias) * gate + residual over n values (one row of a linear's output
@@ -210,6 +215,10 @@ size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtyp
 
 void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *kern,
                     struct cpu_pool *pool);
+/* Decode tokens (runs of one) take the ISA's all-heads kernel where it has the shape
+ * (true, the default); false keeps the per-KV-head kernels (tests and the kernel lab
+ * compare). */
+extern bool cpu_attention_heads;
 void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
                        struct cpu_pool *pool);
 void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernels *kern,
