@@ -266,6 +266,24 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
         .act = lc->act, .y = y, .scratch = scratch,
     };
     cpu_linear_run(&op, kern, pool);
+    /* Weights packed once (the backend's prepared panels) give the same bits. */
+    bool same_packed = true;
+    size_t packed_bytes = cpu_linear_packed_bytes(kern, lc->wt, k, n_out, rows);
+    if (packed_bytes) {
+        void *packed = aligned_alloc(64, packed_bytes);
+        float *y2 = malloc((size_t)(rows * n_out) * 4);
+        cpu_linear_pack(kern, lc->wt, w, k, n_out, packed);
+        struct cpu_linear op2 = op;
+        op2.y = y2;
+        op2.packed = packed;
+        cpu_linear_run(&op2, kern, pool);
+        same_packed = !memcmp(y, y2, (size_t)(rows * n_out) * 4);
+        if (!same_packed)
+            fprintf(stderr, "  %s %s rows=%lld k=%lld n_out=%lld: packed weights give other values\n",
+                    cpu_isa_name(kern->isa), ir_dtype_name(lc->wt), (long long)rows, (long long)k, (long long)n_out);
+        free(y2);
+        free(packed);
+    }
 
     /* The quants the kernel saw (every ISA's quantizer gives the same; tested above). */
     struct cpu_qact qa = {0};
@@ -279,7 +297,7 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
      * paths are checked exactly against their quants and loosely against f32. */
     const double tol = 2e-5 * (1.0 + (double)k / 4096.0), tol_q_f32 = 1.2e-2;
     size_t ldw = ir_dtype_row_bytes(lc->wt, k);
-    bool ok = true;
+    bool ok = same_packed;
     for (int64_t j = 0; j < n_out && ok; j++) {
         quant_dequantize_row(ggml_of(lc->wt), (const uint8_t *)w + ldw * (size_t)j, wrow, k);
         for (int64_t r = 0; r < rows && ok; r++) {
@@ -739,5 +757,37 @@ static void test_models_fast_vs_reference(void) {
         if (kq[i][0]) unlink(kq[i]);
 }
 
+/* store_f16 (KV cache appends) against fp16_from_f32 on random values, specials
+ * (infinities, NaN, overflow, subnormals, ties) and every length 1..40. */
+static void test_store_f16(void) {
+    float src[40];
+    uint8_t got[80];
+    static const float specials[] = {INFINITY, -INFINITY, NAN, 65520.0f, -70000.0f, 65519.0f, 1e-8f, -3e-7f, 5.9604645e-8f,
+                                     2.9802322e-8f, 1.00048828125f, 0.0f, -0.0f};
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
+        if (!kern) continue;
+        int failures = 0;
+        for (int n = 1; n <= 40; n++)
+            for (int rep = 0; rep < 4; rep++) {
+                fill(src, n, rep == 3 ? 1e5f : 2.0f);
+                for (int i = 0; i < n; i++)
+                    if (rng_u32() % 4 == 0) src[i] = specials[rng_u32() % LLMOPT_ARRAY_LEN(specials)];
+                kern->store_f16(src, got, n);
+                for (int i = 0; i < n && failures < 3; i++) {
+                    uint16_t h, want = fp16_from_f32(src[i]);
+                    memcpy(&h, got + 2 * i, 2);
+                    if (h != want) {
+                        fprintf(stderr, "  %s store_f16 n=%d: [%d] %.9g -> %04x, expected %04x\n", cpu_isa_name(kern->isa),
+                                n, i, src[i], h, want);
+                        failures++;
+                    }
+                }
+            }
+        CHECK_MSG(failures == 0, "%s: store_f16 differs from fp16_from_f32", cpu_isa_name(kern->isa));
+    }
+}
+
 TEST_MAIN(test_pool, test_quantize_same_on_every_isa, test_linear_1_thread, test_linear_2_threads,
-          test_linear_3_threads, test_attention, test_rms_norm_rope_exp, test_models_fast_vs_reference)
+          test_linear_3_threads, test_attention, test_rms_norm_rope_exp, test_store_f16,
+          test_models_fast_vs_reference)
