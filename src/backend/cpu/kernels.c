@@ -135,10 +135,19 @@ bool cpu_linear_supports(enum ir_dtype t, int64_t k) {
     return weight_quantized(t) && k % ir_dtype_block_elems(t) == 0;
 }
 
+/* The ISA has a GEMM for weights of type t. */
+static bool has_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t) {
+    if (cpu_dtype_is_kq(t)) return kern->kq && kern->kq->gemm_tile;
+    return kern->gemm_tile && kern->gemm_supports(t);
+}
+
+/* Linears over rows activation rows of weights packed per op take the GEMM from
+ * min_rows on; with panels packed once (cpu_linear.packed) they take it at every row
+ * count: a packed panel beats the dot-product tiles even for one row (stories260K,
+ * bench_batch_decode at batch 1: 22-30 against 37-77 us a token, F32 and Q8_0). */
 static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows) {
     int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : 24;
-    if (cpu_dtype_is_kq(t)) return kern->kq && kern->kq->gemm_tile && rows >= min_rows;
-    return kern->gemm_tile && rows >= min_rows && kern->gemm_supports(t);
+    return has_gemm(kern, t) && rows >= min_rows;
 }
 
 static size_t gemm_panel_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k) {
@@ -154,9 +163,8 @@ size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtyp
     return bytes;
 }
 
-size_t cpu_linear_packed_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k, int64_t n_out,
-                               int64_t max_rows) {
-    if (!cpu_linear_supports(t, k) || !use_gemm(kern, t, max_rows)) return 0;
+size_t cpu_linear_packed_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k, int64_t n_out) {
+    if (!cpu_linear_supports(t, k) || !has_gemm(kern, t)) return 0;
     return (size_t)((n_out + CPU_GEMM_NC - 1) / CPU_GEMM_NC) * align64(gemm_panel_bytes(kern, t, k));
 }
 
@@ -337,8 +345,8 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
         scratch += cpu_qact_bytes(op->rows, op->k);
     }
     bool single = op->rows * op->n_out * op->k < LINEAR_MIN_PARALLEL_MACS;
-    if (use_gemm(kern, op->wtype, op->rows)) {
-        LLMOPT_ASSERT(scratch);
+    if (op->packed || use_gemm(kern, op->wtype, op->rows)) {
+        LLMOPT_ASSERT(op->packed || scratch);
         ctx.gemm = true;
         bool kq = cpu_dtype_is_kq(op->wtype);
         ctx.gemm_pack = kq ? kern->kq->gemm_pack : kern->gemm_pack;

@@ -36,8 +36,8 @@ struct cpu_state {
     void *linear_scratch; /* (linear_scratch_bytes) for the largest linear at n_max */
     size_t linear_scratch_bytes;
     float *att_scratch;  /* (n_threads, att_per_thread) */
-    /* GEMM panels of every weight a linear reads through the ISA's GEMM, packed once in
-     * prepare when they fit CPU_PACKED_MAX_BYTES (else NULL: packed on each run):
+    /* GEMM panels of every linear's weight, packed once in prepare when they all fit
+     * CPU_PACKED_MAX_BYTES (else NULL: packed on each run that takes the GEMM):
      * packed[i] for the PARAM node i, inside packed_buf. */
     const void **packed;
     uint8_t *packed_buf;
@@ -729,8 +729,8 @@ static int64_t linear_rows(const struct ir_graph *g, const struct ir_node *n, in
     return *k ? ir_extent_numel(&ex) / *k : 0;
 }
 
-/* Packs the GEMM panels of every weight a linear reads through the GEMM at n_max
- * tokens, once, when all of them fit CPU_PACKED_MAX_BYTES. */
+/* Packs the GEMM panels of every linear's weight, once, when all of them fit
+ * CPU_PACKED_MAX_BYTES; the linears then take the GEMM at every batch size. */
 static enum llmopt_status prepare_packed(struct cpu_state *s, int64_t n_max, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
     size_t *bytes = calloc((size_t)g->n_nodes, sizeof *bytes), total = 0;
@@ -739,9 +739,10 @@ static enum llmopt_status prepare_packed(struct cpu_state *s, int64_t n_max, str
         const struct ir_node *n = &g->nodes[i];
         if (n->op != IR_OP_LINEAR || bytes[n->in[1]]) continue;
         const struct ir_node *w = &g->nodes[n->in[1]];
-        int64_t k, rows = linear_rows(g, n, n_max, &k);
+        int64_t k;
+        linear_rows(g, n, n_max, &k);
         if (w->shape.rank != 2 || w->shape.dims[1].coef != k) continue;
-        bytes[n->in[1]] = cpu_linear_packed_bytes(s->kern, w->weight.dtype, k, w->shape.dims[0].coef, rows);
+        bytes[n->in[1]] = cpu_linear_packed_bytes(s->kern, w->weight.dtype, k, w->shape.dims[0].coef);
         total += bytes[n->in[1]];
     }
     enum llmopt_status st = LLMOPT_OK;
