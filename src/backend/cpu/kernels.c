@@ -436,12 +436,6 @@ static void attention_thread(void *arg, int ith, int nth) {
     }
 }
 
-/* Below this many multiply-adds attention runs on the calling thread. Lower than the
- * linears' threshold: a multiply-add of attention costs ~10x one of a linear (scores,
- * softmax, short rows; stories260K at batch 32: 0.14 ns against 0.01 ns), so a decode
- * batch of 32 short sequences is worth splitting where one sequence is not. */
-#define ATTENTION_MIN_PARALLEL_MACS (1 << 15)
-
 void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
                        struct cpu_pool *pool) {
     struct attention_ctx ctx = {.op = op, .kern = kern};
@@ -451,7 +445,7 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
     /* multiply-adds of q.k and p.v over every token's positions */
     int64_t work = 0;
     for (int64_t t = 0; t < op->n_tok; t++) work += 2 * ((int64_t)op->pos[t] + 1) * op->n_heads * op->head_dim;
-    if (op->n_tok * op->n_kv_heads == 1 || work < ATTENTION_MIN_PARALLEL_MACS)
+    if (op->n_tok * op->n_kv_heads == 1 || work < LINEAR_MIN_PARALLEL_MACS)
         attention_thread(&ctx, 0, 1);
     else
         pool_run_shared(pool, attention_thread, &ctx);
