@@ -266,8 +266,8 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
         .act = lc->act, .y = y, .scratch = scratch,
     };
     cpu_linear_run(&op, kern, pool);
-    /* Weights packed once (the backend's prepared panels): the GEMM at every row count,
-     * y2 checked against the same reference below. */
+    /* Weights packed once (the backend's prepared panels; float weights then take the
+     * GEMM at every row count): y2, checked against the same reference below. */
     float *y2 = NULL;
     size_t packed_bytes = cpu_linear_packed_bytes(kern, lc->wt, k, n_out);
     if (packed_bytes) {

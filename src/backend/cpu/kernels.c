@@ -142,11 +142,14 @@ static bool has_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t) {
 }
 
 /* Linears over rows activation rows of weights packed per op take the GEMM from
- * min_rows on; with panels packed once (cpu_linear.packed) they take it at every row
- * count: a packed panel beats the dot-product tiles even for one row (stories260K,
- * bench_batch_decode at batch 1: 22-30 against 37-77 us a token, F32 and Q8_0). */
-static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows) {
-    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : 24;
+ * min_rows on. With panels packed once (cpu_linear.packed) float weights take it at
+ * every row count: a packed panel beats the dot-product tiles even for one row
+ * (stories260K F32, bench_batch_decode at batch 1: 22-25 against 37-45 us a token).
+ * Block-quantized weights keep min_rows: their GEMM sums the blocks in another order,
+ * which flipped a near tie in stories260K-Q8_0's greedy story (tests/cli/
+ * test_stories.sh wants its first 100 ids equal to F32's, issue 7). */
+static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows, bool packed) {
+    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : packed ? 1 : 24;
     return has_gemm(kern, t) && rows >= min_rows;
 }
 
@@ -158,7 +161,7 @@ size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtyp
                                 int64_t k, int n_threads) {
     size_t bytes = 0;
     if (weight_quantized(t)) bytes += cpu_qact_bytes(rows, k);
-    if (use_gemm(kern, t, rows))
+    if (use_gemm(kern, t, rows, false))
         bytes += 64 + (size_t)(n_threads > 0 ? n_threads : 1) * align64(gemm_panel_bytes(kern, t, k));
     return bytes;
 }
@@ -345,7 +348,7 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
         scratch += cpu_qact_bytes(op->rows, op->k);
     }
     bool single = op->rows * op->n_out * op->k < LINEAR_MIN_PARALLEL_MACS;
-    if (op->packed || use_gemm(kern, op->wtype, op->rows)) {
+    if (use_gemm(kern, op->wtype, op->rows, op->packed)) {
         LLMOPT_ASSERT(op->packed || scratch);
         ctx.gemm = true;
         bool kq = cpu_dtype_is_kq(op->wtype);

@@ -78,7 +78,7 @@ struct cpu_linear {
     enum ir_op act;        /* unary op, or IR_OP_INPUT for none */
     float *y;              /* (rows, n_out) */
     void *scratch;         /* cpu_linear_scratch_bytes(...) bytes, or NULL when that is 0 */
-    const void *packed;    /* w's GEMM panels from cpu_linear_pack (the GEMM at any row count), or NULL */
+    const void *packed;    /* w's GEMM panels from cpu_linear_pack, or NULL: packed per run */
 };
 
 /* Attention for a batch: K/V already appended; every token attends to positions
@@ -219,7 +219,7 @@ size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtyp
 /* Bytes of w's GEMM panels (every CPU_GEMM_NC columns, each 64-byte aligned) where the
  * ISA has a GEMM for t, else 0. Packed once (cpu_linear_pack into 64-byte aligned
  * memory) and passed as cpu_linear.packed, the panels spare every run the packing, and
- * the linear takes the GEMM at every row count. */
+ * a linear of float weights takes the GEMM at every row count. */
 size_t cpu_linear_packed_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k, int64_t n_out);
 void cpu_linear_pack(const struct cpu_isa_kernels *kern, enum ir_dtype t, const void *w, int64_t k, int64_t n_out,
                      void *packed);
