@@ -210,6 +210,9 @@ uint64_t llmopt_session_kv_bytes(const struct llmopt_session *s);
 uint64_t llmopt_session_kernels_run(const struct llmopt_session *s);
 /* Bytes of the backend's planned activation arena. */
 size_t llmopt_session_arena_bytes(const struct llmopt_session *s);
+/* Bytes of weights the backend repacked once when the session was created (the CPU
+ * GEMM's panels, for models whose panels fit 64 MiB; 0 otherwise). */
+size_t llmopt_session_packed_bytes(const struct llmopt_session *s);
 
 /* ---- Profiling (llmopt profile) -----------------------------------------------------
  * Per-node wall time of a session's forwards, summed by op family. Families come from

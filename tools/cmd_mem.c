@@ -89,8 +89,9 @@ int cmd_mem(int argc, char **argv) {
                (unsigned long long)mem.conv_state_bytes, (unsigned long long)mem.arena_bytes,
                (unsigned long long)mem.total_bytes);
         if (!no_load)
-            printf(", \"peak_rss_bytes\": %.0f, \"rss_at_start_bytes\": %.0f, \"positions_run\": %d", rss, rss_start,
-                   n_run);
+            printf(", \"packed_bytes\": %llu, \"peak_rss_bytes\": %.0f, \"rss_at_start_bytes\": %.0f, "
+                   "\"positions_run\": %d",
+                   (unsigned long long)llmopt_session_packed_bytes(s), rss, rss_start, n_run);
         printf("}\n");
     } else {
         printf("model        %s (program %s)\n", model_path, llmopt_model_program(model));
@@ -105,6 +106,10 @@ int cmd_mem(int argc, char **argv) {
                mem.n_batch);
         printf("estimate     %10.2f MiB in all (not counted: the tokenizer, kernel scratch, code)\n",
                mib(mem.total_bytes));
+        if (!no_load)
+            printf("packed       %10.2f MiB: weights repacked once for the CPU GEMM (in the measured RSS, not the "
+                   "estimate)\n",
+                   mib(llmopt_session_packed_bytes(s)));
         if (!no_load)
             printf("measured     %10.2f MiB peak RSS after one forward of %d tokens, %.2f MiB of it before loading\n"
                    "             (code and libraries); of the KV cache only the %d of %d positions written are resident\n",

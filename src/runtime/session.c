@@ -344,6 +344,12 @@ uint64_t llmopt_session_kernels_run(const struct llmopt_session *s) {
     return st.kernels_run;
 }
 
+size_t llmopt_session_packed_bytes(const struct llmopt_session *s) {
+    struct backend_stats st;
+    s->backend->stats(s->plan, &st);
+    return (size_t)st.packed_bytes;
+}
+
 size_t llmopt_session_arena_bytes(const struct llmopt_session *s) {
     return s->backend->arena_bytes(s->plan);
 }

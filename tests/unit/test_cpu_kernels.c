@@ -266,6 +266,20 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
         .act = lc->act, .y = y, .scratch = scratch,
     };
     cpu_linear_run(&op, kern, pool);
+    /* Weights packed once (the backend's prepared panels; float weights then take the
+     * GEMM at every row count): y2, checked against the same reference below. */
+    float *y2 = NULL;
+    size_t packed_bytes = cpu_linear_packed_bytes(kern, lc->wt, k, n_out);
+    if (packed_bytes) {
+        void *packed = aligned_alloc(64, packed_bytes);
+        y2 = malloc((size_t)(rows * n_out) * 4);
+        cpu_linear_pack(kern, lc->wt, w, k, n_out, packed);
+        struct cpu_linear op2 = op;
+        op2.y = y2;
+        op2.packed = packed;
+        cpu_linear_run(&op2, kern, pool);
+        free(packed);
+    }
 
     /* The quants the kernel saw (every ISA's quantizer gives the same; tested above). */
     struct cpu_qact qa = {0};
@@ -308,18 +322,20 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
                 ref[v] = acc;
                 err_allow[v] = (v == 0 ? tol : tol_q_f32) * 1.2 * (b + 1.0) + 1e-6;
             }
-            float got = y[r * n_out + j];
-            for (int v = 0; v < (quant ? 2 : 1); v++)
-                if (!(fabs(got - ref[v]) <= err_allow[v])) {
-                    fprintf(stderr,
-                            "  %s %s rows=%lld k=%lld n_out=%lld flags=%u act=%s threads=%d: "
-                            "y[%lld,%lld] = %.7g, %s %.7g (allowed %.3g)\n",
-                            cpu_isa_name(kern->isa), ir_dtype_name(lc->wt), (long long)rows,
-                            (long long)k, (long long)n_out, lc->flags, ir_op_name(lc->act),
-                            pool_threads(pool), (long long)r, (long long)j, got,
-                            v == 0 ? "expected" : "f32 product", ref[v], err_allow[v]);
-                    ok = false;
-                }
+            for (int packed = 0; packed < (y2 ? 2 : 1) && ok; packed++) {
+                float got = (packed ? y2 : y)[r * n_out + j];
+                for (int v = 0; v < (quant ? 2 : 1); v++)
+                    if (!(fabs(got - ref[v]) <= err_allow[v])) {
+                        fprintf(stderr,
+                                "  %s %s rows=%lld k=%lld n_out=%lld flags=%u act=%s threads=%d%s: "
+                                "y[%lld,%lld] = %.7g, %s %.7g (allowed %.3g)\n",
+                                cpu_isa_name(kern->isa), ir_dtype_name(lc->wt), (long long)rows,
+                                (long long)k, (long long)n_out, lc->flags, ir_op_name(lc->act),
+                                pool_threads(pool), packed ? " (packed once)" : "", (long long)r, (long long)j, got,
+                                v == 0 ? "expected" : "f32 product", ref[v], err_allow[v]);
+                        ok = false;
+                    }
+            }
         }
     }
     free(x);
@@ -327,6 +343,7 @@ static bool check_linear(const struct cpu_isa_kernels *kern, struct cpu_pool *po
     free(gate);
     free(res);
     free(y);
+    free(y2);
     free(wrow);
     free(w);
     free(scratch);
@@ -512,14 +529,21 @@ static void test_attention(void) {
             const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
             if (!kern) continue;
             int failures = 0;
-            static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}};
+            /* {8, 4} x 8: stories260K; {12, 3}, {4, 4}: group 4 and 1 */
+            static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}, {8, 4}, {12, 3}, {4, 4}};
             static const int64_t dims[] = {8, 16, 33, 64, 128};
+            /* heads of one vector or less also through the per-KV-head kernels (the
+             * all-heads decode kernel off) */
+            for (int mode = 0; mode < 2; mode++)
             for (int dt = 0; dt < KV_DTYPE_COUNT; dt++)
                 for (size_t hi = 0; hi < LLMOPT_ARRAY_LEN(heads); hi++)
                     for (size_t di = 0; di < LLMOPT_ARRAY_LEN(dims); di++) {
                         enum kv_dtype t = (enum kv_dtype)dt;
                         int64_t h = heads[hi][0], hkv = heads[hi][1], dh = dims[di];
                         if (t == KV_DTYPE_Q8_0 && dh % KV_Q8_0_BLOCK) continue;
+                        if (hi >= 5 && dh > 16) continue; /* the extra head shapes: small heads only */
+                        if (mode == 1 && (dh > 16 || t == KV_DTYPE_Q8_0)) continue;
+                        cpu_attention_heads = mode == 0;
                         /* decode at several lengths (chunk edges at 64), and a prefill chunk */
                         int32_t ctxs[] = {0, 1, 63, 64, 130};
                         for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
@@ -539,6 +563,7 @@ static void test_attention(void) {
                         check_attention(kern, pool, t, h, hkv, dh, 127, 3, 0, 3, 5, &failures);
                         check_attention(kern, pool, t, h, hkv, dh, 200, 2, 150, 2, 16, &failures);
                     }
+            cpu_attention_heads = true;
             CHECK_MSG(failures == 0, "%s, %d threads: attention failed", cpu_isa_name(kern->isa), nt);
         }
         pool_free(pool);
@@ -731,5 +756,37 @@ static void test_models_fast_vs_reference(void) {
         if (kq[i][0]) unlink(kq[i]);
 }
 
+/* store_f16 (KV cache appends) against fp16_from_f32 on random values, specials
+ * (infinities, NaN, overflow, subnormals, ties) and every length 1..40. */
+static void test_store_f16(void) {
+    float src[40];
+    uint8_t got[80];
+    static const float specials[] = {INFINITY, -INFINITY, NAN, 65520.0f, -70000.0f, 65519.0f, 1e-8f, -3e-7f, 5.9604645e-8f,
+                                     2.9802322e-8f, 1.00048828125f, 0.0f, -0.0f};
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
+        if (!kern) continue;
+        int failures = 0;
+        for (int n = 1; n <= 40; n++)
+            for (int rep = 0; rep < 4; rep++) {
+                fill(src, n, rep == 3 ? 1e5f : 2.0f);
+                for (int i = 0; i < n; i++)
+                    if (rng_u32() % 4 == 0) src[i] = specials[rng_u32() % LLMOPT_ARRAY_LEN(specials)];
+                kern->store_f16(src, got, n);
+                for (int i = 0; i < n && failures < 3; i++) {
+                    uint16_t h, want = fp16_from_f32(src[i]);
+                    memcpy(&h, got + 2 * i, 2);
+                    if (h != want) {
+                        fprintf(stderr, "  %s store_f16 n=%d: [%d] %.9g -> %04x, expected %04x\n", cpu_isa_name(kern->isa),
+                                n, i, src[i], h, want);
+                        failures++;
+                    }
+                }
+            }
+        CHECK_MSG(failures == 0, "%s: store_f16 differs from fp16_from_f32", cpu_isa_name(kern->isa));
+    }
+}
+
 TEST_MAIN(test_pool, test_quantize_same_on_every_isa, test_linear_1_thread, test_linear_2_threads,
-          test_linear_3_threads, test_attention, test_rms_norm_rope_exp, test_models_fast_vs_reference)
+          test_linear_3_threads, test_attention, test_rms_norm_rope_exp, test_store_f16,
+          test_models_fast_vs_reference)

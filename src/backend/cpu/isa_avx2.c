@@ -255,6 +255,17 @@ static void tile_q4_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, s
     }
 }
 
+/* n f16 values from src, 8 at a time with F16C (round to nearest even). */
+static void store_f16(const float *src, uint8_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + 2 * i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
+    for (; i < n; i++) {
+        uint16_t h = fp16_from_f32(src[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
 const struct cpu_isa_kernels cpu_isa_kernels_avx2 = {
     .isa = CPU_ISA_AVX2,
     .tile_f32 = kg_tile_f32,
@@ -266,6 +277,9 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx2 = {
     .rms_norm_row = kg_rms_norm_row,
     .rope_row = kg_rope_row,
     .attention_block = kg_attention_block,
+    .attention_heads_ok = kg_attention_heads_ok,
+    .attention_heads = kg_attention_heads,
+    .store_f16 = store_f16,
     .exp_row = kg_exp_row,
     .epilogue_row = kg_epilogue_row,
     .kq = &cpu_kq_kernels_avx2,

@@ -75,6 +75,49 @@ static inline vf v_reduce_lanes(const vf *a) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
+/* 8-lane segment vocabulary (kern_generic.h, KG_HAVE_SEG8): a vector is two segments,
+ * lanes 0-7 and 8-15 (two heads of 8 values). Segmented reduction of 8 products
+ * a[i] = k[i] * q: lane s * 8 + i = sum of segment s of a[i] (the last three folds of
+ * v_reduce_lanes, which never cross a segment), in two parts below; v_seg8_max / v_seg8_sum: every lane = its segment's max / sum;
+ * v_load_halves: segment 0 from p0, segment 1 from p1; v_store_half: segment s. */
+#define KG_HAVE_SEG8 1
+/* First fold of v_reduce_seg8 for products a[i] = k[i] * q: its quarter shuffles of
+ * k0, k1 (shared by every q) times q's quarters (v_seg8_qsplit, once per q):
+ * x = fma(kb, qb, ka * qa) is the fold of (k0 * q, k1 * q). */
+static inline void v_seg8_ksplit(vf k0, vf k1, vf *ka, vf *kb) {
+    *ka = _mm512_shuffle_f32x4(k0, k1, 0x88);
+    *kb = _mm512_shuffle_f32x4(k0, k1, 0xdd);
+}
+static inline void v_seg8_qsplit(vf q, vf *qa, vf *qb) {
+    v_seg8_ksplit(q, q, qa, qb);
+}
+/* The rest of v_reduce_seg8 from the four first folds x[i] of (a[2i], a[2i + 1]). */
+static inline vf v_reduce_seg8_folded(const vf *x) {
+    vf y[2];
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xee));
+    vf r = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), r);
+}
+static inline vf v_seg8_max(vf x) {
+    x = _mm512_max_ps(x, _mm512_shuffle_ps(x, x, 0x4e));
+    x = _mm512_max_ps(x, _mm512_shuffle_ps(x, x, 0xb1));
+    return _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+static inline vf v_seg8_sum(vf x) {
+    x = _mm512_add_ps(x, _mm512_shuffle_ps(x, x, 0x4e));
+    x = _mm512_add_ps(x, _mm512_shuffle_ps(x, x, 0xb1));
+    return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+static inline vf v_load_halves(const float *p0, const float *p1) {
+    __m512d lo = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(p0)));
+    return _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_loadu_ps(p1)), 1));
+}
+static inline void v_store_half(float *p, vf x, int s) {
+    _mm256_storeu_ps(p, s ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)) : _mm512_castps512_ps256(x));
+}
+
 /* KV cache vocabulary: VLEN int8 at p widened to floats, and
  * the f16 at p broadcast to every lane. */
 static inline vf v_load_i8(const int8_t *p) {
@@ -449,6 +492,16 @@ static void gemm_tile(enum ir_dtype t, const void *panel, const float *x, const 
     }
 }
 
+/* n f16 values from src, 16 at a time and the rest masked (round to nearest even). */
+static void store_f16(const float *src, uint8_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + 2 * i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), 0));
+    if (i < n) /* the rest through a mask */
+        _mm256_mask_storeu_epi16(dst + 2 * i, lane_mask((int)(n - i)),
+                                 _mm512_cvtps_ph(_mm512_maskz_loadu_ps(lane_mask((int)(n - i)), src + i), 0));
+}
+
 const struct cpu_isa_kernels cpu_isa_kernels_avx512 = {
     .isa = CPU_ISA_AVX512,
     .tile_f32 = kg_tile_f32,
@@ -460,6 +513,9 @@ const struct cpu_isa_kernels cpu_isa_kernels_avx512 = {
     .rms_norm_row = kg_rms_norm_row,
     .rope_row = kg_rope_row,
     .attention_block = kg_attention_block,
+    .attention_heads_ok = kg_attention_heads_ok,
+    .attention_heads = kg_attention_heads,
+    .store_f16 = store_f16,
     .exp_row = kg_exp_row,
     .epilogue_row = kg_epilogue_row,
     .gemm_panel_bytes = gemm_panel_bytes,

@@ -154,6 +154,13 @@ static void tile_q4_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, s
         }
 }
 
+static void store_f16(const float *src, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = fp16_from_f32(src[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
 const struct cpu_isa_kernels cpu_isa_kernels_scalar = {
     .isa = CPU_ISA_SCALAR,
     .tile_f32 = kg_tile_f32,
@@ -165,6 +172,9 @@ const struct cpu_isa_kernels cpu_isa_kernels_scalar = {
     .rms_norm_row = kg_rms_norm_row,
     .rope_row = kg_rope_row,
     .attention_block = kg_attention_block,
+    .attention_heads_ok = kg_attention_heads_ok,
+    .attention_heads = kg_attention_heads,
+    .store_f16 = store_f16,
     .exp_row = kg_exp_row,
     .epilogue_row = kg_epilogue_row,
     .kq = &cpu_kq_kernels_scalar,

@@ -733,4 +733,248 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
     }
 }
 
+/* ---- decode attention over every head of a token at once (small heads) ------------- */
+
+/* Heads of dh = VLEN / S values: a KV row (all Hkv heads) is NV = Hkv / S vectors of S
+ * heads each, and a vector's lanes [s * dh, (s + 1) * dh) are segment s. S = 1
+ * (dh = VLEN) everywhere; S = 2 (dh = 8) where the ISA defines the 8-lane segment
+ * vocabulary (KG_HAVE_SEG8: v_seg8_ksplit, v_seg8_qsplit, v_reduce_seg8_folded,
+ * v_seg8_max, v_seg8_sum, v_load_halves, v_store_half). */
+
+/* Every lane of a segment = the max / sum of that segment's lanes. */
+KG_INLINE vf kg_seg_max(vf x, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) return v_seg8_max(x);
+#endif
+    (void)S;
+    return v_set1(v_hmax(x));
+}
+
+KG_INLINE vf kg_seg_sum(vf x, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) return v_seg8_sum(x);
+#endif
+    (void)S;
+    return v_set1(v_hsum(x));
+}
+
+/* r[g] lane s * NP + i = dot of segment s of k[i] and of q[g], for NP = VLEN / S rows
+ * k and G queries (qa, qb: q split by v_seg8_qsplit where S = 2; q[g] = qa[g] else). */
+KG_INLINE void kg_dots_seg(const vf *k, const vf *qa, const vf *qb, vf *r, const int S, const int G) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) {
+        vf x[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            vf ka, kb;
+            v_seg8_ksplit(k[2 * i], k[2 * i + 1], &ka, &kb);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) x[g][i] = v_fma(kb, qb[g], v_mul(ka, qa[g]));
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) r[g] = v_reduce_seg8_folded(x[g]);
+        return;
+    }
+#endif
+    (void)qb;
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        vf pr[VLEN];
+        for (int i = 0; i < VLEN / S; i++) pr[i] = v_mul(k[i], qa[g]);
+        r[g] = v_reduce_lanes(pr);
+    }
+}
+
+/* Segment s from p[s] (VLEN / S floats each). */
+KG_INLINE vf kg_load_segs(const float *const *p, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) return v_load_halves(p[0], p[1]);
+#endif
+    (void)S;
+    return v_load(p[0]);
+}
+
+/* VLEN / S floats at p = segment s of x. */
+KG_INLINE void kg_store_seg(float *p, vf x, int s, const int S) {
+#ifdef KG_HAVE_SEG8
+    if (S == 2) {
+        v_store_half(p, x, s);
+        return;
+    }
+#endif
+    (void)S;
+    (void)s;
+    v_store(p, x);
+}
+
+/* 32 ones, then 32 zeros: VLEN floats from kg_ones_zeros + 32 - n are n ones, then
+ * zeros (n <= VLEN). */
+static const float kg_ones_zeros[64] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
+
+/* One query token t (a run of one) and every head: the block table is walked once per
+ * chunk for all KV heads, the scores of NP = VLEN / S positions for S heads come out of
+ * one segmented reduction (no lane wasted on heads narrower than a vector), the softmax
+ * runs on whole vectors with per-segment maxima, and each V vector (S heads) is loaded
+ * once for the G query heads of each, its weights broadcast from memory (one
+ * accumulator per query head, of which segment s is kept). G (1, 2, 4) and S are
+ * constants. Scratch: (G, chunk * S) probabilities, then the accumulators, maxima and
+ * sums carried between chunks, (nv, G * S + 2 G, VLEN). */
+KG_INLINE void kg_attention_heads_kt(const struct cpu_attention *a, int64_t t, float *scratch, const int kt,
+                                     const int S, const int G) {
+    const int NP = VLEN / S, dh = VLEN / S;
+    const struct kv_cache *kv = a->kv;
+    const int64_t n_tok = a->n_tok, nv = a->n_kv_heads / S, ld = KG_DEC_CHUNK * S, nst = G * S + 2 * G;
+    float *sc = scratch;    /* (G, ld): probabilities of one chunk, steps of VLEN */
+    float *st = sc + G * ld; /* (nv, nst, VLEN): acc, max, sum between chunks */
+    int64_t roff[KG_DEC_CHUNK + VLEN];
+    const int32_t p = a->pos[t], bs = kv->block_size;
+    const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    const int64_t row_bytes = kv->row_bytes[a->layer];
+    const int32_t *table = kv->block_table + (int64_t)a->slot[t] * kv->max_blocks_per_slot;
+    const uint8_t *kbase = kv->k[a->layer], *vbase = kv->v[a->layer];
+    const vf vscale = v_set1(a->scale);
+    for (int32_t j0 = first; j0 <= p; j0 += KG_DEC_CHUNK) {
+        const int n = p + 1 - j0 < KG_DEC_CHUNK ? p + 1 - j0 : KG_DEC_CHUNK;
+        const int steps = (n + NP - 1) / NP, tail = n - (steps - 1) * NP;
+        { /* row offsets: one block-table lookup per block; the rows' first lines are
+           * requested now (a decode batch's cache is past L2, and the loads below
+           * go row by row through pointers) */
+            int32_t blk = j0 / bs, off = j0 % bs;
+            for (int i = 0; i < n; blk++, off = 0) {
+                int64_t r = ((int64_t)table[blk] * bs + off) * row_bytes;
+                for (; off < bs && i < n; off++, i++, r += row_bytes) {
+                    roff[i] = r;
+                    __builtin_prefetch(kbase + r);
+                    __builtin_prefetch(vbase + r);
+                }
+            }
+        }
+        /* positions past the last repeat its row: the same score, probability masked to 0 */
+        for (int i = n; i < steps * NP; i++) roff[i] = roff[n - 1];
+        const float *tm[2] = {kg_ones_zeros + 32 - tail, kg_ones_zeros + 32 - tail};
+        const vf tmask = kg_load_segs(tm, S);
+        for (int64_t v = 0; v < nv; v++) {
+            const int64_t kcol = kv_dtype_bytes(kt, v * VLEN);
+            float *sv = st + v * nst * VLEN;
+            vf acc[8], mx[4], sum[4], qa[4], qb[4], cmax[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                const float *qh[2];
+                for (int s = 0; s < S; s++) qh[s] = a->q + (((v * S + s) * G + g) * n_tok + t) * dh;
+                qa[g] = qb[g] = v_mul(kg_load_segs(qh, S), vscale);
+#ifdef KG_HAVE_SEG8
+                if (S == 2) v_seg8_qsplit(qa[g], &qa[g], &qb[g]);
+#endif
+                cmax[g] = v_set1(-INFINITY);
+            }
+            /* scores of NP positions x S heads per reduction, each K vector loaded once
+             * for the G query heads */
+            for (int s0 = 0; s0 < steps; s0++) {
+                const int64_t *ro = roff + s0 * NP;
+                vf kk[VLEN], r[4];
+#pragma GCC unroll 16
+                for (int i = 0; i < NP; i++) kk[i] = kg_load_kv(kbase + ro[i] + kcol, 0, kt);
+                kg_dots_seg(kk, qa, qb, r, S, G);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++) {
+                    v_store(sc + g * ld + s0 * VLEN, r[g]);
+                    cmax[g] = v_max(cmax[g], r[g]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                /* online softmax: per-segment maxima, rescale what earlier chunks summed */
+                vf m_new = kg_seg_max(cmax[g], S);
+                sum[g] = v_zero();
+                if (j0 != first) {
+                    vf m_old = v_load(sv + (G * S + g) * VLEN);
+                    m_new = v_max(m_new, m_old);
+                    vf alpha = v_exp(v_sub(m_old, m_new));
+                    sum[g] = v_mul(v_load(sv + (G * S + G + g) * VLEN), alpha);
+#pragma GCC unroll 2
+                    for (int s = 0; s < S; s++) acc[g * S + s] = v_mul(v_load(sv + (g * S + s) * VLEN), alpha);
+                } else {
+#pragma GCC unroll 2
+                    for (int s = 0; s < S; s++) acc[g * S + s] = v_zero();
+                }
+                mx[g] = m_new;
+                for (int s0 = 0; s0 < steps; s0++) {
+                    float *ps = sc + g * ld + s0 * VLEN;
+                    vf e = v_exp(v_sub(v_load(ps), m_new));
+                    if (s0 == steps - 1) e = v_mul(e, tmask);
+                    v_store(ps, e);
+                    sum[g] = v_add(sum[g], e);
+                }
+            }
+            /* weighted sums: each V vector once for the G * S query heads it serves */
+            for (int s0 = 0; s0 < steps; s0++) {
+                const int64_t *ro = roff + s0 * NP;
+                const float *ps = sc + s0 * VLEN;
+#pragma GCC unroll 16
+                for (int i = 0; i < NP; i++) {
+                    vf vv = kg_load_kv(vbase + ro[i] + kcol, 0, kt);
+#pragma GCC unroll 4
+                    for (int g = 0; g < G; g++)
+#pragma GCC unroll 2
+                        for (int s = 0; s < S; s++)
+                            acc[g * S + s] = v_fma(v_set1(ps[g * ld + s * NP + i]), vv, acc[g * S + s]);
+                }
+            }
+            if (j0 + KG_DEC_CHUNK <= p) { /* another chunk follows */
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++) {
+#pragma GCC unroll 2
+                    for (int s = 0; s < S; s++) v_store(sv + (g * S + s) * VLEN, acc[g * S + s]);
+                    v_store(sv + (G * S + g) * VLEN, mx[g]);
+                    v_store(sv + (G * S + G + g) * VLEN, sum[g]);
+                }
+                continue;
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                vf inv = v_div(v_set1(1.0f), kg_seg_sum(sum[g], S));
+#pragma GCC unroll 2
+                for (int s = 0; s < S; s++) /* out (N, H, Dh) */
+                    kg_store_seg(a->out + (t * a->n_heads + (v * S + s) * G + g) * dh, v_mul(acc[g * S + s], inv), s, S);
+            }
+        }
+    }
+}
+
+/* The shapes kg_attention_heads takes: f32 / f16 caches, dh = VLEN (or VLEN / 2 with an
+ * even Hkv where the ISA has the segment vocabulary), 1, 2 or 4 query heads per KV
+ * head. Scratch: cpu_attention_scratch_floats covers it (2 G chunk + 4 H Dh). */
+static bool kg_attention_heads_ok(const struct cpu_attention *a) {
+    const int64_t dh = a->head_dim, hkv = a->n_kv_heads, group = hkv > 0 ? a->n_heads / hkv : 0;
+    if (VLEN < 8 || (a->kv->dtype != KV_DTYPE_F32 && a->kv->dtype != KV_DTYPE_F16)) return false;
+    if ((group != 1 && group != 2 && group != 4) || group * hkv != a->n_heads) return false;
+    if (dh == VLEN) return true;
+#ifdef KG_HAVE_SEG8
+    if (dh == VLEN / 2 && hkv % 2 == 0) return true;
+#endif
+    return false;
+}
+
+#define KG_HEADS_G(kt, S)                                                                  \
+    switch (group) {                                                                       \
+    case 1: kg_attention_heads_kt(a, t, scratch, kt, S, 1); return;                        \
+    case 2: kg_attention_heads_kt(a, t, scratch, kt, S, 2); return;                        \
+    default: kg_attention_heads_kt(a, t, scratch, kt, S, 4); return;                       \
+    }
+
+static void kg_attention_heads(const struct cpu_attention *a, int64_t t, float *scratch) {
+    const int64_t group = a->n_heads / a->n_kv_heads;
+    const bool f16 = a->kv->dtype == KV_DTYPE_F16;
+#ifdef KG_HAVE_SEG8
+    if (a->head_dim != VLEN) {
+        if (f16) KG_HEADS_G(KV_DTYPE_F16, 2)
+        KG_HEADS_G(KV_DTYPE_F32, 2)
+    }
+#endif
+    if (f16) KG_HEADS_G(KV_DTYPE_F16, 1)
+    KG_HEADS_G(KV_DTYPE_F32, 1)
+}
+
 #endif

@@ -135,10 +135,22 @@ bool cpu_linear_supports(enum ir_dtype t, int64_t k) {
     return weight_quantized(t) && k % ir_dtype_block_elems(t) == 0;
 }
 
-static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows) {
-    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : 24;
-    if (cpu_dtype_is_kq(t)) return kern->kq && kern->kq->gemm_tile && rows >= min_rows;
-    return kern->gemm_tile && rows >= min_rows && kern->gemm_supports(t);
+/* The ISA has a GEMM for weights of type t. */
+static bool has_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t) {
+    if (cpu_dtype_is_kq(t)) return kern->kq && kern->kq->gemm_tile;
+    return kern->gemm_tile && kern->gemm_supports(t);
+}
+
+/* Linears over rows activation rows of weights packed per op take the GEMM from
+ * min_rows on. With panels packed once (cpu_linear.packed) float weights take it at
+ * every row count: a packed panel beats the dot-product tiles even for one row
+ * (stories260K F32, bench_batch_decode at batch 1: 22-25 against 37-45 us a token).
+ * Block-quantized weights keep min_rows: their GEMM sums the blocks in another order,
+ * which flipped a near tie in stories260K-Q8_0's greedy story (tests/cli/
+ * test_stories.sh wants its first 100 ids equal to F32's, issue 7). */
+static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows, bool packed) {
+    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : packed ? 1 : 24;
+    return has_gemm(kern, t) && rows >= min_rows;
 }
 
 static size_t gemm_panel_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k) {
@@ -149,9 +161,27 @@ size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtyp
                                 int64_t k, int n_threads) {
     size_t bytes = 0;
     if (weight_quantized(t)) bytes += cpu_qact_bytes(rows, k);
-    if (use_gemm(kern, t, rows))
+    if (use_gemm(kern, t, rows, false))
         bytes += 64 + (size_t)(n_threads > 0 ? n_threads : 1) * align64(gemm_panel_bytes(kern, t, k));
     return bytes;
+}
+
+size_t cpu_linear_packed_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k, int64_t n_out) {
+    if (!cpu_linear_supports(t, k) || !has_gemm(kern, t)) return 0;
+    return (size_t)((n_out + CPU_GEMM_NC - 1) / CPU_GEMM_NC) * align64(gemm_panel_bytes(kern, t, k));
+}
+
+void cpu_linear_pack(const struct cpu_isa_kernels *kern, enum ir_dtype t, const void *w, int64_t k, int64_t n_out,
+                     void *packed) {
+    bool kq = cpu_dtype_is_kq(t);
+    void (*pack)(enum ir_dtype, const uint8_t *, size_t, int64_t, int, void *) = kq ? kern->kq->gemm_pack
+                                                                                   : kern->gemm_pack;
+    size_t ldw = ir_dtype_row_bytes(t, k), panel_bytes = align64(gemm_panel_bytes(kern, t, k));
+    LLMOPT_ASSERT(((uintptr_t)packed & 63) == 0);
+    for (int64_t c0 = 0; c0 < n_out; c0 += CPU_GEMM_NC) {
+        int nc = n_out - c0 < CPU_GEMM_NC ? (int)(n_out - c0) : CPU_GEMM_NC;
+        pack(t, (const uint8_t *)w + (size_t)c0 * ldw, ldw, k, nc, (uint8_t *)packed + (size_t)(c0 / CPU_GEMM_NC) * panel_bytes);
+    }
 }
 
 struct linear_ctx {
@@ -206,8 +236,11 @@ static void linear_gemm_columns(struct linear_ctx *ctx, int ith) {
         int64_t c0 = atomic_fetch_add(&ctx->next_col, CPU_GEMM_NC);
         if (c0 >= op->n_out) break;
         int nc = op->n_out - c0 < CPU_GEMM_NC ? (int)(op->n_out - c0) : CPU_GEMM_NC;
-        ctx->gemm_pack(op->wtype, (const uint8_t *)op->w + (size_t)c0 * ctx->ldw, ctx->ldw, op->k, nc,
-                       panel);
+        if (op->packed)
+            panel = (uint8_t *)op->packed + (size_t)(c0 / CPU_GEMM_NC) * ctx->panel_bytes;
+        else
+            ctx->gemm_pack(op->wtype, (const uint8_t *)op->w + (size_t)c0 * ctx->ldw, ctx->ldw, op->k, nc,
+                           panel);
         for (int64_t r0 = 0; r0 < op->rows; r0 += rstep) {
             int nr = op->rows - r0 < rstep ? (int)(op->rows - r0) : rstep;
             ctx->gemm_tile(op->wtype, panel, op->x, &ctx->qa, r0, op->k, nr, tile);
@@ -315,8 +348,8 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
         scratch += cpu_qact_bytes(op->rows, op->k);
     }
     bool single = op->rows * op->n_out * op->k < LINEAR_MIN_PARALLEL_MACS;
-    if (use_gemm(kern, op->wtype, op->rows)) {
-        LLMOPT_ASSERT(scratch);
+    if (use_gemm(kern, op->wtype, op->rows, op->packed)) {
+        LLMOPT_ASSERT(op->packed || scratch);
         ctx.gemm = true;
         bool kq = cpu_dtype_is_kq(op->wtype);
         ctx.gemm_pack = kq ? kern->kq->gemm_pack : kern->gemm_pack;
@@ -345,6 +378,8 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
 
 /* ---- attention -------------------------------------------------------------------- */
 
+bool cpu_attention_heads = true;
+
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
     int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : n_heads, nq = CPU_ATT_QBLOCK * group + 4;
     /* the block kernel: acc, max, sum, a chunk of scores per query; one chunk of K and
@@ -353,32 +388,53 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
     /* the decode kernel: the same per head of a group (chunks of CPU_ATT_DEC_CHUNK
      * positions, 16 lanes of padding) */
     int64_t decode = group * (head_dim + 2 + CPU_ATT_DEC_CHUNK + 16);
-    return block > decode ? block : decode;
+    /* the all-heads decode kernel: scaled queries, accumulator, max and sum per head,
+     * and a chunk of scores for two heads per query head of a KV head */
+    int64_t heads = 4 * n_heads * head_dim + 2 * group * CPU_ATT_DEC_CHUNK;
+    int64_t most = block > decode ? block : decode;
+    return most > heads ? most : heads;
 }
 
 struct attention_ctx {
     const struct cpu_attention *op;
     const struct cpu_isa_kernels *kern;
+    bool heads; /* single-token runs go to attention_heads, one item per token */
     _Atomic int64_t next_item;
 };
+
+/* Token t is a run of one within its block of CPU_ATT_QBLOCK: no neighbour in the
+ * block continues its sequence. */
+static bool attention_single(const struct cpu_attention *op, int64_t t) {
+    int64_t b0 = t / CPU_ATT_QBLOCK * CPU_ATT_QBLOCK, b1 = b0 + CPU_ATT_QBLOCK < op->n_tok ? b0 + CPU_ATT_QBLOCK : op->n_tok;
+    bool after = t > b0 && op->slot[t - 1] == op->slot[t] && op->pos[t] == op->pos[t - 1] + 1;
+    bool before = t + 1 < b1 && op->slot[t + 1] == op->slot[t] && op->pos[t + 1] == op->pos[t] + 1;
+    return !after && !before;
+}
 
 /* Items (block of CPU_ATT_QBLOCK tokens, KV head) are taken one at a time from a
  * counter: prefill items grow with the position, and a thread the OS delays should not
  * hold up the others. Within a block, runs of one sequence at consecutive positions
- * share their K/V reads. */
+ * share their K/V reads. With ctx->heads, the first n_tok items are the tokens, and a
+ * run of one takes every head in one call there instead. */
 static void attention_thread(void *arg, int ith, int nth) {
     struct attention_ctx *ctx = arg;
     const struct cpu_attention *op = ctx->op;
     float *scratch = op->scratch + ith * op->scratch_per_thread;
     int64_t n_blocks = (op->n_tok + CPU_ATT_QBLOCK - 1) / CPU_ATT_QBLOCK, it;
+    int64_t n_single = ctx->heads ? op->n_tok : 0;
     (void)nth;
-    while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_blocks * op->n_kv_heads) {
+    while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_single + n_blocks * op->n_kv_heads) {
+        if (it < n_single) {
+            if (attention_single(op, it)) ctx->kern->attention_heads(op, it, scratch);
+            continue;
+        }
+        it -= n_single;
         int64_t b = it / op->n_kv_heads, kvh = it % op->n_kv_heads;
         int64_t end = (b + 1) * CPU_ATT_QBLOCK < op->n_tok ? (b + 1) * CPU_ATT_QBLOCK : op->n_tok;
         for (int64_t t0 = b * CPU_ATT_QBLOCK, t1; t0 < end; t0 = t1) {
             for (t1 = t0 + 1; t1 < end && op->slot[t1] == op->slot[t0] && op->pos[t1] == op->pos[t1 - 1] + 1;)
                 t1++;
-            ctx->kern->attention_block(op, t0, t1, kvh, scratch);
+            if (!ctx->heads || t1 - t0 > 1) ctx->kern->attention_block(op, t0, t1, kvh, scratch);
         }
     }
 }
@@ -388,6 +444,7 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
     struct attention_ctx ctx = {.op = op, .kern = kern};
     LLMOPT_ASSERT(op->scratch_per_thread >=
                   cpu_attention_scratch_floats(op->n_heads, op->n_kv_heads, op->head_dim));
+    ctx.heads = cpu_attention_heads && kern->attention_heads_ok && kern->attention_heads_ok(op);
     /* multiply-adds of q.k and p.v over every token's positions */
     int64_t work = 0;
     for (int64_t t = 0; t < op->n_tok; t++) work += 2 * ((int64_t)op->pos[t] + 1) * op->n_heads * op->head_dim;
@@ -414,11 +471,11 @@ struct rms_norm_ctx {
 static void rms_norm_thread(void *arg, int ith, int nth) {
     struct rms_norm_ctx *ctx = arg;
     const struct cpu_rms_norm *op = ctx->op;
+    const int64_t chunk = nth == 1 ? op->rows : ROWS_CHUNK;
     int64_t r0;
     (void)ith;
-    (void)nth;
-    while ((r0 = atomic_fetch_add(&ctx->next_row, ROWS_CHUNK)) < op->rows)
-        for (int64_t r = r0; r < op->rows && r < r0 + ROWS_CHUNK; r++)
+    while ((r0 = atomic_fetch_add(&ctx->next_row, chunk)) < op->rows)
+        for (int64_t r = r0; r < op->rows && r < r0 + chunk; r++)
             ctx->kern->rms_norm_row(op->x + r * op->d, op->w, op->eps, op->d, op->o + r * op->d);
 }
 
@@ -437,22 +494,32 @@ struct rope_ctx {
     _Atomic int64_t next_row;
 };
 
+/* Rows are taken in chunks (all of them on one thread); a chunk finds its first row's
+ * cos/sin offset by division and steps the mixed-radix index from there. */
 static void rope_thread(void *arg, int ith, int nth) {
     struct rope_ctx *ctx = arg;
     const struct cpu_rope *op = ctx->op;
+    const int64_t chunk = nth == 1 ? op->rows : ROWS_CHUNK;
     int64_t r0;
     (void)ith;
-    (void)nth;
-    while ((r0 = atomic_fetch_add(&ctx->next_row, ROWS_CHUNK)) < op->rows)
-        for (int64_t r = r0; r < op->rows && r < r0 + ROWS_CHUNK; r++) {
-            int64_t off = 0, rest = r;
-            for (int i = op->rank - 1; i >= 0; i--) {
-                off += rest % op->dims[i] * op->strides[i];
-                rest /= op->dims[i];
-            }
+    while ((r0 = atomic_fetch_add(&ctx->next_row, chunk)) < op->rows) {
+        int64_t idx[IR_MAX_RANK], off = 0, rest = r0;
+        for (int i = op->rank - 1; i >= 0; i--) {
+            idx[i] = rest % op->dims[i];
+            off += idx[i] * op->strides[i];
+            rest /= op->dims[i];
+        }
+        for (int64_t r = r0; r < op->rows && r < r0 + chunk; r++) {
             ctx->kern->rope_row(op->x + r * op->d, op->cos_t + off, op->sin_t + off, op->d,
                                 op->o + r * op->d);
+            for (int i = op->rank - 1; i >= 0; i--) {
+                off += op->strides[i];
+                if (++idx[i] < op->dims[i]) break;
+                off -= idx[i] * op->strides[i];
+                idx[i] = 0;
+            }
         }
+    }
 }
 
 void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,

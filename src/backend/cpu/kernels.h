@@ -78,6 +78,7 @@ struct cpu_linear {
     enum ir_op act;        /* unary op, or IR_OP_INPUT for none */
     float *y;              /* (rows, n_out) */
     void *scratch;         /* cpu_linear_scratch_bytes(...) bytes, or NULL when that is 0 */
+    const void *packed;    /* w's GEMM panels from cpu_linear_pack, or NULL: packed per run */
 };
 
 /* Attention for a batch: K/V already appended; every token attends to positions
@@ -169,6 +170,13 @@ struct cpu_isa_kernels {
      * CPU_ATT_QBLOCK), KV head kvh: the n_heads / n_kv_heads query heads that read it. */
     void (*attention_block)(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
                             float *scratch);
+    /* Token t, a run of one (decode), every head at once: cheaper than attention_block
+     * per KV head where heads are one vector or less (stories260K: head_dim 8). Only
+     * for the shapes attention_heads_ok accepts. */
+    bool (*attention_heads_ok)(const struct cpu_attention *a);
+    void (*attention_heads)(const struct cpu_attention *a, int64_t t, float *scratch);
+    /* n f16 values at dst from src, rounded to nearest even (fp16_from_f32's values). */
+    void (*store_f16)(const float *src, uint8_t *dst, int64_t n);
     /* dst[i] = exp(src[i]) (the vector exp attention uses). */
     void (*exp_row)(const float *src, float *dst, int64_t n);
     /* y = act(x + bias) * gate + residual over n values (one row of a linear's output
@@ -208,8 +216,19 @@ extern bool cpu_linear_one_range;
 size_t cpu_linear_scratch_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows,
                                 int64_t k, int n_threads);
 
+/* Bytes of w's GEMM panels (every CPU_GEMM_NC columns, each 64-byte aligned) where the
+ * ISA has a GEMM for t, else 0. Packed once (cpu_linear_pack into 64-byte aligned
+ * memory) and passed as cpu_linear.packed, the panels spare every run the packing, and
+ * a linear of float weights takes the GEMM at every row count. */
+size_t cpu_linear_packed_bytes(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t k, int64_t n_out);
+void cpu_linear_pack(const struct cpu_isa_kernels *kern, enum ir_dtype t, const void *w, int64_t k, int64_t n_out,
+                     void *packed);
 void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *kern,
                     struct cpu_pool *pool);
+/* Decode tokens (runs of one) take the ISA's all-heads kernel where it has the shape
+ * (true, the default); false keeps the per-KV-head kernels (tests and the kernel lab
+ * compare). */
+extern bool cpu_attention_heads;
 void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
                        struct cpu_pool *pool);
 void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernels *kern,

@@ -36,6 +36,12 @@ struct cpu_state {
     void *linear_scratch; /* (linear_scratch_bytes) for the largest linear at n_max */
     size_t linear_scratch_bytes;
     float *att_scratch;  /* (n_threads, att_per_thread) */
+    /* GEMM panels of every linear's weight, packed once in prepare when they all fit
+     * CPU_PACKED_MAX_BYTES (else NULL: packed on each run that takes the GEMM):
+     * packed[i] for the PARAM node i, inside packed_buf. */
+    const void **packed;
+    uint8_t *packed_buf;
+    size_t packed_bytes;
     int64_t att_per_thread;
     double *node_seconds; /* (n_nodes) per-node wall time added by each run, or NULL: off */
 };
@@ -373,11 +379,21 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
                        layer, (long long)head_dim, KV_Q8_0_BLOCK);
     /* 1. Append every token's K and V to its sequence, converted to the cache's type.
      * q/k/v are [1, heads, N, Dh]. */
-    for (int64_t t = 0; t < n_tok; t++)
-        for (int64_t h = 0; h < n_kv_heads; h++) {
-            kv_cache_write(kv, kv->k, layer, slot[t], pos[t], h * head_dim, k + (h * n_tok + t) * head_dim, head_dim);
-            kv_cache_write(kv, kv->v, layer, slot[t], pos[t], h * head_dim, v + (h * n_tok + t) * head_dim, head_dim);
+    if (s->kern && kv->dtype == KV_DTYPE_F16) /* the ISA's f16 conversion: the same values */
+        for (int64_t t = 0; t < n_tok; t++) {
+            uint8_t *kr = kv_cache_row(kv, kv->k, layer, slot[t], pos[t]);
+            uint8_t *vr = kv_cache_row(kv, kv->v, layer, slot[t], pos[t]);
+            for (int64_t h = 0; h < n_kv_heads; h++) {
+                s->kern->store_f16(k + (h * n_tok + t) * head_dim, kr + 2 * h * head_dim, head_dim);
+                s->kern->store_f16(v + (h * n_tok + t) * head_dim, vr + 2 * h * head_dim, head_dim);
+            }
         }
+    else
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t h = 0; h < n_kv_heads; h++) {
+                kv_cache_write(kv, kv->k, layer, slot[t], pos[t], h * head_dim, k + (h * n_tok + t) * head_dim, head_dim);
+                kv_cache_write(kv, kv->v, layer, slot[t], pos[t], h * head_dim, v + (h * n_tok + t) * head_dim, head_dim);
+            }
     /* 2. Each token attends to positions [first, pos] of its own sequence. */
     if (s->kern) {
         for (int64_t t = 0; t < n_tok; t++)
@@ -454,6 +470,7 @@ static void run_linear_fast(struct cpu_state *s, const struct ir_node *n, int32_
         .act = n->attrs.linear_act,
         .y = node_f32(s, i),
         .scratch = s->linear_scratch,
+        .packed = s->packed ? s->packed[n->in[1]] : NULL,
     };
     op.rows = op.k ? ir_extent_numel(ex) / op.k : 0;
     op.bias = fl & IR_LINEAR_BIAS ? node_f32(s, n->in[k_op++]) : NULL;
@@ -694,8 +711,61 @@ static void cpu_release(void *state) {
     free(s->kv_row_buf);
     free(s->linear_scratch);
     free(s->att_scratch);
+    free(s->packed);
+    free(s->packed_buf);
     pool_free(s->pool);
     free(s);
+}
+
+/* Packed weights (GEMM panels) above this many bytes in all stay packed per run: a
+ * copy of a large model's weights costs more memory than the packing costs time. */
+#define CPU_PACKED_MAX_BYTES ((size_t)64 << 20)
+
+/* Activation rows of linear n at a batch of n_max tokens. */
+static int64_t linear_rows(const struct ir_graph *g, const struct ir_node *n, int64_t n_max, int64_t *k) {
+    struct ir_extent ex;
+    ir_extent_of(&g->nodes[n->in[0]].shape, n_max, n_max, &ex);
+    *k = ex.dims[ex.rank - 1];
+    return *k ? ir_extent_numel(&ex) / *k : 0;
+}
+
+/* Packs the GEMM panels of every linear's weight, once, when all of them fit
+ * CPU_PACKED_MAX_BYTES; the linears then take the GEMM at every batch size. */
+static enum llmopt_status prepare_packed(struct cpu_state *s, int64_t n_max, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    size_t *bytes = calloc((size_t)g->n_nodes, sizeof *bytes), total = 0;
+    if (!bytes) return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory");
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const struct ir_node *n = &g->nodes[i];
+        if (n->op != IR_OP_LINEAR || bytes[n->in[1]]) continue;
+        const struct ir_node *w = &g->nodes[n->in[1]];
+        int64_t k;
+        linear_rows(g, n, n_max, &k);
+        if (w->shape.rank != 2 || w->shape.dims[1].coef != k) continue;
+        bytes[n->in[1]] = cpu_linear_packed_bytes(s->kern, w->weight.dtype, k, w->shape.dims[0].coef);
+        total += bytes[n->in[1]];
+    }
+    enum llmopt_status st = LLMOPT_OK;
+    if (total && total <= CPU_PACKED_MAX_BYTES) {
+        s->packed = calloc((size_t)g->n_nodes, sizeof *s->packed);
+        s->packed_buf = aligned_alloc(64, total);
+        if (!s->packed || !s->packed_buf) {
+            st = err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for %zu bytes of packed weights", total);
+        } else {
+            size_t at = 0;
+            for (int32_t i = 0; i < g->n_nodes; i++) {
+                if (!bytes[i]) continue;
+                const struct ir_node *w = &g->nodes[i];
+                cpu_linear_pack(s->kern, w->weight.dtype, w->weight.data, w->shape.dims[1].coef, w->shape.dims[0].coef,
+                                s->packed_buf + at);
+                s->packed[i] = s->packed_buf + at;
+                at += bytes[i];
+            }
+            s->packed_bytes = total;
+        }
+    }
+    free(bytes);
+    return st;
 }
 
 /* Scratch of the fast kernels, sized for the largest op at n_max tokens. */
@@ -709,9 +779,7 @@ static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32
         const struct ir_node *n = &g->nodes[i];
         if (n->op == IR_OP_LINEAR) {
             enum ir_dtype t = g->nodes[n->in[1]].weight.dtype;
-            struct ir_extent ex;
-            ir_extent_of(&g->nodes[n->in[0]].shape, n_max, n_max, &ex);
-            int64_t k = ex.dims[ex.rank - 1], rows = k ? ir_extent_numel(&ex) / k : 0;
+            int64_t k, rows = linear_rows(g, n, n_max, &k);
             bool fast = cpu_linear_supports(t, k);
             size_t need = fast ? cpu_linear_scratch_bytes(s->kern, t, rows, k, pool_threads(s->pool)) : 0;
             if (need > s->linear_scratch_bytes) s->linear_scratch_bytes = need;
@@ -727,7 +795,7 @@ static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32
     size_t att_floats = (size_t)(s->att_per_thread * pool_threads(s->pool));
     if (att_floats && !(s->att_scratch = malloc(att_floats * sizeof(float))))
         return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for attention scratch");
-    return LLMOPT_OK;
+    return prepare_packed(s, n_max, err);
 }
 
 static enum llmopt_status prepare_common(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
@@ -830,7 +898,9 @@ static enum llmopt_status cpu_run(void *state, const struct exec_batch *b, struc
 }
 
 static void cpu_stats(void *state, struct backend_stats *out) {
-    *out = ((struct cpu_state *)state)->stats;
+    const struct cpu_state *s = state;
+    *out = s->stats;
+    out->packed_bytes = s->packed_bytes;
 }
 
 static size_t cpu_arena_bytes(void *state) {
