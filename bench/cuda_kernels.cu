@@ -13,10 +13,12 @@
  *
  * Weights are random (never zeros), written on the device in the upload layout
  * (cu_weight); every timed run rotates over enough copies that the working set is
- * several times the L2. Usage: bench_cuda_kernels [--quick] */
+ * several times the L2. Usage: bench_cuda_kernels [--quick | --sweep]; --sweep times the
+ * 8B decode launch shapes at every matvec launch shape (cu_matvec_tune) instead. */
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "format/gguf.h"
+#include "ir/ir.h"
 /* format/quant_k.h (C-only static asserts): the reference K-quant dequantizer */
 void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n);
 }
@@ -165,6 +167,28 @@ static double copy_bandwidth(void) {
 
 struct shape { int64_t n_out, k; const char *what; };
 
+/* A random weight [rows, cols] of dtype in the upload layout (data, 256-byte aligned
+ * scales after it) in one allocation, returned (cudaFree it); *w describes it. */
+static void *random_weight(int dtype, int64_t rows, int64_t cols, uint32_t seed, struct cu_weight *w) {
+    size_t data = cu_weight_data_bytes(dtype, rows, cols), scale = cu_weight_scale_bytes(dtype, rows, cols);
+    size_t off = (data + 255) & ~(size_t)255;
+    void *mem;
+    CHECK_CUDA(cudaMalloc(&mem, off + scale));
+    const int kinds[] = {0, 1, 2, 3, 3, 3, 3, 3, 3};
+    fill(mem, dtype >= CU_Q8_0 ? (int64_t)data : (int64_t)(data / (dtype == CU_F32 ? 4 : 2)), kinds[dtype], 7 + seed);
+    if (dtype == CU_Q4_K || dtype == CU_Q5_K) {
+        fix_kq_scales_kernel<<<256, 256>>>((uint8_t *)mem, rows * (cols / 256), dtype == CU_Q4_K ? 144 : 176, 11 + seed);
+        CHECK_CUDA(cudaGetLastError());
+    }
+    *w = {dtype, rows, cols, mem, NULL};
+    if (scale) {
+        uint16_t *sc = (uint16_t *)((uint8_t *)mem + off);
+        fill(sc, (int64_t)(scale / 2), 4, 99 + seed);
+        w->scales = sc;
+    }
+    return mem;
+}
+
 /* Times cu_matvec on one weight shape/type; returns GB/s (and prints a row). */
 /* nr / xs: the K-quant matvec's rows per warp and x mode (cu_matvec_kq); both left
  * at 0 / -1: cu_matvec with its defaults. */
@@ -174,21 +198,7 @@ static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs
     int copies = (int)std::min<size_t>(64, std::max<size_t>(1, ((size_t)256 << 20) / one + 1));
     std::vector<cu_weight> w(copies);
     std::vector<void *> mem(copies);
-    int kinds[] = {0, 1, 2, 3, 3, 3, 3, 3, 3};
-    for (int c = 0; c < copies; c++) {
-        CHECK_CUDA(cudaMalloc(&mem[c], one));
-        fill(mem[c], dtype >= CU_Q8_0 ? (int64_t)data : (int64_t)(data / (dtype == CU_F32 ? 4 : 2)), kinds[dtype], 7 + c);
-        if (dtype == CU_Q4_K || dtype == CU_Q5_K) {
-            fix_kq_scales_kernel<<<256, 256>>>((uint8_t *)mem[c], sh.n_out * (sh.k / 256), dtype == CU_Q4_K ? 144 : 176, 11 + c);
-            CHECK_CUDA(cudaGetLastError());
-        }
-        w[c] = {dtype, sh.n_out, sh.k, mem[c], NULL};
-        if (scale) {
-            uint16_t *sc = (uint16_t *)((uint8_t *)mem[c] + ((data + 255) & ~(size_t)255));
-            fill(sc, (int64_t)(scale / 2), 4, 99 + c);
-            w[c].scales = sc;
-        }
-    }
+    for (int c = 0; c < copies; c++) mem[c] = random_weight(dtype, sh.n_out, sh.k, (uint32_t)c, &w[c]);
     float *x, *y;
     CHECK_CUDA(cudaMalloc(&x, (size_t)(rows * sh.k) * 4));
     CHECK_CUDA(cudaMalloc(&y, (size_t)(rows * sh.n_out) * 4));
@@ -311,6 +321,147 @@ static bool bench_kq_dequant(int dtype, int64_t n_out, int64_t k, double copy_gb
     return ok;
 }
 
+/* One decode launch shape of an 8B layer through cu_matvec_multi: n_seg products of
+ * one x (segment s: rows[s] x K), or with `pair` a SwiGLU gate/up pair of rows[0] x K;
+ * `norm`: the rms_norm prologue. Times it at every launch shape of cu_matvec_tune
+ * (output rows a warp, loads in flight, split-K target), each checked on sampled rows
+ * of every segment against a double host product, then restores the defaults. */
+struct mv_job_shape {
+    const char *what;
+    int n_seg;
+    int64_t rows[3], k;
+    bool pair, norm;
+};
+
+static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs) {
+    const int n_w = js.pair ? 2 : js.n_seg;
+    size_t set_bytes = 0;
+    for (int i = 0; i < n_w; i++)
+        set_bytes += cu_weight_data_bytes(dtype, js.rows[js.pair ? 0 : i], js.k) +
+                     cu_weight_scale_bytes(dtype, js.rows[js.pair ? 0 : i], js.k);
+    const int copies = (int)std::min<size_t>(16, ((size_t)512 << 20) / set_bytes + 1);
+    std::vector<cu_weight> w((size_t)(copies * n_w));
+    std::vector<void *> mem(w.size());
+    for (size_t i = 0; i < w.size(); i++)
+        mem[i] = random_weight(dtype, js.rows[js.pair ? 0 : i % n_w], js.k, (uint32_t)(31 + i), &w[i]);
+    int64_t n_out = 0;
+    for (int s = 0; s < js.n_seg; s++) n_out += js.rows[s];
+    float *x, *y, *nw;
+    CHECK_CUDA(cudaMalloc(&x, (size_t)js.k * 4));
+    CHECK_CUDA(cudaMalloc(&nw, (size_t)js.k * 4));
+    CHECK_CUDA(cudaMalloc(&y, (size_t)n_out * 4));
+    fill(x, js.k, 0, 5);
+    fill(nw, js.k, 0, 6);
+    const float eps = 1e-6f;
+    auto launch = [&](int c) {
+        struct cu_mv_seg seg[3];
+        float *yo = y;
+        for (int s = 0; s < js.n_seg; s++) {
+            seg[s] = {w[(size_t)(c * n_w + s)], yo, {NULL, NULL, NULL, js.pair ? (int)IR_OP_SILU : -1, NULL, 0.0f}, 0};
+            yo += js.rows[s];
+        }
+        if (js.norm) {
+            seg[0].ep.norm_w = nw;
+            seg[0].ep.norm_eps = eps;
+        }
+        return cu_matvec_multi(0, x, 1, seg, js.n_seg, js.pair ? &w[(size_t)(c * n_w + 1)] : NULL);
+    };
+    /* host copies of set 0 and the (normalized) x in double */
+    std::vector<std::vector<uint8_t>> hw((size_t)n_w);
+    for (int i = 0; i < n_w; i++) {
+        const cu_weight &wi = w[(size_t)i];
+        size_t data = cu_weight_data_bytes(dtype, wi.rows, js.k), off = (data + 255) & ~(size_t)255;
+        hw[(size_t)i].resize(off + cu_weight_scale_bytes(dtype, wi.rows, js.k));
+        CHECK_CUDA(cudaMemcpy(hw[(size_t)i].data(), mem[(size_t)i], hw[(size_t)i].size(), cudaMemcpyDeviceToHost));
+    }
+    std::vector<float> hx((size_t)js.k), hn((size_t)js.k), hy((size_t)n_out);
+    CHECK_CUDA(cudaMemcpy(hx.data(), x, hx.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(hn.data(), nw, hn.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<double> xn((size_t)js.k);
+    double ss = 0;
+    for (float v : hx) ss += (double)v * v;
+    const double inv = js.norm ? 1.0 / sqrt(ss / (double)js.k + eps) : 1.0;
+    for (int64_t c = 0; c < js.k; c++) xn[(size_t)c] = hx[(size_t)c] * inv * (js.norm ? hn[(size_t)c] : 1.0f);
+    auto host_dot = [&](int i, int64_t j, double *mag) {
+        const cu_weight &wi = w[(size_t)i];
+        size_t off = (cu_weight_data_bytes(dtype, wi.rows, js.k) + 255) & ~(size_t)255;
+        const uint16_t *sc = wi.scales ? (const uint16_t *)(hw[(size_t)i].data() + off) : NULL;
+        double d = 0;
+        *mag = 0;
+        for (int64_t c = 0; c < js.k; c++) {
+            double p = host_elem(dtype, hw[(size_t)i].data(), sc, j, c, js.k) * xn[(size_t)c];
+            d += p;
+            *mag += fabs(p);
+        }
+        return d;
+    };
+    const int tunes[][3] = {{0, 0, 0},  {1, 4, 0},  {1, 8, 0},  {1, 16, 0}, {2, 4, 0},  {2, 8, 0},
+                            {2, 16, 0}, {4, 4, 0},  {4, 8, 0},  {4, 16, 0}, {1, 8, 16384}, {2, 8, 16384},
+                            {1, 16, 16384}, {2, 16, 16384}, {4, 8, 16384}};
+    bool all_ok = true;
+    double best = 0;
+    int best_t = 0;
+    for (size_t t = 0; t < sizeof tunes / sizeof tunes[0]; t++) {
+        if (js.pair && tunes[t][0] == 4) continue;
+        cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
+        CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4)); /* NaN: every output must be written */
+        CHECK_CUDA(launch(0));
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        int64_t base = 0;
+        for (int s = 0; s < js.n_seg; s++) {
+            for (int64_t q = 0; q < 24; q++) {
+                int64_t j = q == 0 ? js.rows[s] - 1 : (q * 7919) % js.rows[s];
+                double mag, ref = host_dot(s, j, &mag);
+                if (js.pair) {
+                    double magu, u = host_dot(1, j, &magu), sg = ref / (1.0 + exp(-ref));
+                    mag = mag * fabs(u) + fabs(sg) * magu;
+                    ref = sg * u;
+                }
+                double got = hy[(size_t)(base + j)];
+                double e = std::isfinite(got) ? fabs(got - ref) / (mag > 0 ? mag : 1) : INFINITY;
+                worst = std::max(worst, e);
+            }
+            base += js.rows[s];
+        }
+        bool ok = worst < 1e-5;
+        all_ok = all_ok && ok;
+        int per = std::max(copies, 8);
+        double sec = time_median(3, 15, [&] {
+                         for (int i = 0; i < per; i++) CHECK_CUDA(launch(i % copies));
+                     }) / per;
+        double gbs = ((double)set_bytes + (double)(js.k * (js.norm ? 8 : 4) + n_out * 4)) / sec / 1e9;
+        if (gbs > best) best = gbs, best_t = (int)t;
+        printf("sweep %-34s %-5s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
+               dtype_name(dtype), tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs, 100 * gbs / copy_gbs, worst,
+               ok ? "ok" : "FAIL");
+    }
+    printf("best  %-34s %-5s nr %d lif %2d warps %5d  %.1f%% of copy\n", js.what, dtype_name(dtype), tunes[best_t][0],
+           tunes[best_t][1], tunes[best_t][2], 100 * best / copy_gbs);
+    cu_matvec_tune(0, 0, 0);
+    for (void *m : mem) CHECK_CUDA(cudaFree(m));
+    CHECK_CUDA(cudaFree(x));
+    CHECK_CUDA(cudaFree(y));
+    CHECK_CUDA(cudaFree(nw));
+    return all_ok;
+}
+
+/* --sweep: the 8B decode launch shapes (bf16, q8_0) at every cu_matvec_tune shape. */
+static int sweep(double copy_gbs) {
+    const struct mv_job_shape jobs[] = {
+        {"attn_o 4096x4096", 1, {4096}, 4096, false, false},
+        {"ffn_down 4096x14336", 1, {4096}, 14336, false, false},
+        {"q/k/v (4096+1024+1024)x4096 +norm", 3, {4096, 1024, 1024}, 4096, false, true},
+        {"gate/up pair 2x14336x4096 +norm", 1, {14336}, 4096, true, true},
+    };
+    bool ok = true;
+    for (int dtype : {CU_BF16, CU_Q8_0})
+        for (const auto &js : jobs) ok = sweep_job(dtype, js, copy_gbs) && ok;
+    printf("sweep checks %s\n", ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     char desc[256], why[256];
@@ -322,6 +473,7 @@ int main(int argc, char **argv) {
     printf("device: %s\n", desc);
     double copy_gbs = copy_bandwidth();
     printf("device-to-device copy: %.1f GB/s (read + write, 2 GiB, median of 10)\n\n", copy_gbs);
+    if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs);
     struct shape shapes[] = {
         {4096, 4096, "8B attn_q/o 4096x4096"},
         {14336, 4096, "8B ffn_up 14336x4096"},

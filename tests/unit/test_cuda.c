@@ -814,6 +814,33 @@ static void test_decode_fusion(void) {
     fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
 }
 
+/* kernels_linear.cu: the one-row matvec's launch shape (C linkage, cuda_kernels.cuh) */
+void cu_matvec_tune(int nr, int lif, int64_t warps);
+
+/* The default and every launch shape of the one-row matvec (output rows a warp 1/2/4,
+ * loads in flight 4/8/16, split K) on the linear cases and the fused decode blocks (q/k/v segments,
+ * SwiGLU pair, rms_norm prologue), bf16 and q8_0 (the types with every shape) and f32 */
+static void test_matvec_shapes(void) {
+    static const int tunes[][3] = {{0, 0, 0}, {1, 8, 0}, {1, 16, 0}, {2, 4, 0}, {2, 8, 0},
+                                   {2, 16, 0}, {4, 4, 0}, {4, 8, 0}, {4, 16, 16384}};
+    enum ir_dtype types[] = {IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_F32};
+    for (size_t t = 0; t < sizeof tunes / sizeof tunes[0]; t++) {
+        cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
+        for (int d = 0; d < 3; d++) {
+            struct linear_case cases[] = {
+                {types[d], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+                {types[d], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+                {types[d], 4096, 9, 0, IR_OP_INPUT},
+                {types[d], 256, 4100, IR_LINEAR_BIAS, IR_OP_INPUT}, /* the default's 4 rows a warp, a tail */
+            };
+            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_linear_case(&cases[c], false);
+        }
+        fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false, false);
+        fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+    }
+    cu_matvec_tune(0, 0, 0);
+}
+
 static void test_short_conv(void) {
     static const struct batch_spec mixed[] = {{5, 1, 1}, {1, 1, 1}, {6, 2, 2}, {2, 2, 2}, {1, 1, 1}, {9, 3, 3}, {1, 1, 1}};
     enum ir_dtype types[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_F16};
@@ -1058,9 +1085,9 @@ int main(void) {
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_attention,
-                           test_decode_fusion, test_short_conv, test_stories_greedy, test_goldens};
+                           test_decode_fusion, test_matvec_shapes, test_short_conv, test_stories_greedy, test_goldens};
     const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
-                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "short_conv",
+                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "matvec_shapes", "short_conv",
                            "stories_greedy",
                            "goldens"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");

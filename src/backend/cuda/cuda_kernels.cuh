@@ -67,6 +67,12 @@ struct cu_epilogue {
  * first weight loads overlap its tail) unless $LLMOPT_CUDA_PDL=0. */
 bool cu_pdl_enabled(void);
 bool cu_matvec_ok(const struct cu_weight *w);
+/* Launch shape of later one-row matvecs (f32/f16/bf16/q8_0/q4_0), process-wide, for
+ * the kernel lab: output rows a warp nr (1, 2 or 4; a SwiGLU pair at most 2), 16-byte
+ * weight loads in flight a lane lif (4, 8 or 16; bf16 and q8_0 only, others 4) and the
+ * warps a launch aims at when it splits K (128..2^20). 0 or out of range: the default.
+ * Until the first call: $LLMOPT_CUDA_MV_NR, $LLMOPT_CUDA_MV_LIF, $LLMOPT_CUDA_MV_WARPS. */
+extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps); /* C: tests/unit/test_cuda.c */
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep);
 /* Several products of one x in one launch (decode: q/k/v, or a SwiGLU gate/up pair).

@@ -68,7 +68,7 @@ bool cu_pdl_enabled(void) {
 
 #define MV_THREADS 256
 #define MV_WARPS (MV_THREADS / CU_WARP)
-#define MV_UNROLL 4
+#define MV_LIF 4 /* default 16-byte weight loads in flight per lane */
 
 template <int DT> struct mv_traits;
 template <> struct mv_traits<CU_F32> { static constexpr int E = 4; };
@@ -77,11 +77,10 @@ template <> struct mv_traits<CU_BF16> { static constexpr int E = 8; };
 template <> struct mv_traits<CU_Q8_0> { static constexpr int E = 16; };
 template <> struct mv_traits<CU_Q4_0> { static constexpr int E = 32; };
 
-/* Decodes one 16-byte load (chunk c of row j) into E values; returns the block scale
- * the values must be multiplied by (1 for unscaled types). */
+/* Decodes one 16-byte load into E values; returns the block scale the values must be
+ * multiplied by: the f16 bits sc loaded beside it (q8_0/q4_0), 1 for unscaled types. */
 template <int DT>
-static __device__ __forceinline__ float mv_decode(uint4 raw, const struct cu_weight &w, int64_t j,
-                                                  int64_t c, float *f) {
+static __device__ __forceinline__ float mv_decode(uint4 raw, uint16_t sc, float *f) {
     uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
     if constexpr (DT == CU_F32) {
 #pragma unroll
@@ -102,16 +101,16 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, const struct cu_wei
         }
         return 1.0f;
     } else if constexpr (DT == CU_Q8_0) {
-        /* int8 -> f32 without I2F: (q ^ 0x80) is q + 128 as a byte; placed in the low
-         * mantissa bits of 2^23 it reads as 2^23 + q + 128, exactly */
+        /* int8 -> f32 without I2F: (q ^ 0x80) is q + 128 as a byte; placed (one byte
+         * permute) in the low mantissa bits of 2^23 it reads as 2^23 + q + 128, exactly */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             uint32_t biased = u[i] ^ 0x80808080u;
 #pragma unroll
             for (int b = 0; b < 4; b++)
-                f[4 * i + b] = __uint_as_float(0x4b000000u | ((biased >> (8 * b)) & 0xffu)) - 8388736.0f;
+                f[4 * i + b] = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7540u | (unsigned)b)) - 8388736.0f;
         }
-        return cu_f16(w.scales[j * (w.cols / 32) + c / 2]);
+        return cu_f16(sc);
     } else {
         /* nibble -> f32 the same way: 2^23 + n, minus 2^23 + 8 */
 #pragma unroll
@@ -121,7 +120,7 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, const struct cu_wei
                 f[4 * i + b] = __uint_as_float(0x4b000000u | ((u[i] >> (8 * b)) & 15u)) - 8388616.0f;
                 f[16 + 4 * i + b] = __uint_as_float(0x4b000000u | ((u[i] >> (8 * b + 4)) & 15u)) - 8388616.0f;
             }
-        return cu_f16(w.scales[j * (w.cols / 32) + c]);
+        return cu_f16(sc);
     }
 }
 
@@ -143,12 +142,12 @@ struct mv_job {
  * weight rows: x traffic through L1 per weight byte drops NW times (a q8_0 chunk of 16
  * bytes needs 64 bytes of x). With several x rows (RMAX > 1, NR = 1) each weight chunk
  * serves every row. */
-template <int DT, int RMAX, int NR, bool NORM, bool PAIR>
+template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF>
 __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit) {
     constexpr int E = mv_traits<DT>::E;
-    constexpr int NW = PAIR ? 2 * NR : NR;                 /* weight rows a warp streams */
-    constexpr int U = NW == 1 ? MV_UNROLL : NW == 2 ? 2 : 1; /* U * NW loads in flight per lane */
+    constexpr int NW = PAIR ? 2 * NR : NR;         /* weight rows a warp streams */
+    constexpr int U = LIF / NW > 1 ? LIF / NW : 1; /* U * NW loads in flight per lane */
     static_assert(RMAX == 1 || NR == 1, "several x rows take one output row per warp");
     __shared__ float part[MV_WARPS][NW * RMAX];
     cu_pdl_trigger();
@@ -181,24 +180,31 @@ __global__ void __launch_bounds__(MV_THREADS)
         for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
     constexpr int64_t bytes_num = DT == CU_F32 ? 4 : DT == CU_Q4_0 ? 1 : DT == CU_Q8_0 ? 2 : 4;
     constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
+    constexpr bool SCALED = DT == CU_Q8_0 || DT == CU_Q4_0;
+    constexpr int CPB = DT == CU_Q8_0 ? 2 : 1; /* 16-byte chunks a 32-element block */
     const uint4 *wrow[NW];
-    struct cu_weight wsrc[NW]; /* scales of each streamed row (q8_0/q4_0) */
-    int64_t jr[NW]; /* rows past the end repeat the last one; their sums are dropped */
+    const uint16_t *srow[NW]; /* block scales of each streamed row (q8_0/q4_0) */
 #pragma unroll
     for (int nr = 0; nr < NW; nr++) {
-        wsrc[nr] = PAIR && nr >= NR ? job.up : w;
-        jr[nr] = j0 + nr % NR < n_out ? j0 + nr % NR : n_out - 1;
-        wrow[nr] = (const uint4 *)((const uint8_t *)wsrc[nr].data + (size_t)(jr[nr] * K * bytes_num / bytes_den));
+        const struct cu_weight &ws = PAIR && nr >= NR ? job.up : w;
+        /* rows past the end repeat the last one; their sums are dropped */
+        const int64_t jr = j0 + nr % NR < n_out ? j0 + nr % NR : n_out - 1;
+        wrow[nr] = (const uint4 *)((const uint8_t *)ws.data + (size_t)(jr * K * bytes_num / bytes_den));
+        srow[nr] = SCALED ? ws.scales + jr * (K / 32) : NULL;
     }
     const int64_t step = (int64_t)CU_WARP * ksplit;
     uint4 raw[U][NW];
+    uint16_t scl[U][NW]; /* each load's block scale, fetched with it */
     auto load = [&](int64_t c0) { /* U chunks of NW rows: U * NW loads in flight */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t c = c0 + u * step;
             if (c < n_chunks)
 #pragma unroll
-                for (int nr = 0; nr < NW; nr++) raw[u][nr] = __ldg(wrow[nr] + c);
+                for (int nr = 0; nr < NW; nr++) {
+                    raw[u][nr] = __ldg(wrow[nr] + c);
+                    scl[u][nr] = SCALED ? __ldg(srow[nr] + c / CPB) : 0;
+                }
         }
     };
     /* the weights do not depend on the previous kernel: the first loads go out before
@@ -249,7 +255,7 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
                     for (int nr = 0; nr < NW; nr++) {
                         float f[E];
-                        float scale = mv_decode<DT>(raw[u][nr], wsrc[nr], jr[nr], c, f);
+                        float scale = mv_decode<DT>(raw[u][nr], scl[u][nr], f);
                         float s = 0.0f;
 #pragma unroll
                         for (int i = 0; i < E; i++) s += f[i] * xr[i];
@@ -259,7 +265,7 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
                     for (int nr = 0; nr < NW; nr++) {
                         float f[E];
-                        float scale = mv_decode<DT>(raw[u][nr], wsrc[nr], jr[nr], c, f);
+                        float scale = mv_decode<DT>(raw[u][nr], scl[u][nr], f);
 #pragma unroll
                         for (int r = 0; r < RMAX; r++) {
                             if (r >= rows) break;
@@ -308,52 +314,107 @@ bool cu_matvec_ok(const struct cu_weight *w) {
            cu_weight_data_bytes(w->dtype, 1, w->cols) % 16 == 0;
 }
 
-/* Warps a launch aims at (K split across warps until this many have work, keeping at
- * least two rounds of 32 chunks per warp): $LLMOPT_CUDA_MV_WARPS, default 4096 (132
- * SMs x 32 warps on an H200), read once. */
-static int64_t mv_target_warps(void) {
-    static int64_t target = 0;
-    if (!target) {
-        const char *e = getenv("LLMOPT_CUDA_MV_WARPS");
-        long long v = e ? atoll(e) : 0;
-        target = v >= 128 && v <= (1 << 20) ? (int64_t)v : 4096;
-    }
-    return target;
+/* Launch shape of one-row matvecs: output rows per warp and 16-byte loads in flight
+ * per lane (0: mv_default_shape) and the warps a launch aims at when it
+ * splits K (keeping at least two rounds of 32 chunks per warp; 0: 4096 = 132 SMs x 32
+ * warps on an H200). From $LLMOPT_CUDA_MV_NR, _MV_LIF and _MV_WARPS, read once, or
+ * cu_matvec_tune (the kernel lab). */
+static struct {
+    bool read;
+    int nr, lif;
+    int64_t warps;
+} mv_tune;
+
+static int mv_env(const char *name, long long lo, long long hi) {
+    const char *e = getenv(name);
+    long long v = e ? atoll(e) : 0;
+    return v >= lo && v <= hi ? (int)v : 0;
 }
 
-template <int DT, int RMAX, int NR, bool NORM, bool PAIR>
+extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps) {
+    mv_tune.read = true;
+    mv_tune.nr = nr == 1 || nr == 2 || nr == 4 ? nr : 0;
+    mv_tune.lif = lif == 4 || lif == 8 || lif == 16 ? lif : 0;
+    mv_tune.warps = warps >= 128 && warps <= (1 << 20) ? warps : 0;
+}
+
+static void mv_tune_read(void) {
+    if (!mv_tune.read)
+        cu_matvec_tune(mv_env("LLMOPT_CUDA_MV_NR", 1, 4), mv_env("LLMOPT_CUDA_MV_LIF", 4, 16),
+                       mv_env("LLMOPT_CUDA_MV_WARPS", 128, 1 << 20));
+}
+
+template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF>
 static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int rows) {
     int64_t n_chunks = job.seg[0].w.cols / mv_traits<DT>::E, groups = 0;
     for (int k = 0; k < job.n_seg; k++) {
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const int ksplit = cu_matvec_ksplit(groups, n_chunks, MV_WARPS, mv_target_warps());
+    const int ksplit = cu_matvec_ksplit(groups, n_chunks, MV_WARPS, mv_tune.warps ? mv_tune.warps : 4096);
     unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
     size_t smem = NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
-    cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x, rows, ksplit);
+    cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x,
+                  rows, ksplit);
 }
 
-/* Output rows per warp: big matrices stream 2 or 4 weight rows at a time (a SwiGLU
- * pair counts both of its weights). */
+/* Loads in flight: bf16 and q8_0 (the decode types) have 4, 8 and 16; the others 4. */
+template <int DT, int NR, bool NORM, bool PAIR>
+static void mv_launch_lif(cudaStream_t st, const struct mv_job &job, const float *x, int lif) {
+    if constexpr (DT == CU_BF16 || DT == CU_Q8_0) {
+        if (lif == 16) return mv_launch_nr<DT, 1, NR, NORM, PAIR, 16>(st, job, x, 1);
+        if (lif == 8) return mv_launch_nr<DT, 1, NR, NORM, PAIR, 8>(st, job, x, 1);
+    }
+    mv_launch_nr<DT, 1, NR, NORM, PAIR, MV_LIF>(st, job, x, 1);
+}
+
+/* Default launch shape of a one-row matvec (bench/results/cuda-matvec-2026-11-29.md:
+ * the kernel lab's sweep of the 8B shapes on an H200). `streamed`: the weight rows a
+ * launch reads (a SwiGLU pair counts both of its weights). Before that sweep every
+ * launch used 4 loads in flight and 4, 2 or 1 output rows a warp from 16384 / 8192
+ * streamed rows (a pair 2 from 16384); bf16 and q8_0 now take, where measured:
+ *   plain products from 4096 rows (attn_o, ffn_down, lm_head): 4 rows a warp, 4 loads
+ *     (more rows a warp: x read once for 4 rows, and K split over 4 warps of a block);
+ *   q/k/v with the rms_norm prologue (6144..16383 rows): bf16 2 rows and 16 loads,
+ *     q8_0 4 rows and 8 loads;
+ *   the gate/up pair from 8192 rows: bf16 1 row and 16 loads (q8_0 keeps 2 rows and 4
+ *     loads: fastest once its scales are fetched with the loads). */
+template <int DT, bool NORM, bool PAIR>
+static void mv_default_shape(int64_t streamed, int *nr, int *lif) {
+    constexpr bool BF = DT == CU_BF16, Q8 = DT == CU_Q8_0;
+    *lif = MV_LIF;
+    *nr = streamed >= 16384 ? (PAIR ? 2 : 4) : streamed >= 8192 && !PAIR ? 2 : 1;
+    if (!BF && !Q8) return;
+    if (PAIR && streamed >= 16384 && BF) {
+        *nr = 1;
+        *lif = 16;
+    } else if (!PAIR && NORM && streamed >= 6144 && streamed < 16384) {
+        *nr = BF ? 2 : 4;
+        *lif = BF ? 16 : 8;
+    } else if (!PAIR && !NORM && streamed >= 4096) {
+        *nr = 4;
+    }
+}
+
+/* One x row: the launch shape of cu_matvec_tune, or the default above; several rows: 1
+ * output row a warp (every weight chunk serves each x row). */
 template <int DT, bool NORM, bool PAIR>
 static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
+    mv_tune_read();
+    if (rows > 1) return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF>(st, job, x, rows);
     int64_t streamed = 0;
     for (int k = 0; k < job.n_seg; k++) streamed += job.seg[k].w.rows;
     if (PAIR) streamed *= 2;
-    if (rows > 1)
-        mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR>(st, job, x, rows);
-    else if constexpr (PAIR) {
-        if (streamed >= 16384)
-            mv_launch_nr<DT, 1, 2, NORM, PAIR>(st, job, x, rows);
-        else
-            mv_launch_nr<DT, 1, 1, NORM, PAIR>(st, job, x, rows);
-    } else if (streamed >= 16384)
-        mv_launch_nr<DT, 1, 4, NORM, PAIR>(st, job, x, rows);
-    else if (streamed >= 8192)
-        mv_launch_nr<DT, 1, 2, NORM, PAIR>(st, job, x, rows);
+    int nr, lif;
+    mv_default_shape<DT, NORM, PAIR>(streamed, &nr, &lif);
+    if (mv_tune.nr) nr = PAIR && mv_tune.nr == 4 ? 2 : mv_tune.nr;
+    if (mv_tune.lif) lif = mv_tune.lif;
+    if constexpr (!PAIR)
+        if (nr == 4) return mv_launch_lif<DT, 4, NORM, PAIR>(st, job, x, lif);
+    if (nr >= 2)
+        mv_launch_lif<DT, 2, NORM, PAIR>(st, job, x, lif);
     else
-        mv_launch_nr<DT, 1, 1, NORM, PAIR>(st, job, x, rows);
+        mv_launch_lif<DT, 1, NORM, PAIR>(st, job, x, lif);
 }
 
 template <int DT>
