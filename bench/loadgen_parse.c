@@ -1,4 +1,5 @@
 /* The load generator's HTTP/SSE response parser (see loadgen_parse.h). */
+#define _GNU_SOURCE /* memmem */
 #include "loadgen_parse.h"
 
 #include <jansson.h>
@@ -324,10 +325,81 @@ void lg_completion_init(struct lg_completion *c) {
     srv_buf_init(&c->text, LG_BODY_CAP);
     c->completion_tokens = -1;
     c->done = false;
+    c->tmpl = NULL;
+    c->tmpl_head = c->tmpl_len = 0;
+    c->n_fast = 0;
 }
 
 void lg_completion_free(struct lg_completion *c) {
     srv_buf_free(&c->text);
+    free(c->tmpl);
+    c->tmpl = NULL;
+}
+
+/* s[0..n) as the inside of a JSON string made only of printable ASCII and the
+ * two-character escapes, unescaped onto out (NULL: only checked). False for anything
+ * else (a quote, a control byte, non-ASCII, \u, a cut escape): the caller then parses
+ * in full. */
+static bool plain_json_string(const char *s, size_t n, struct srv_buf *out) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch < 0x20 || ch >= 0x80 || ch == '"') return false;
+        if (ch == '\\' && (++i == n || !strchr("\"\\/bfnrt", s[i]) || !s[i])) return false;
+    }
+    if (!out) return true;
+    size_t run = 0; /* plain bytes before s[i] not yet appended */
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\') {
+            run++;
+            continue;
+        }
+        if (run && !srv_buf_append(out, s + i - run, run)) return false;
+        run = 0;
+        char e = s[++i];
+        char ch = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : e;
+        if (!srv_buf_append(out, &ch, 1)) return false;
+    }
+    return !run || srv_buf_append(out, s + n - run, run);
+}
+
+/* After a chunk parsed in full whose only content is one non-empty text string (want;
+ * a chat stream's first chunk, the role with "", is shaped unlike the rest): makes the
+ * template when the raw text is a plain JSON string that unescapes to want. */
+static void template_try(struct lg_completion *c, const char *data, size_t len, json_t *want) {
+    static const char *const keys[] = {"\"text\":\"", "\"content\":\""};
+    for (int k = 0; k < 2 && !c->tmpl; k++) {
+        const char *at = memmem(data, len, keys[k], strlen(keys[k]));
+        if (!at) continue;
+        size_t head = (size_t)(at - data) + strlen(keys[k]), end = head;
+        while (end < len && data[end] != '"') end += data[end] == '\\' ? 2 : 1;
+        if (end >= len) continue;
+        struct srv_buf t;
+        srv_buf_init(&t, len);
+        bool same = plain_json_string(data + head, end - head, &t) && !t.failed &&
+                    t.len == json_string_length(want) &&
+                    (!t.len || !memcmp(t.data, json_string_value(want), t.len));
+        srv_buf_free(&t);
+        if (!same || !(c->tmpl = malloc(len - (end - head)))) continue;
+        memcpy(c->tmpl, data, head);
+        memcpy(c->tmpl + head, data + end, len - end);
+        c->tmpl_head = head;
+        c->tmpl_len = len - (end - head);
+    }
+}
+
+/* The fast path: true when data is the template around a plain string (its text
+ * appended, *ok false if that overflowed). */
+static bool template_event(struct lg_completion *c, const char *data, size_t len, bool *ok,
+                           char *err, size_t err_cap) {
+    if (!c->tmpl || len < c->tmpl_len) return false;
+    size_t head = c->tmpl_head, tail = c->tmpl_len - head, n = len - c->tmpl_len;
+    if (memcmp(data, c->tmpl, head) || memcmp(data + len - tail, c->tmpl + head, tail) ||
+        !plain_json_string(data + head, n, NULL))
+        return false;
+    c->n_fast++;
+    *ok = plain_json_string(data + head, n, &c->text);
+    if (!*ok) snprintf(err, err_cap, "completion text over %zu bytes", c->text.max);
+    return true;
 }
 
 static bool add_text(struct lg_completion *c, json_t *s, char *err, size_t err_cap) {
@@ -351,6 +423,8 @@ bool lg_completion_event(void *ctx, const char *data, size_t len, char *err, siz
         snprintf(err, err_cap, "an event after [DONE]: '%.60s'", data);
         return false;
     }
+    bool fast_ok;
+    if (template_event(c, data, len, &fast_ok, err, err_cap)) return fast_ok;
     json_error_t jerr;
     json_t *j = json_loadb(data, len, 0, &jerr);
     if (!json_is_object(j)) {
@@ -375,6 +449,12 @@ bool lg_completion_event(void *ctx, const char *data, size_t len, char *err, siz
             add_text(c, json_object_get(json_object_get(choice, "delta"), "content"), err, err_cap);
     }
     json_t *usage = json_object_get(j, "usage");
+    json_t *only = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *text = json_object_get(only, "text");
+    if (!text) text = json_object_get(json_object_get(only, "delta"), "content");
+    if (ok && !c->tmpl && !json_is_object(usage) && json_array_size(json_object_get(j, "choices")) == 1 &&
+        json_is_string(text) && json_string_length(text) > 0)
+        template_try(c, data, len, text);
     if (ok && json_is_object(usage)) {
         json_t *t = json_object_get(usage, "completion_tokens");
         if (!json_is_integer(t)) {

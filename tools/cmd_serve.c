@@ -14,6 +14,7 @@ int cmd_serve(int argc, char **argv) {
         .n_slots = 4,
         .prefill_chunk = 256,
         .queue_cap = 64,
+        .stream_batch = 2,
         .max_body = 4u << 20,
     };
     for (int i = 0; i < argc; i++) {
@@ -61,6 +62,10 @@ int cmd_serve(int argc, char **argv) {
             if (!parse_long(v, 1, 65536, &n))
                 return usage_error("serve: --prefill-chunk needs 1..65536, got '%s'", v);
             o.prefill_chunk = (int32_t)n;
+        } else if (!strcmp(arg, "--stream-batch")) {
+            if (!parse_long(v, 1, SRV_STREAM_BATCH_MAX, &n))
+                return usage_error("serve: --stream-batch needs 1..14, got '%s'", v);
+            o.stream_batch = (int32_t)n;
         } else if (!strcmp(arg, "--threads") || !strcmp(arg, "-t")) {
             if (!parse_long(v, 0, 4096, &n))
                 return usage_error("serve: --threads needs 0..4096 (0: auto), got '%s'", v);

@@ -3,6 +3,9 @@
 #include "base/status.h"
 
 #include <float.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -256,17 +259,63 @@ static inline size_t top_p_bin(float logit, float max_logit, float temperature) 
 
 /* ---- sampling ---- */
 
+/* The greedy pick: the lowest id among the highest sanitized logits (NaN never wins,
+ * +inf counts as FLT_MAX), 0 when every logit is NaN or -inf. Two passes instead of
+ * one running (max, id) pair, whose compare-and-branch chain cost ~0.86 us on a
+ * 512-token row (the server samples one per stream per step): the maximum over 8
+ * lanes, then the first id that holds it: 0.13 us with SSE2, 0.57 us in the scalar C
+ * below (best of 5, 200k rows, thread CPU time).
+ * test_sampler checks it against the one-pass definition on random rows with NaN,
+ * infinities and ties. */
+static int32_t greedy_argmax(const float *logits, int32_t n, float *best_out) {
+    int32_t i = 0;
+    float best = -INFINITY;
+#if defined(__SSE2__)
+    /* max_ps(a, b) is a > b ? a : b and min_ps(a, b) a < b ? a : b, lane by lane: a NaN
+     * l stays NaN through min_ps(FLT_MAX, l) and then loses to the lane's maximum. */
+    const __m128 cap = _mm_set1_ps(FLT_MAX);
+    __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0;
+    for (; i + 8 <= n; i += 8) {
+        m0 = _mm_max_ps(_mm_min_ps(cap, _mm_loadu_ps(logits + i)), m0);
+        m1 = _mm_max_ps(_mm_min_ps(cap, _mm_loadu_ps(logits + i + 4)), m1);
+    }
+    float lane[4];
+    _mm_storeu_ps(lane, _mm_max_ps(m0, m1));
+    for (int k = 0; k < 4; k++) best = lane[k] > best ? lane[k] : best;
+#else
+    float lane[8];
+    for (int k = 0; k < 8; k++) lane[k] = -INFINITY;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) {
+            float l = logits[i + k];
+            l = l > FLT_MAX ? FLT_MAX : l; /* NaN compares false below: skipped */
+            lane[k] = l > lane[k] ? l : lane[k];
+        }
+    for (int k = 0; k < 8; k++) best = lane[k] > best ? lane[k] : best;
+#endif
+    for (; i < n; i++) {
+        float l = logit_sanitize(logits[i]);
+        best = l > best ? l : best;
+    }
+    *best_out = best;
+    if (best == -INFINITY) return 0;
+    i = 0;
+#if defined(__SSE2__)
+    const __m128 want = _mm_set1_ps(best);
+    for (; i + 4 <= n; i += 4) {
+        int hit = _mm_movemask_ps(_mm_cmpeq_ps(_mm_min_ps(cap, _mm_loadu_ps(logits + i)), want));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+#endif
+    for (; i < n; i++)
+        if (logit_sanitize(logits[i]) == best) return i;
+    return 0; /* not reached: best is one of the logits */
+}
+
 static int32_t sampler_greedy(const struct sampler *s, const float *logits,
                               float *prob_out) {
-    int32_t best = 0;
-    float best_logit = -INFINITY;
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        float l = logit_sanitize(logits[i]);
-        if (l > best_logit) { /* strict: the lowest id wins ties */
-            best_logit = l;
-            best = i;
-        }
-    }
+    float best_logit;
+    int32_t best = greedy_argmax(logits, s->n_vocab, &best_logit);
     if (prob_out) {
         if (best_logit == -INFINITY) {
             *prob_out = 0.0f;

@@ -112,6 +112,7 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
                                 .n_ctx = o->n_ctx,
                                 .prefill_chunk = o->prefill_chunk,
                                 .queue_cap = o->queue_cap,
+                                .stream_batch = o->stream_batch,
                                 .n_threads = o->n_threads,
                                 .kv_type = o->kv_type};
     if ((st = srv_sched_create(model, &so, metrics, &sched, err))) goto done;

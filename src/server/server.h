@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* --stream-batch's upper bound: a request's event ring (SRV_EVENT_CAP 16) less the room
+ * a token and the final event need (srv_sched_create checks it against the ring). */
+#define SRV_STREAM_BATCH_MAX 14
+
 struct srv_opts {
     const char *model_path;
     const char *programs_dir;       /* NULL: the default */
@@ -21,6 +25,7 @@ struct srv_opts {
     int32_t n_ctx;                  /* positions per sequence; 0: the model's default */
     int32_t prefill_chunk;          /* prompt tokens per step */
     int32_t queue_cap;              /* requests waiting for a slot */
+    int32_t stream_batch;           /* tokens per reader wake-up while streams share steps */
     int32_t n_threads;              /* CPU threads for kernels; 0: every CPU */
     enum llmopt_kv_type kv_type;    /* KV cache element type; DEFAULT: the model's / f16 */
     size_t max_body;                /* bytes of a request body */

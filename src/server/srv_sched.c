@@ -49,7 +49,8 @@ struct srv_req {
     size_t held_len;
     char *piece; /* held + the new piece, while matching */
     size_t piece_cap;
-    bool wake; /* events posted this step: signal the reader once the step's rows are done */
+    bool wake;       /* events posted this step: the reader may need a signal */
+    int32_t pending; /* events in the ring when the last one was posted */
 
     /* Shared, under mu. */
     pthread_mutex_t mu;
@@ -67,6 +68,7 @@ struct srv_sched {
     struct llmopt_session *session;
     struct srv_metrics *metrics;
     int32_t n_slots, n_ctx, n_vocab, n_batch, prefill_chunk, queue_cap;
+    int32_t stream_batch; /* events a shared stream's reader is woken for (1: each) */
 
     pthread_t thread;
     bool thread_started;
@@ -287,6 +289,7 @@ static void req_post(struct srv_req *r, const char *text, size_t len, const stru
     if (r->ev_count < SRV_EVENT_CAP) {
         r->ev[(r->ev_head + r->ev_count++) % SRV_EVENT_CAP] = ev;
         r->wake = true;
+        r->pending = r->ev_count;
     } else {
         free(ev.text); /* cannot happen: steps check req_has_room */
     }
@@ -565,10 +568,16 @@ static bool sched_step(struct srv_sched *s) {
             req_sample(s, s->out_req[j], logits + (size_t)j * (size_t)s->n_vocab);
     /* Readers are woken only now: a woken HTTP thread can take the core from the
      * scheduler, and waking them one row at a time let that happen up to once a row. The
-     * event was queued under r->mu, so a reader either saw it or already waits. */
+     * event was queued under r->mu, so a reader either saw it or already waits. While
+     * requests share steps, a reader waits for stream_batch events (or its request's
+     * end): a reader that is not woken keeps r->wake, and the ring holds
+     * SRV_EVENT_CAP - 2 >= stream_batch events before the request must skip steps, so
+     * every event is signalled at the latest with the stream_batch - 1 events after it
+     * or the request's end. r->finish is written by this thread only. */
+    int32_t batch = s->n_active > 1 ? s->stream_batch : 1;
     for (int32_t j = 0; j < n_out; j++) {
         struct srv_req *r = s->out_req[j];
-        if (!r->wake) continue;
+        if (!r->wake || (r->pending < batch && r->finish == SRV_FINISH_NONE)) continue;
         r->wake = false;
         pthread_cond_signal(&r->cv);
     }
@@ -649,10 +658,12 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
                                     struct srv_metrics *metrics, struct srv_sched **out,
                                     struct llmopt_err *err) {
     *out = NULL;
-    if (o->n_slots < 1 || o->prefill_chunk < 1 || o->queue_cap < 1 || o->n_ctx < 0) {
+    if (o->n_slots < 1 || o->prefill_chunk < 1 || o->queue_cap < 1 || o->n_ctx < 0 ||
+        o->stream_batch < 1 || o->stream_batch > SRV_EVENT_CAP - 2) {
         err->status = LLMOPT_ERR_INVALID_ARG;
-        snprintf(err->msg, sizeof err->msg, "scheduler: bad options (slots %d, chunk %d, queue %d)",
-                 o->n_slots, o->prefill_chunk, o->queue_cap);
+        snprintf(err->msg, sizeof err->msg,
+                 "scheduler: bad options (slots %d, chunk %d, queue %d, stream batch %d)",
+                 o->n_slots, o->prefill_chunk, o->queue_cap, o->stream_batch);
         return err->status;
     }
     struct srv_sched *s = calloc(1, sizeof *s);
@@ -662,6 +673,7 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
     s->n_slots = o->n_slots;
     s->prefill_chunk = o->prefill_chunk;
     s->queue_cap = o->queue_cap;
+    s->stream_batch = o->stream_batch;
     s->n_vocab = llmopt_model_n_vocab(m);
     s->n_batch = o->n_slots + o->prefill_chunk;
     pthread_mutex_init(&s->mu, NULL);

@@ -49,6 +49,11 @@ struct srv_sched_opts {
     int32_t n_ctx;         /* positions per sequence; 0: the model's default */
     int32_t prefill_chunk; /* prompt tokens per step, across requests */
     int32_t queue_cap;     /* requests waiting for a slot before submit says FULL */
+    /* While more than one request runs, a reader is woken once this many events wait
+     * for it (or its request ends) instead of for every token: fewer wake-ups and
+     * context switches per token, each chunk up to stream_batch - 1 steps later.
+     * 1: every token at once. 1 .. SRV_EVENT_CAP - 2. */
+    int32_t stream_batch;
     int32_t n_threads;     /* CPU threads for the session's kernels; 0: every CPU */
     enum llmopt_kv_type kv_type; /* KV cache element type */
 };

@@ -22,6 +22,8 @@ out=$(timeout 20 "$LLMOPT" serve 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "missing MODEL" && ok "serve without a model: usage error" || bad "serve without a model: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve $M --port 99999 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "'99999'" && ok "serve --port out of range" || bad "serve --port out of range: $rc $out"
+out=$(timeout 20 "$LLMOPT" serve $M --stream-batch 15 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "stream-batch needs 1..14, got '15'" && ok "serve --stream-batch out of range" || bad "serve --stream-batch out of range: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve /nonexistent.gguf --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && echo "$out" | grep -q "/nonexistent.gguf" && ok "serve a missing file" || bad "serve a missing file: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve $M --port 0 --chat-template /nonexistent.jinja 2>&1); rc=$?

@@ -301,4 +301,73 @@ static void test_errors(void) {
     lg_resp_free(&r);
 }
 
-TEST_MAIN(test_streams, test_fields_and_plain, test_errors)
+/* The template fast path: after a first chunk parsed in full, chunks that differ
+ * only in a plain text skip jansson and give the same text; a chunk whose text is
+ * not a plain JSON string (a raw control byte, a bare quote, a cut or unknown escape)
+ * is parsed in full and fails as before; \u escapes and non-ASCII text are parsed in
+ * full and kept. Texts are fresh random printable ASCII with escapes. */
+static void test_template_fast_path(void) {
+    rng_seed_fresh("loadgen_parse template");
+    static const char head[] = "{\"id\":\"cmpl-9\",\"object\":\"text_completion\",\"created\":1,"
+                               "\"model\":\"m\",\"choices\":[{\"text\":\"";
+    static const char tail[] = "\",\"index\":0,\"logprobs\":null,\"finish_reason\":null}],"
+                               "\"usage\":null}";
+    static const char esc[] = "\"\\/\b\f\n\r\t";
+    static const char *const esc_json[] = {"\\\"", "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r",
+                                           "\\t"};
+    for (int iter = 0; iter < 200; iter++) {
+        struct lg_completion c;
+        lg_completion_init(&c);
+        struct srv_buf want, ev;
+        srv_buf_init(&want, 1 << 20);
+        srv_buf_init(&ev, 1 << 20);
+        char err[320] = "";
+        int n_chunks = 2 + (int)(rnd() % 20);
+        bool ok = true;
+        for (int k = 0; k < n_chunks && ok; k++) {
+            ev.len = 0;
+            put(&ev, head);
+            int len = 1 + (int)(rnd() % 12);
+            for (int i = 0; i < len; i++) {
+                if (rnd() % 4 == 0) {
+                    int e = (int)(rnd() % 8);
+                    srv_buf_append(&want, &esc[e], 1);
+                    put(&ev, esc_json[e]);
+                } else {
+                    char ch = (char)(0x20 + rnd() % 0x5f);
+                    if (ch == '"' || ch == '\\') ch = 'q';
+                    srv_buf_append(&want, &ch, 1);
+                    srv_buf_append(&ev, &ch, 1);
+                }
+            }
+            put(&ev, tail);
+            ok = lg_completion_event(&c, ev.data, ev.len, err, sizeof err);
+        }
+        CHECK_MSG(ok, "iter %d: %s", iter, err);
+        CHECK_EQ_INT(c.n_fast, n_chunks - 1);
+        CHECK(c.text.len == want.len && !memcmp(c.text.data, want.data, want.len));
+        /* \u escapes and UTF-8: parsed in full, text kept. */
+        ev.len = 0;
+        put(&ev, head);
+        put(&ev, "\\u00e9\xc3\xa9");
+        put(&ev, tail);
+        CHECK(lg_completion_event(&c, ev.data, ev.len, err, sizeof err));
+        CHECK_EQ_INT(c.n_fast, n_chunks - 1);
+        CHECK(c.text.len == want.len + 4 && !memcmp(c.text.data + want.len, "\xc3\xa9\xc3\xa9", 4));
+        /* Not JSON once the template is cut out: each fails as before. */
+        static const char *const bad[] = {"a\x01z", "a\"z", "a\\", "a\\x", "a\\u12"};
+        const char *bad_text = bad[iter % 5];
+        ev.len = 0;
+        put(&ev, head);
+        put(&ev, bad_text);
+        put(&ev, tail);
+        CHECK_MSG(!lg_completion_event(&c, ev.data, ev.len, err, sizeof err) &&
+                      strstr(err, "not a JSON object"),
+                  "iter %d: bad text '%s' accepted (%s)", iter, bad_text, err);
+        lg_completion_free(&c);
+        srv_buf_free(&want);
+        srv_buf_free(&ev);
+    }
+}
+
+TEST_MAIN(test_streams, test_fields_and_plain, test_errors, test_template_fast_path)

@@ -209,6 +209,59 @@ static void test_greedy_is_argmax(void) {
     sampler_free(s);
 }
 
+/* Greedy's two-pass argmax against the one-pass definition (a running strict max of
+ * sanitized logits) on fresh rows of every length 1..70 and a few larger ones, with
+ * NaN, +-inf and ties sprinkled in at random places. */
+static int32_t greedy_reference(const float *logits, int n) {
+    int32_t best = 0;
+    float best_logit = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        float l = isnan(logits[i]) ? -INFINITY : logits[i] == INFINITY ? FLT_MAX : logits[i];
+        if (l > best_logit) {
+            best_logit = l;
+            best = i;
+        }
+    }
+    return best;
+}
+
+static void test_greedy_matches_reference(void) {
+    static float logits[1031], work[1031];
+    const int big[] = {512, 513, 1000, 1031};
+    struct sampler_params p = params_plain(0.0f);
+    for (int len = 1; len <= 70 + 4; len++) {
+        int n = len <= 70 ? len : big[len - 71];
+        struct sampler *s = make_sampler(&p, n);
+        for (int trial = 0; trial < 40; trial++) {
+            fill_logits(logits, n, 2.0f);
+            int specials = (int)(test_rng_next() % 6);
+            for (int k = 0; k < specials; k++) {
+                int at = (int)(test_rng_next() % (uint64_t)n);
+                int from = (int)(test_rng_next() % (uint64_t)n);
+                switch (test_rng_next() % 6) {
+                case 0: logits[at] = NAN; break;
+                case 1: logits[at] = -INFINITY; break;
+                case 2: logits[at] = INFINITY; break;
+                case 3: logits[at] = FLT_MAX; break;
+                default: logits[at] = logits[from]; break; /* a tie, maybe for the max */
+                }
+            }
+            if (trial == 0) /* everything masked */
+                for (int i = 0; i < n; i++) logits[i] = i % 2 ? NAN : -INFINITY;
+            if (trial == 1) /* all equal */
+                for (int i = 0; i < n; i++) logits[i] = 0.25f;
+            int32_t want = greedy_reference(logits, n);
+            int32_t got = draw(s, logits, work, n, NULL);
+            if (got != want) {
+                CHECK_MSG(0, "n %d trial %d: greedy %d (logit %g), reference %d (logit %g)", n,
+                          trial, got, (double)logits[got], want, (double)logits[want]);
+                break;
+            }
+        }
+        sampler_free(s);
+    }
+}
+
 static void test_seed_determinism(void) {
     float logits[N_VOCAB], work[N_VOCAB];
     fill_logits(logits, N_VOCAB, 1.0f);
@@ -870,7 +923,7 @@ static void test_top_p_large_vocab(void) {
             }
 }
 
-TEST_MAIN(test_defaults_and_validation, test_greedy_is_argmax, test_seed_determinism,
+TEST_MAIN(test_defaults_and_validation, test_greedy_is_argmax, test_greedy_matches_reference, test_seed_determinism,
           test_prng_golden, test_top_k_one_is_greedy, test_top_k_stays_in_top_k, test_top_p, test_min_p,
           test_frequencies_match_softmax, test_temperature_scaling, test_repeat_penalty,
           test_presence_frequency, test_nan_and_inf, test_default_chain_large_vocab,
