@@ -512,7 +512,7 @@ static void test_attention(void) {
             const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
             if (!kern) continue;
             int failures = 0;
-            static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}};
+            static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}, {8, 2}};
             static const int64_t dims[] = {8, 16, 33, 64, 128};
             for (int dt = 0; dt < KV_DTYPE_COUNT; dt++)
                 for (size_t hi = 0; hi < LLMOPT_ARRAY_LEN(heads); hi++)
@@ -520,8 +520,9 @@ static void test_attention(void) {
                         enum kv_dtype t = (enum kv_dtype)dt;
                         int64_t h = heads[hi][0], hkv = heads[hi][1], dh = dims[di];
                         if (t == KV_DTYPE_Q8_0 && dh % KV_Q8_0_BLOCK) continue;
-                        /* decode at several lengths (chunk edges at 64), and a prefill chunk */
-                        int32_t ctxs[] = {0, 1, 63, 64, 130};
+                        /* decode at several lengths (chunk edges at 64; 300: three of the
+                         * decode kernel's chunks), and a prefill chunk */
+                        int32_t ctxs[] = {0, 1, 63, 64, 130, 300};
                         for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
                             check_attention(kern, pool, t, h, hkv, dh, ctxs[ci], 1, 0, 1, 16, &failures);
                         check_attention(kern, pool, t, h, hkv, dh, 0, 70, 0, 1, 16, &failures);
