@@ -56,17 +56,34 @@ KG_INLINE void kg_tile_float(const float *x, int64_t ldx, const uint8_t *w, size
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) acc[r][c] = v_zero();
+    /* U vectors per step: one 64-byte line of each weight row, prefetched once */
+    const int eb = wt == KG_W_F32 ? 4 : 2, U = VLEN * eb >= 64 ? 1 : 64 / (VLEN * eb);
     int64_t i = 0;
-    for (; i + VLEN <= k; i += VLEN) {
-        vf wv[CPU_TILE_C];
+    for (; i + U * VLEN <= k; i += U * VLEN) {
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             /* the next tile's rows into L1, the rows KG_PF_L2_TILES ahead into L2 (see
              * the int8 tiles) */
-            __builtin_prefetch(w + (c + nc) * ldw + i * (wt == KG_W_F32 ? 4 : 2));
-            __builtin_prefetch(w + (c + KG_PF_L2_TILES * nc) * ldw + i * (wt == KG_W_F32 ? 4 : 2), 0, 2);
-            wv[c] = kg_load_w(w + c * ldw, i, wt);
+            __builtin_prefetch(w + (c + nc) * ldw + i * eb);
+            __builtin_prefetch(w + (c + KG_PF_L2_TILES * nc) * ldw + i * eb, 0, 2);
         }
+#pragma GCC unroll 8
+        for (int u = 0; u < U; u++) {
+            vf wv[CPU_TILE_C];
+#pragma GCC unroll 4
+            for (int c = 0; c < nc; c++) wv[c] = kg_load_w(w + c * ldw, i + u * VLEN, wt);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) {
+                vf xv = v_load(x + r * ldx + i + u * VLEN);
+#pragma GCC unroll 4
+                for (int c = 0; c < nc; c++) acc[r][c] = v_fma(xv, wv[c], acc[r][c]);
+            }
+        }
+    }
+    for (; i + VLEN <= k; i += VLEN) {
+        vf wv[CPU_TILE_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) wv[c] = kg_load_w(w + c * ldw, i, wt);
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
             vf xv = v_load(x + r * ldx + i);
