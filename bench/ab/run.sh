@@ -2,6 +2,7 @@
 # Builds and runs the A/B harnesses of bench/ab against build/libllmopt_core.a (Release).
 #   bench/ab/run.sh OLD_COMMIT [ab_linear.c arguments]   old vs this tree's AVX-512 table
 #   bench/ab/run.sh prefetch [hot]                       software prefetch variants
+#   bench/ab/run.sh OLD_COMMIT attention [depth] [kv]    decode attention, old vs this tree
 set -e
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -23,5 +24,7 @@ if git -C "$root" cat-file -e "$old:src/backend/cpu/kern_x86.h" 2>/dev/null; the
 fi
 # the old file's own headers first (kern_generic.h), this tree's for the rest
 $cc -I"$tmp/old" -Dcpu_isa_kernels_avx512=cpu_isa_kernels_avx512_old -c "$tmp/old/isa_avx512.c" -o "$tmp/old.o"
-$cc "$root/bench/ab/ab_linear.c" "$tmp/old.o" "$root/build/libllmopt_core.a" -lm -lpthread -o "$tmp/ab"
+harness=ab_linear.c
+if [ "$1" = attention ]; then harness=ab_attention.c; fi
+$cc "$root/bench/ab/$harness" "$tmp/old.o" "$root/build/libllmopt_core.a" -lm -lpthread -o "$tmp/ab"
 "$tmp/ab" "$@"

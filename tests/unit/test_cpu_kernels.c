@@ -529,8 +529,8 @@ static void test_attention(void) {
             const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
             if (!kern) continue;
             int failures = 0;
-            /* {8, 4} x 8: stories260K; {12, 3}, {4, 4}: group 4 and 1 */
-            static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}, {8, 4}, {12, 3}, {4, 4}};
+            /* {8, 2}: group 4; {8, 4} x 8: stories260K; {12, 3}, {4, 4}: group 4 and 1 */
+            static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 8}, {6, 2}, {16, 8}, {8, 2}, {8, 4}, {12, 3}, {4, 4}};
             static const int64_t dims[] = {8, 16, 33, 64, 128};
             /* heads of one vector or less also through the per-KV-head kernels (the
              * all-heads decode kernel off) */
@@ -541,11 +541,12 @@ static void test_attention(void) {
                         enum kv_dtype t = (enum kv_dtype)dt;
                         int64_t h = heads[hi][0], hkv = heads[hi][1], dh = dims[di];
                         if (t == KV_DTYPE_Q8_0 && dh % KV_Q8_0_BLOCK) continue;
-                        if (hi >= 5 && dh > 16) continue; /* the extra head shapes: small heads only */
+                        if (hi >= 6 && dh > 16) continue; /* the extra head shapes: small heads only */
                         if (mode == 1 && (dh > 16 || t == KV_DTYPE_Q8_0)) continue;
                         cpu_attention_heads = mode == 0;
-                        /* decode at several lengths (chunk edges at 64), and a prefill chunk */
-                        int32_t ctxs[] = {0, 1, 63, 64, 130};
+                        /* decode at several lengths (chunk edges at 64; 300: three of the
+                         * decode kernel's chunks), and a prefill chunk */
+                        int32_t ctxs[] = {0, 1, 63, 64, 130, 300};
                         for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
                             check_attention(kern, pool, t, h, hkv, dh, ctxs[ci], 1, 0, 1, 16, &failures);
                         check_attention(kern, pool, t, h, hkv, dh, 0, 70, 0, 1, 16, &failures);

@@ -56,17 +56,34 @@ KG_INLINE void kg_tile_float(const float *x, int64_t ldx, const uint8_t *w, size
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) acc[r][c] = v_zero();
+    /* U vectors per step: one 64-byte line of each weight row, prefetched once */
+    const int eb = wt == KG_W_F32 ? 4 : 2, U = VLEN * eb >= 64 ? 1 : 64 / (VLEN * eb);
     int64_t i = 0;
-    for (; i + VLEN <= k; i += VLEN) {
-        vf wv[CPU_TILE_C];
+    for (; i + U * VLEN <= k; i += U * VLEN) {
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             /* the next tile's rows into L1, the rows KG_PF_L2_TILES ahead into L2 (see
              * the int8 tiles) */
-            __builtin_prefetch(w + (c + nc) * ldw + i * (wt == KG_W_F32 ? 4 : 2));
-            __builtin_prefetch(w + (c + KG_PF_L2_TILES * nc) * ldw + i * (wt == KG_W_F32 ? 4 : 2), 0, 2);
-            wv[c] = kg_load_w(w + c * ldw, i, wt);
+            __builtin_prefetch(w + (c + nc) * ldw + i * eb);
+            __builtin_prefetch(w + (c + KG_PF_L2_TILES * nc) * ldw + i * eb, 0, 2);
         }
+#pragma GCC unroll 8
+        for (int u = 0; u < U; u++) {
+            vf wv[CPU_TILE_C];
+#pragma GCC unroll 4
+            for (int c = 0; c < nc; c++) wv[c] = kg_load_w(w + c * ldw, i + u * VLEN, wt);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) {
+                vf xv = v_load(x + r * ldx + i + u * VLEN);
+#pragma GCC unroll 4
+                for (int c = 0; c < nc; c++) acc[r][c] = v_fma(xv, wv[c], acc[r][c]);
+            }
+        }
+    }
+    for (; i + VLEN <= k; i += VLEN) {
+        vf wv[CPU_TILE_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) wv[c] = kg_load_w(w + c * ldw, i, wt);
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
             vf xv = v_load(x + r * ldx + i);
@@ -636,6 +653,136 @@ KG_INLINE void kg_weighted_sum_heads(float *acc, const float *p, int64_t ld, con
     for (int g = 0; g < G; g++) v_store_n(acc + g * dh, v_add(a[g], b[g]), dh);
 }
 
+/* Software prefetch of KV rows in the decode kernel (rows of one KV head are a few
+ * hundred bytes at a stride of the whole KV row, too short for the hardware prefetcher
+ * to ramp up): K rows KG_PF_KD and V rows KG_PF_VD score steps ahead, to L2
+ * (bench/ab/ab_attention.c measured 2/0 with the L2 hint best on AVX-512). */
+#define KG_PF_KD 2
+#define KG_PF_VD 0
+#define KG_PF_K 2
+#define KG_PF_V 2
+/* Every cache line of rows[from..to) (len bytes each) toward the caches: locality
+ * hint 3 = L1, 2 = L2. */
+KG_INLINE void kg_prefetch_rows(const uint8_t *const *rows, int from, int to, int64_t len, const int hint) {
+    for (int j = from; j < to; j++) {
+        const uint8_t *line = (const uint8_t *)((uintptr_t)rows[j] & ~(uintptr_t)63), *end = rows[j] + len;
+        for (; line < end; line += 64) {
+            if (hint == 3) __builtin_prefetch(line, 0, 3);
+            else __builtin_prefetch(line, 0, 2);
+        }
+    }
+}
+
+/* Accumulator vectors the grouped decode kernels keep in registers. */
+#define KG_GROUP_ACC (VLEN >= 16 ? 16 : 8)
+
+/* Scores of the G heads of a group (G divides VLEN) over R = VLEN / G rows: lane
+ * g * R + r = dot(q[g], rows[r]) over dh, each K vector loaded (and widened) once for
+ * the group; written scaled to s[g * ld + r]. */
+KG_INLINE void kg_dots_group(const float *const *q, const uint8_t *const *rows, int64_t dh, vf vscale, float *s,
+                             int64_t ld, const int G, const int kt) {
+    const int R = VLEN / G;
+    vf acc[VLEN];
+#pragma GCC unroll 16
+    for (int j = 0; j < VLEN; j++) acc[j] = v_zero();
+    int64_t d = 0;
+    for (; d + VLEN <= dh; d += VLEN) {
+        vf qv[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) qv[g] = v_load(q[g] + d);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            vf kv = kg_load_kv(rows[r], d, kt);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) acc[g * R + r] = v_fma(qv[g], kv, acc[g * R + r]);
+        }
+    }
+    if (d < dh) {
+        int n = (int)(dh - d);
+        vf qv[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) qv[g] = v_load_n(q[g] + d, n);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            vf kv = kg_load_kv_n(rows[r], d, n, kt);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) acc[g * R + r] = v_fma(qv[g], kv, acc[g * R + r]);
+        }
+    }
+    float out[VLEN];
+    v_store(out, v_mul(v_reduce_lanes(acc), vscale));
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) s[g * ld + r] = out[g * R + r];
+}
+
+/* acc[g * dh + d0 ..) += sum_j p[g * ld + j] * rows[j][d0 ..) for the G heads of a
+ * group over NV vectors from d0 (the last one m lanes): each V vector is loaded once
+ * for the group, G * NV sums in registers. */
+KG_INLINE void kg_weighted_sum_group_nv(float *acc, const float *p, int64_t ld, const uint8_t *const *rows, int n,
+                                        int64_t dh, int64_t d0, int m, const uint8_t *const *pf, int n_pf,
+                                        int64_t pf_len, const int G, const int NV, const int kt) {
+    vf a[4][KG_GROUP_ACC];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; i++) {
+            const float *src = acc + g * dh + d0 + i * VLEN;
+            a[g][i] = i < NV - 1 || m == VLEN ? v_load(src) : v_load_n(src, m);
+        }
+    for (int j = 0; j < n; j++) {
+        if (j < n_pf) kg_prefetch_rows(pf, j, j + 1, pf_len, KG_PF_K);
+        vf v[KG_GROUP_ACC];
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; i++)
+            v[i] = i < NV - 1 || m == VLEN ? kg_load_kv(rows[j], d0 + i * VLEN, kt)
+                                           : kg_load_kv_n(rows[j], d0 + i * VLEN, m, kt);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            vf pj = v_set1(p[g * ld + j]);
+#pragma GCC unroll 16
+            for (int i = 0; i < NV; i++) a[g][i] = v_fma(pj, v[i], a[g][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; i++) {
+            float *dst = acc + g * dh + d0 + i * VLEN;
+            if (i < NV - 1 || m == VLEN) v_store(dst, a[g][i]);
+            else v_store_n(dst, a[g][i], m);
+        }
+}
+
+/* The same over all of dh; the first pass over the rows also prefetches the n_pf rows
+ * at pf (pf_len bytes each: the next chunk's K rows). */
+KG_INLINE void kg_weighted_sum_group(float *acc, const float *p, int64_t ld, const uint8_t *const *rows, int n,
+                                     int64_t dh, const uint8_t *const *pf, int n_pf, int64_t pf_len, const int G,
+                                     const int kt) {
+    const int NV = KG_GROUP_ACC / G;
+    int64_t d0 = 0;
+    for (; d0 + NV * VLEN <= dh; d0 += NV * VLEN, n_pf = 0)
+        kg_weighted_sum_group_nv(acc, p, ld, rows, n, dh, d0, VLEN, pf, n_pf, pf_len, G, NV, kt);
+    for (; d0 < dh; d0 += VLEN, n_pf = 0) /* the rest one vector at a time */
+        kg_weighted_sum_group_nv(acc, p, ld, rows, n, dh, d0, dh - d0 < VLEN ? (int)(dh - d0) : VLEN, pf, n_pf,
+                                 pf_len, G, 1, kt);
+}
+
+/* K and V row pointers of positions j0 .. j0 + n of one KV head (bases kbase, vbase):
+ * one block-table lookup per block. */
+KG_INLINE void kg_dec_rows(const int32_t *table, int32_t bs, int64_t row_bytes, const uint8_t *kbase,
+                           const uint8_t *vbase, int32_t j0, int n, const uint8_t **krows, const uint8_t **vrows) {
+    for (int i = 0; i < n;) {
+        int32_t pos = j0 + i, off = pos % bs;
+        int64_t r = ((int64_t)table[pos / bs] * bs + off) * row_bytes;
+        for (; off < bs && i < n; off++, i++, r += row_bytes) {
+            krows[i] = kbase + r;
+            vrows[i] = vbase + r;
+        }
+    }
+}
+
 /* Decode: one query token t (a run of one, the common case of a continuous batch) and
  * the n_heads / n_kv_heads query heads that read KV head kvh. Cheaper per call than the
  * block above, which small heads (stories260K: head_dim 8, ~0.7 us a call) feel: one
@@ -645,48 +792,80 @@ KG_INLINE void kg_weighted_sum_heads(float *acc, const float *p, int64_t ld, con
  * Scratch: (group, dh) accumulators, (group, KG_DEC_CHUNK + VLEN) scores, running max
  * and sum per head. f32 and f16 caches (kt); q8_0 stays with the block kernel, whose
  * widened chunks measured 10-25% faster on Qwen3-shaped heads
- * (bench/results/server-2026-11-29.md). */
+ * (bench/results/server-2026-11-29.md). Groups of two or four heads larger than a
+ * vector run together (kg_dots_group, kg_weighted_sum_group: each K and V vector
+ * loaded once per group), and KV rows are prefetched ahead of their reads, the next
+ * chunk's K rows during this chunk's weighted sums: 1.4-1.6x from memory on
+ * Qwen3-0.6B's shape (16 heads over 8, head_dim 128; bench/ab/ab_attention.c). */
 KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch,
                                       const int kt) {
     const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, ld = KG_DEC_CHUNK + VLEN;
     const struct kv_cache *kv = a->kv;
     float *acc = scratch, *sc = acc + group * dh, *mx = sc + group * ld, *l = mx + group;
-    const uint8_t *krows[KG_DEC_CHUNK + VLEN], *vrows[KG_DEC_CHUNK];
+    /* this chunk's rows and the next one's ([c] and [c ^ 1]) */
+    const uint8_t *rowbuf[2][2][KG_DEC_CHUNK + VLEN];
     const int32_t p = a->pos[t], bs = kv->block_size;
     const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
     const int64_t row_bytes = kv->row_bytes[a->layer], col = kv_dtype_bytes(kt, kvh * dh);
     const int32_t *table = kv->block_table + (int64_t)a->slot[t] * kv->max_blocks_per_slot;
     const uint8_t *kbase = kv->k[a->layer] + col, *vbase = kv->v[a->layer] + col;
     const vf vscale = v_set1(a->scale);
+    const int64_t row_len = kv_dtype_bytes(kt, dh);
     /* heads of one vector, few to a group: their weighted sums share the V loads */
     const bool small = dh <= VLEN && group <= 4;
+    /* larger heads, two or four to a group: scores and weighted sums of the whole
+     * group at once, each K and V vector loaded once for it */
+    const bool grouped = !small && (group == 2 || group == 4) && VLEN % group == 0;
+    const float *qp[4];
+    for (int64_t g = 0; g < group && g < 4; g++) qp[g] = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
     for (int64_t e = 0; e < group * dh; e++) acc[e] = 0;
     for (int64_t g = 0; g < group; g++) {
         mx[g] = -INFINITY;
         l[g] = 0;
     }
-    for (int32_t j0 = first; j0 <= p; j0 += KG_DEC_CHUNK) {
+    int c = 0;
+    kg_dec_rows(table, bs, row_bytes, kbase, vbase, first, p + 1 - first < KG_DEC_CHUNK ? p + 1 - first : KG_DEC_CHUNK,
+                rowbuf[0][0], rowbuf[0][1]);
+    for (int32_t j0 = first; j0 <= p; j0 += KG_DEC_CHUNK, c ^= 1) {
         const int n = p + 1 - j0 < KG_DEC_CHUNK ? p + 1 - j0 : KG_DEC_CHUNK, n_padded = (n + VLEN - 1) / VLEN * VLEN;
-        /* rows of positions j0 .. j0 + n: one block-table lookup per block */
-        for (int i = 0; i < n;) {
-            int32_t pos = j0 + i, off = pos % bs;
-            int64_t r = ((int64_t)table[pos / bs] * bs + off) * row_bytes;
-            for (; off < bs && i < n; off++, i++, r += row_bytes) {
-                krows[i] = kbase + r;
-                vrows[i] = vbase + r;
-            }
-        }
+        const uint8_t **krows = rowbuf[c][0], **vrows = rowbuf[c][1];
+        /* the next chunk's rows (the grouped path prefetches them while this one runs) */
+        const int32_t j1 = j0 + KG_DEC_CHUNK;
+        const int n1 = j1 > p ? 0 : p + 1 - j1 < KG_DEC_CHUNK ? p + 1 - j1 : KG_DEC_CHUNK;
+        if (n1 > 0) kg_dec_rows(table, bs, row_bytes, kbase, vbase, j1, n1, rowbuf[c ^ 1][0], rowbuf[c ^ 1][1]);
         /* lanes past the last position repeat its row: a repeated score leaves the
          * maximum as it is, and the exponentials below stop at n */
         for (int jj = n; jj < n_padded; jj++) krows[jj] = krows[n - 1];
+        if (grouped) {
+            /* K rows a few steps ahead (the first chunk's: the previous chunk prefetched
+             * the others) and this chunk's V rows toward the caches while the scores run */
+            const int R = VLEN / (int)group;
+            for (int jj = 0; jj < n_padded; jj += R) {
+                int k0 = jj + KG_PF_KD * R, v0 = jj + KG_PF_VD * R;
+                if (j0 == first) kg_prefetch_rows(krows, k0, k0 + R < n ? k0 + R : n, row_len, KG_PF_K);
+                kg_prefetch_rows(vrows, v0, v0 + R < n ? v0 + R : n, row_len, KG_PF_V);
+                if (group == 2) kg_dots_group(qp, krows + jj, dh, vscale, sc + jj, ld, 2, kt);
+                else kg_dots_group(qp, krows + jj, dh, vscale, sc + jj, ld, 4, kt);
+            }
+        }
         for (int64_t g = 0; g < group; g++) {
-            const float *qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
+            const float *qv = qp[g < 4 ? g : 0];
             float *s = sc + g * ld;
             vf vmax = v_set1(-INFINITY);
-            for (int jj = 0; jj < n_padded; jj += VLEN) {
-                vf d = v_mul(kg_dots(qv, krows + jj, dh, kt), vscale);
-                v_store(s + jj, d);
-                vmax = v_max(vmax, d);
+            if (grouped)
+                for (int jj = 0; jj < n_padded; jj += VLEN) vmax = v_max(vmax, v_load(s + jj));
+            else {
+                qv = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
+                for (int jj = 0; jj < n_padded; jj += VLEN) {
+                    if (g == 0 && !small) {
+                        int k0 = jj + KG_PF_KD * VLEN;
+                        kg_prefetch_rows(krows, k0, k0 + VLEN < n ? k0 + VLEN : n, row_len, KG_PF_K);
+                        kg_prefetch_rows(vrows, jj, jj + VLEN < n ? jj + VLEN : n, row_len, KG_PF_V);
+                    }
+                    vf d = v_mul(kg_dots(qv, krows + jj, dh, kt), vscale);
+                    v_store(s + jj, d);
+                    vmax = v_max(vmax, d);
+                }
             }
             float cmax = v_hmax(vmax), m_new = cmax > mx[g] ? cmax : mx[g];
             float sum = kg_exp_sub_sum(s, m_new, n);
@@ -699,9 +878,14 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
                 mx[g] = m_new;
             }
             l[g] += sum;
-            if (!small) kg_weighted_sum(acc + g * dh, s, vrows, n, dh, kt);
+            if (!small && !grouped) kg_weighted_sum(acc + g * dh, s, vrows, n, dh, kt);
         }
-        if (small) switch (group) {
+        if (grouped) {
+            if (group == 2)
+                kg_weighted_sum_group(acc, sc, ld, vrows, n, dh, rowbuf[c ^ 1][0], n1, row_len, 2, kt);
+            else
+                kg_weighted_sum_group(acc, sc, ld, vrows, n, dh, rowbuf[c ^ 1][0], n1, row_len, 4, kt);
+        } else if (small) switch (group) {
             case 1: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 1, kt); break;
             case 2: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 2, kt); break;
             case 3: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 3, kt); break;
