@@ -88,6 +88,43 @@ static __device__ __forceinline__ void att_merge_splits(const struct cu_attentio
     if (threadIdx.x == 0) a.counters[th] = 0; /* ready for the next launch */
 }
 
+/* What a decode block (context split `split`, query head h, token t) works on: its KV
+ * head, the token's position and slot, and its positions [begin, end) — whole ATT_CHUNK
+ * chunks of the (windowed) context, split as evenly as the chunk count allows. With
+ * APPEND the first block of each KV head also writes the token's own K/V row (k_own,
+ * v_own: the k/v inputs, [n_kv_heads, n_tok, Dh]) into the cache. */
+struct att_span {
+    int kvh, row_elems;
+    int32_t p, slot, begin, end;
+    const float *k_own, *v_own;
+};
+template <bool APPEND>
+static __device__ __forceinline__ struct att_span att_decode_span(const struct cu_attention &a, int split, int h,
+                                                                  int t) {
+    struct att_span sp;
+    const int Dh = a.head_dim, group = a.n_heads / a.n_kv_heads;
+    sp.kvh = h / group;
+    sp.row_elems = a.n_kv_heads * Dh;
+    sp.p = a.pos[t];
+    sp.slot = a.slot[t];
+    const int32_t first = a.window > 0 && sp.p + 1 > a.window ? sp.p + 1 - a.window : 0;
+    const int32_t n_chunks = (sp.p + 1 - first + ATT_CHUNK - 1) / ATT_CHUNK;
+    const int32_t per = (n_chunks + a.splits - 1) / a.splits;
+    sp.begin = first + split * per * ATT_CHUNK;
+    sp.end = min(sp.p + 1, sp.begin + per * ATT_CHUNK);
+    sp.k_own = a.k + ((int64_t)sp.kvh * a.n_tok + t) * Dh;
+    sp.v_own = a.v + ((int64_t)sp.kvh * a.n_tok + t) * Dh;
+    if (APPEND && split == 0 && h % group == 0) {
+        const int64_t row =
+            kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, sp.p) * sp.row_elems + (int64_t)sp.kvh * Dh;
+        for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+            a.k_cache[row + d] = sp.k_own[d];
+            a.v_cache[row + d] = sp.v_own[d];
+        }
+    }
+    return sp;
+}
+
 /* APPEND (one token): the kernel appends the token's K/V itself (a block per KV head
  * writes its row); every block reads the token's own position from the k/v inputs, the
  * other positions from the cache. With splits, each block leaves its partial result
@@ -106,23 +143,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     constexpr int nw = ATT_THREADS / CU_WARP;
-    const int group = a.n_heads / a.n_kv_heads, kvh = h / group, row_elems = a.n_kv_heads * Dh;
-    const int32_t p = a.pos[t], slot = a.slot[t];
-    const int32_t first = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
-    /* this split's positions: whole chunks, split as evenly as the chunk count allows */
-    const int32_t n_chunks = (p + 1 - first + ATT_CHUNK - 1) / ATT_CHUNK;
-    const int32_t per = (n_chunks + a.splits - 1) / a.splits;
-    const int32_t begin = first + split * per * ATT_CHUNK;
-    const int32_t end = min(p + 1, begin + per * ATT_CHUNK);
-    const float *k_own = a.k + ((int64_t)kvh * a.n_tok + t) * Dh, *v_own = a.v + ((int64_t)kvh * a.n_tok + t) * Dh;
-    if (APPEND && split == 0 && h % group == 0) {
-        const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, p) * row_elems +
-                            (int64_t)kvh * Dh;
-        for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
-            a.k_cache[row + d] = k_own[d];
-            a.v_cache[row + d] = v_own[d];
-        }
-    }
+    const struct att_span sp = att_decode_span<APPEND>(a, split, h, t);
+    const int kvh = sp.kvh, row_elems = sp.row_elems;
+    const int32_t p = sp.p, slot = sp.slot, begin = sp.begin, end = sp.end;
+    const float *k_own = sp.k_own, *v_own = sp.v_own;
 
     for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) qs[d] = a.q[((int64_t)h * a.n_tok + t) * Dh + d];
     float m = -INFINITY, l = 0.0f, acc[ATT_DH_PER_THREAD];
@@ -243,22 +267,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
     __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
-    const int group = a.n_heads / a.n_kv_heads, kvh = h / group, row_elems = a.n_kv_heads * Dh;
-    const int32_t p = a.pos[t], slot = a.slot[t];
-    const int32_t first = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
-    const int32_t n_chunks = (p + 1 - first + ATT_CHUNK - 1) / ATT_CHUNK;
-    const int32_t per = (n_chunks + a.splits - 1) / a.splits;
-    const int32_t begin = first + split * per * ATT_CHUNK;
-    const int32_t end = min(p + 1, begin + per * ATT_CHUNK);
-    const float *k_own = a.k + ((int64_t)kvh * a.n_tok + t) * Dh, *v_own = a.v + ((int64_t)kvh * a.n_tok + t) * Dh;
-    if (APPEND && split == 0 && h % group == 0) {
-        const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, p) * row_elems +
-                            (int64_t)kvh * Dh;
-        for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
-            a.k_cache[row + d] = k_own[d];
-            a.v_cache[row + d] = v_own[d];
-        }
-    }
+    const struct att_span sp = att_decode_span<APPEND>(a, split, h, t);
+    const int kvh = sp.kvh, row_elems = sp.row_elems;
+    const int32_t p = sp.p, slot = sp.slot, begin = sp.begin, end = sp.end;
+    const float *k_own = sp.k_own, *v_own = sp.v_own;
     const bool dl = 4 * lane < Dh; /* this lane's 4 dims exist */
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float4 q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
