@@ -93,6 +93,11 @@ struct srv_sched {
     int64_t lap_tokens, lap_rows;      /* the step's forward: tokens in, logits rows out */
 };
 
+/* Forward time (seconds) from which a step wakes every reader whatever --stream-batch
+ * says: a wake-up costs a few microseconds, so holding a token back a step only pays
+ * for steps far shorter than this. */
+#define SRV_STREAM_BATCH_MAX_STEP_S 0.002
+
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -549,6 +554,7 @@ static bool sched_step(struct srv_sched *s) {
     if (n_rows == 0) s->out_rows[n_rows++] = n - 1;
     const float *logits = NULL;
     struct llmopt_err err = {0};
+    const double forward_t0 = now_seconds();
     enum llmopt_status st = llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots,
                                                    n_rows, s->out_rows, &logits, &err);
     sched_lap(s, SRV_PHASE_FORWARD);
@@ -573,8 +579,12 @@ static bool sched_step(struct srv_sched *s) {
      * end): a reader that is not woken keeps r->wake, and the ring holds
      * SRV_EVENT_CAP - 2 >= stream_batch events before the request must skip steps, so
      * every event is signalled at the latest with the stream_batch - 1 events after it
-     * or the request's end. r->finish is written by this thread only. */
-    int32_t batch = s->n_active > 1 ? s->stream_batch : 1;
+     * or the request's end. r->finish is written by this thread only. Holding back pays
+     * only where a step is short against a wake-up (tiny models, big batches): after a
+     * forward of SRV_STREAM_BATCH_MAX_STEP_S or more every reader is woken at once, so a
+     * real model's tokens are never held a whole step. */
+    const bool short_step = s->lap_t - forward_t0 < SRV_STREAM_BATCH_MAX_STEP_S;
+    int32_t batch = s->n_active > 1 && short_step ? s->stream_batch : 1;
     for (int32_t j = 0; j < n_out; j++) {
         struct srv_req *r = s->out_req[j];
         if (!r->wake || (r->pending < batch && r->finish == SRV_FINISH_NONE)) continue;
