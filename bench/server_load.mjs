@@ -12,13 +12,13 @@
 // round's ratio is below X.
 // --raw: a minimal HTTP/SSE client (node:http, counting `data:` events) instead of the
 // official `openai` client, to see what the client library itself costs.
-import { spawn } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createRequire } from 'node:module';
+import { spawnServe } from '../tests/server/spawn_serve.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const argv = process.argv.slice(2);
@@ -39,25 +39,7 @@ const MODEL = path.resolve(opt('--model', path.join(here, '../../shared/models/s
 const MODEL_ID = path.basename(MODEL).replace(/\.gguf$/, '');
 
 function startServer() {
-  return new Promise((resolve, reject) => {
-    const args = ['serve', MODEL, '--port', '0', '--parallel', String(N), '--ctx', '256', ...extra];
-    const proc = spawn(LLMOPT, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let log = '';
-    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 20_000);
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m && !proc.port) {
-        proc.port = Number(m[1]);
-        clearTimeout(timer);
-        resolve(proc);
-      }
-    });
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      if (!proc.port) reject(new Error(`server exited (${code}):\n${log}`));
-    });
-  });
+  return spawnServe(LLMOPT, [MODEL, '--port', '0', '--parallel', String(N), '--ctx', '256', ...extra]);
 }
 
 // CPU seconds (user + system) of a process, from /proc (clock ticks of 1/100 s).

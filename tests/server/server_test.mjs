@@ -7,12 +7,13 @@
 //
 // Prints one line per check and "N passed, N failed" last; exits non-zero on failure.
 // Every server it starts is killed at the end, also on failure or timeout.
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
+import { spawnServe } from './spawn_serve.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const LLMOPT = path.resolve(process.argv[2] || 'build/llmopt');
@@ -36,32 +37,16 @@ function check(name, cond, detail) {
 const servers = new Set();
 
 function startServer(extra = []) {
-  return new Promise((resolve, reject) => {
-    const args = ['serve', MODEL, '--port', '0', '--chat-template', TEMPLATE, ...extra];
-    // Under AddressSanitizer, freed memory waits in a quarantine that would read as RSS
-    // growth; a small one keeps the RSS check meaningful (ignored by other builds).
-    const asan = [process.env.ASAN_OPTIONS, 'quarantine_size_mb=2', 'thread_local_quarantine_size_kb=64']
-      .filter(Boolean).join(':');
-    const proc = spawn(LLMOPT, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ASAN_OPTIONS: asan } });
-    servers.add(proc);
-    let log = '';
-    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 20_000);
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m && !proc.port) {
-        proc.port = Number(m[1]);
-        clearTimeout(timer);
-        resolve(proc);
-      }
-    });
-    proc.on('exit', (code, sig) => {
-      servers.delete(proc);
-      proc.exited = { code, sig };
-      clearTimeout(timer);
-      if (!proc.port) reject(new Error(`server exited (${code ?? sig}):\n${log}`));
-    });
-    proc.logText = () => log;
+  // Under AddressSanitizer, freed memory waits in a quarantine that would read as RSS
+  // growth; a small one keeps the RSS check meaningful (ignored by other builds).
+  const asan = [process.env.ASAN_OPTIONS, 'quarantine_size_mb=2', 'thread_local_quarantine_size_kb=64']
+    .filter(Boolean).join(':');
+  return spawnServe(LLMOPT, [MODEL, '--port', '0', '--chat-template', TEMPLATE, ...extra], {
+    env: { ...process.env, ASAN_OPTIONS: asan },
+    onSpawn: (proc) => {
+      servers.add(proc);
+      proc.on('exit', () => servers.delete(proc));
+    },
   });
 }
 
