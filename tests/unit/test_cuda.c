@@ -154,6 +154,16 @@ static int32_t gb_reshape(struct gb *b, int32_t x, struct ir_shape target) {
     return gb_infer(b, i);
 }
 
+/* permute of x by axes (n of them: the output's axis i is x's axis axes[i]) */
+static int32_t gb_permute(struct gb *b, int32_t x, int n, const int *axes) {
+    int32_t i = gb_add(b, IR_OP_PERMUTE, &x, 1);
+    if (b->ok) {
+        b->g.nodes[i].attrs.n_axes = n;
+        for (int k = 0; k < n; k++) b->g.nodes[i].attrs.axes[k] = axes[k];
+    }
+    return gb_infer(b, i);
+}
+
 #define SHAPE(...) ((struct ir_shape){.rank = (int)(sizeof((struct ir_dim[]){__VA_ARGS__}) / sizeof(struct ir_dim)), .dims = {__VA_ARGS__}})
 #define DN(c) ((struct ir_dim){(c), IR_SYM_N})
 #define DC(c) ((struct ir_dim){(c), IR_SYM_NONE})
@@ -503,14 +513,7 @@ static void test_norms_rope(void) {
         int64_t h = 3, d = 16;
         int32_t x = gb_source(&b, h * d, 2.0f);
         x = gb_reshape(&b, x, SHAPE(DN(1), DC(h), DC(d)));
-        int32_t p = gb_add(&b, IR_OP_PERMUTE, &x, 1);
-        if (b.ok) {
-            b.g.nodes[p].attrs.n_axes = 3;
-            b.g.nodes[p].attrs.axes[0] = 1;
-            b.g.nodes[p].attrs.axes[1] = 0;
-            b.g.nodes[p].attrs.axes[2] = 2;
-        }
-        gb_infer(&b, p);
+        int32_t p = gb_permute(&b, x, 3, (const int[]){1, 0, 2});
         x = gb_reshape(&b, p, SHAPE(DC(1), DC(h), DN(1), DC(d)));
         int32_t c = form ? gb_param(&b, IR_DTYPE_F32, 0, d, 1.0f) : gb_source(&b, d, 1.0f);
         int32_t s = form ? gb_param(&b, IR_DTYPE_F32, 0, d, 1.0f) : gb_source(&b, d, 1.0f);
@@ -559,14 +562,7 @@ static void test_layout_ops(void) {
         switch (t) {
         case 0:
             what = "permute (2,0,1)";
-            y = gb_add(&b, IR_OP_PERMUTE, &a, 1);
-            if (b.ok) {
-                b.g.nodes[y].attrs.n_axes = 3;
-                b.g.nodes[y].attrs.axes[0] = 2;
-                b.g.nodes[y].attrs.axes[1] = 0;
-                b.g.nodes[y].attrs.axes[2] = 1;
-            }
-            gb_infer(&b, y);
+            y = gb_permute(&b, a, 3, (const int[]){2, 0, 1});
             break;
         case 1: {
             what = "expand [N,1,6] -> [N,5,6]";
@@ -646,14 +642,7 @@ static void test_layout_ops(void) {
 /* q, k, v from random tables, shaped [1, heads, N, Dh]. */
 static int32_t gb_heads(struct gb *b, int64_t heads, int64_t dh) {
     int32_t x = gb_reshape(b, gb_source(b, heads * dh, 1.0f), SHAPE(DN(1), DC(heads), DC(dh)));
-    int32_t p = gb_add(b, IR_OP_PERMUTE, &x, 1);
-    if (b->ok) {
-        b->g.nodes[p].attrs.n_axes = 3;
-        b->g.nodes[p].attrs.axes[0] = 1;
-        b->g.nodes[p].attrs.axes[1] = 0;
-        b->g.nodes[p].attrs.axes[2] = 2;
-    }
-    gb_infer(b, p);
+    int32_t p = gb_permute(b, x, 3, (const int[]){1, 0, 2});
     return gb_reshape(b, p, SHAPE(DC(1), DC(heads), DN(1), DC(dh)));
 }
 
@@ -731,15 +720,7 @@ static int32_t gb_linear(struct gb *b, int32_t x, enum ir_dtype t, int64_t rows,
 static int32_t gb_heads_of(struct gb *b, int32_t x, int64_t h, int64_t dh, bool norm, int32_t cs, int32_t sn) {
     int32_t r = gb_reshape(b, x, SHAPE(DC(1), DN(1), DC(h), DC(dh)));
     if (norm) r = gb_norm(b, r, dh);
-    int32_t p = gb_add(b, IR_OP_PERMUTE, &r, 1);
-    if (b->ok) {
-        b->g.nodes[p].attrs.n_axes = 4;
-        b->g.nodes[p].attrs.axes[0] = 0;
-        b->g.nodes[p].attrs.axes[1] = 2;
-        b->g.nodes[p].attrs.axes[2] = 1;
-        b->g.nodes[p].attrs.axes[3] = 3;
-    }
-    gb_infer(b, p);
+    int32_t p = gb_permute(b, r, 4, (const int[]){0, 2, 1, 3});
     if (cs < 0) return p;
     int32_t in[3] = {p, cs, sn};
     return gb_infer(b, gb_add(b, IR_OP_ROPE, in, 3));
