@@ -1,5 +1,4 @@
 /* libmicrohttpd glue (see http.h). */
-#define _GNU_SOURCE /* SCHED_BATCH */
 #include "server/http.h"
 
 #include "server/srv_buf.h"
@@ -8,7 +7,6 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,30 +20,30 @@ struct http_server {
     MHD_socket quiesced_fd; /* the listening socket after quiesce, closed at stop */
 };
 
-/* Per request (MHD's con_cls): the body read so far. */
+/* Per request (MHD's con_cls): the body read so far, then a non-streamed generation
+ * waiting for its end. */
 struct http_request {
     struct srv_buf body;
     bool too_large;
     bool answered; /* a reply was queued before the body was read */
+    struct srv_pending *pending;
 };
 
 /* An SSE reply in flight. */
 struct http_stream {
     struct srv_stream *stream;
-    int fd; /* the connection's socket, to notice a client that went away */
+    struct MHD_Connection *conn;
 };
 
-/* A peer that closed its end reads as end-of-file (or an error); a live one as
- * "would block" (or pending bytes of a next request). */
-static bool http_fd_gone(int fd) {
+/* The scheduler watches each request's client through this: a peer that closed its
+ * end reads as end-of-file (or an error); a live one as "would block" (or pending bytes
+ * of a next request). MHD itself does not look at a suspended connection. */
+static bool http_fd_gone(intptr_t arg) {
+    int fd = (int)arg;
     if (fd < 0) return false;
     char b;
     ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-static bool http_gone(void *ctx) {
-    return http_fd_gone(*(int *)ctx);
 }
 
 static int http_conn_fd(struct MHD_Connection *c) {
@@ -54,33 +52,28 @@ static int http_conn_fd(struct MHD_Connection *c) {
     return ci ? (int)ci->connect_fd : -1;
 }
 
-/* While a connection thread streams tokens of a request that shares the scheduler with
- * others, it runs as SCHED_BATCH: woken for a token's bytes, it waits for a free core or
- * the next tick instead of preempting the scheduler thread, whose step all those
- * requests wait on. Otherwise it is SCHED_OTHER: a lone stream's reader is what its
- * scheduler waits for once the request's event ring is full (a disfavoured reader let
- * the scheduler idle for milliseconds on a loaded machine), and a new request is read
- * and submitted without delay. Any thread may switch itself between these two
- * policies; no privilege is needed. LLMOPT_SERVER_HTTP_POLICY=other keeps SCHED_OTHER
- * throughout (to compare). */
-static void http_thread_policy(bool batch) {
-    static _Thread_local bool is_batch;
-    if (batch == is_batch) return;
-    const char *e = getenv("LLMOPT_SERVER_HTTP_POLICY");
-    if (batch && e && !strcmp(e, "other")) return;
-    struct sched_param sp = {0};
-    if (!pthread_setschedparam(pthread_self(), batch ? SCHED_BATCH : SCHED_OTHER, &sp))
-        is_batch = batch;
+/* A connection waiting for tokens is suspended (taken out of MHD's event loop) from
+ * inside its own callback, and resumed by the scheduler thread once there is
+ * something for it (srv_req_park: both happen under the request's lock, so a resume
+ * never comes before its suspend). */
+static void http_park(void *c) {
+    MHD_suspend_connection(c);
+}
+static void http_wake(void *c) {
+    MHD_resume_connection(c);
 }
 
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     struct http_stream *hs = cls;
-    http_thread_policy(srv_stream_shared(hs->stream));
-    ssize_t n = srv_stream_read(hs->stream, buf, max, http_gone, &hs->fd);
-    if (n > 0) return n;
-    http_thread_policy(false);
-    return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+    for (;;) {
+        ssize_t n = srv_stream_read(hs->stream, buf, max);
+        if (n > 0) return n;
+        if (n == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n != SRV_STREAM_WAIT) return MHD_CONTENT_READER_END_WITH_ERROR;
+        /* 0 with the connection suspended: MHD calls again once resumed */
+        if (srv_stream_park(hs->stream, http_park, http_wake, hs->conn)) return 0;
+    }
 }
 
 static void http_stream_free(void *cls) {
@@ -103,7 +96,7 @@ static enum MHD_Result http_send(struct MHD_Connection *c, struct srv_reply *r) 
             return MHD_NO;
         }
         hs->stream = r->stream;
-        hs->fd = http_conn_fd(c);
+        hs->conn = c;
         r->stream = NULL;
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, http_stream_read, hs,
                                                  http_stream_free);
@@ -143,7 +136,6 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
                                        const char *upload_data, size_t *upload_data_size,
                                        void **con_cls) {
     (void)version;
-    http_thread_policy(false);
     struct http_server *h = cls;
     struct http_request *hr = *con_cls;
     struct srv_reply reply;
@@ -174,11 +166,22 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
         return MHD_YES;
     }
     if (hr->answered) return MHD_YES;
-    int fd = http_conn_fd(c);
-    srv_app_handle(h->app, method, url, hr->body.data ? hr->body.data : "", hr->body.len,
-                   hr->too_large, http_gone, &fd, &reply);
-    srv_buf_free(&hr->body);
-    return http_send(c, &reply);
+    if (!hr->pending) {
+        srv_app_handle(h->app, method, url, hr->body.data ? hr->body.data : "", hr->body.len,
+                       hr->too_large, http_fd_gone, http_conn_fd(c), &reply);
+        srv_buf_free(&hr->body);
+        if (!reply.pending) return http_send(c, &reply);
+        hr->pending = reply.pending;
+    }
+    /* A non-streamed generation: called again after each resume until it ends. */
+    for (;;) {
+        if (srv_pending_poll(hr->pending, &reply)) {
+            srv_pending_free(hr->pending);
+            hr->pending = NULL;
+            return http_send(c, &reply);
+        }
+        if (srv_pending_park(hr->pending, http_park, http_wake, c)) return MHD_YES;
+    }
 }
 
 static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -189,6 +192,7 @@ static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cl
     struct http_request *hr = *con_cls;
     if (!hr) return;
     srv_buf_free(&hr->body);
+    srv_pending_free(hr->pending); /* the connection closed before the reply */
     free(hr);
     *con_cls = NULL;
 }
@@ -218,8 +222,8 @@ enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *
     }
     h->app = app;
     h->quiesced_fd = MHD_INVALID_SOCKET;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    /* One event-loop thread (epoll on Linux) for every connection. */
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, http_on_request, h, MHD_OPTION_SOCK_ADDR,
                                  ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, o->max_connections,

@@ -1,6 +1,7 @@
-/* The HTTP layer on libmicrohttpd: one thread per connection (a connection waiting
- * for tokens simply blocks in its own thread), request bodies read into a capped
- * buffer, replies and SSE streams from srv_api.c. Nothing here knows about models. */
+/* The HTTP layer on libmicrohttpd: one event-loop thread serves every connection
+ * (a connection waiting for tokens is suspended and the scheduler resumes it), request
+ * bodies read into a capped buffer, replies and SSE streams from srv_api.c. Nothing
+ * here knows about models. */
 #ifndef LLMOPT_SERVER_HTTP_H
 #define LLMOPT_SERVER_HTTP_H
 
@@ -12,7 +13,7 @@
 struct http_opts {
     const char *host;         /* numeric IPv4 or IPv6 address, or a name to resolve */
     int port;                 /* 0: any free port (see http_server_port) */
-    unsigned max_connections; /* connections (and so threads) at once */
+    unsigned max_connections; /* connections at once; MHD refuses more */
     unsigned idle_timeout_s;  /* an idle keep-alive connection is closed after this */
 };
 
@@ -22,7 +23,8 @@ enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *
 int http_server_port(const struct http_server *h);
 /* Stops accepting connections; requests in flight go on. */
 void http_server_quiesce(struct http_server *h);
-/* Closes every connection and joins their threads. */
+/* Closes every connection and joins MHD's thread. Every request must have ended
+ * first (srv_sched_stop), so that no connection is left suspended. */
 void http_server_stop(struct http_server *h);
 
 #endif

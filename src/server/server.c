@@ -125,8 +125,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
         st = fail(err, LLMOPT_ERR_NOMEM, "serve: out of memory%s", "");
         goto done;
     }
-    /* A connection is a thread: enough for every slot, the queue and some idle
-     * keep-alive clients; beyond that MHD refuses connections. */
+    /* Enough connections for every slot, the queue and some idle keep-alive clients;
+     * beyond that MHD refuses connections. */
     struct http_opts ho = {.host = o->host,
                            .port = o->port,
                            .max_connections = (unsigned)(o->n_slots + o->queue_cap + 64),
@@ -153,8 +153,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
     while (sigwait(&sigs, &sig) != 0) {
     }
     fprintf(stderr, "llmopt serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    /* Stop taking connections, end every request (their streams close), then close
-     * the remaining connections and join their threads. */
+    /* Stop taking connections, end every request (their streams close and every
+     * suspended connection is resumed), then close the remaining connections. */
     srv_app_set_stopping(app);
     http_server_quiesce(http);
     srv_sched_stop(sched);

@@ -16,7 +16,6 @@
 #include <time.h>
 
 #define SRV_MAX_REPLY (64u << 20) /* bytes of one non-streamed reply */
-#define SRV_POLL_MS   200         /* how often a waiting request checks its client */
 
 struct srv_app {
     const struct llmopt_model *model;
@@ -85,7 +84,14 @@ bool srv_app_wait_idle(struct srv_app *a, int timeout_ms) {
 void srv_reply_clear(struct srv_reply *r) {
     free(r->body);
     if (r->stream) srv_stream_free(r->stream);
+    if (r->pending) srv_pending_free(r->pending);
     memset(r, 0, sizeof *r);
+}
+
+/* The HTTP side lets go of a submitted request (cancelling it if it still runs). */
+static void app_release(struct srv_app *a, struct srv_req *req) {
+    srv_req_release(req);
+    atomic_fetch_sub(&a->in_flight, 1);
 }
 
 /* ---- replies ---- */
@@ -430,8 +436,7 @@ static void stream_finish(struct srv_stream *st) {
     srv_buf_puts(&st->out, "data: [DONE]\n\n");
 }
 
-ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, srv_gone_fn gone,
-                        void *gone_ctx) {
+ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max) {
     while (st->off == st->out.len) {
         srv_buf_reset(&st->out);
         st->off = 0;
@@ -447,28 +452,24 @@ ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, srv_gone_f
             st->phase = STREAM_RUN;
             continue;
         }
-        /* Take every event already there (one write for several chunks), waiting
-         * only while there is nothing to send. */
+        /* Every event already there, as one write of several chunks. */
         struct srv_event ev;
-        int timeout = SRV_POLL_MS;
         for (;;) {
-            enum srv_next nx = srv_req_next(st->req, &ev, timeout);
+            enum srv_next nx = srv_req_next(st->req, &ev, 0);
             if (nx == SRV_NEXT_EVENT) {
                 stream_event(st, &ev);
                 srv_event_clear(&ev);
-                timeout = st->out.len < max ? 0 : -1;
-                if (timeout < 0) break;
+                if (st->out.len >= max) break;
                 continue;
             }
             if (nx == SRV_NEXT_END) {
                 stream_finish(st);
                 st->phase = STREAM_END;
-            } else if (st->out.len == 0 && gone && gone(gone_ctx)) {
-                return -1;
             }
             break;
         }
         if (st->out.failed) return -1;
+        if (st->out.len == 0 && st->phase != STREAM_END) return SRV_STREAM_WAIT;
     }
     size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
     memcpy(buf, st->out.data + st->off, n);
@@ -476,14 +477,13 @@ ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, srv_gone_f
     return (ssize_t)n;
 }
 
-bool srv_stream_shared(const struct srv_stream *st) {
-    return srv_sched_n_running(st->app->sched) > 1;
+bool srv_stream_park(struct srv_stream *st, srv_park_fn park, srv_park_fn wake, void *ctx) {
+    return srv_req_park(st->req, park, wake, ctx);
 }
 
 void srv_stream_free(struct srv_stream *st) {
     if (!st) return;
-    srv_req_release(st->req);
-    atomic_fetch_sub(&st->app->in_flight, 1);
+    app_release(st->app, st->req);
     srv_buf_free(&st->out);
     srv_buf_free(&st->echo);
     free(st->tmpl);
@@ -492,72 +492,94 @@ void srv_stream_free(struct srv_stream *st) {
 
 /* ---- non-streamed replies ---- */
 
-/* Waits for the whole completion and builds OpenAI's reply object. */
-static void collect_reply(struct srv_app *a, struct srv_req *req, const struct srv_params *p,
-                          const struct srv_buf *echo, const char *id, int64_t created,
-                          srv_gone_fn gone, void *gone_ctx, struct srv_reply *out) {
-    struct srv_buf text;
-    srv_buf_init(&text, SRV_MAX_REPLY);
-    srv_buf_append(&text, echo->data, echo->len);
-    json_t *lp = NULL;
-    if (p->logprobs >= 0)
-        lp = p->kind == SRV_KIND_CHAT ? json_array() : srv_completion_logprobs_new();
-    struct srv_event ev;
-    for (;;) {
-        enum srv_next nx = srv_req_next(req, &ev, SRV_POLL_MS);
-        if (nx == SRV_NEXT_END) break;
-        if (nx == SRV_NEXT_TIMEOUT) {
-            if (gone && gone(gone_ctx)) { /* nobody to answer: cancel, close */
-                srv_req_release(req);
-                atomic_fetch_sub(&a->in_flight, 1);
-                srv_buf_free(&text);
-                json_decref(lp);
-                out->status = 0;
-                return;
-            }
-            continue;
-        }
-        if (lp && ev.token >= 0) {
-            if (p->kind == SRV_KIND_CHAT)
-                json_array_append_new(lp, srv_chat_logprob(a->model, &ev));
-            else
-                srv_completion_logprobs_add(a->model, lp, &ev, p->logprobs, text.len);
-        }
-        if (ev.text_len) srv_buf_append(&text, ev.text, ev.text_len);
-        srv_event_clear(&ev);
-    }
-    struct srv_req_result res;
-    srv_req_result(req, &res);
-    srv_req_release(req);
-    atomic_fetch_sub(&a->in_flight, 1);
-    const char *finish = srv_finish_name(res.finish);
-    if (!finish || text.failed) {
-        bool shutting = atomic_load(&a->stopping);
-        reply_errorf(out, shutting ? 503 : 500, "server_error", NULL, NULL,
-                     text.failed    ? "the reply is too large"
-                     : res.error[0] ? res.error
-                                    : "the request failed");
-        srv_buf_free(&text);
-        json_decref(lp);
+/* A non-streamed generation in flight: the text and logprobs gathered so far. */
+struct srv_pending {
+    struct srv_app *app;
+    struct srv_req *req;
+    enum srv_kind kind;
+    int32_t logprobs; /* -1: none */
+    char id[48];
+    int64_t created;
+    struct srv_buf text; /* the echoed prompt, then the completion */
+    json_t *lp;          /* NULL unless logprobs were asked for */
+};
+
+void srv_pending_free(struct srv_pending *pd) {
+    if (!pd) return;
+    if (pd->req) app_release(pd->app, pd->req);
+    srv_buf_free(&pd->text);
+    json_decref(pd->lp);
+    free(pd);
+}
+
+bool srv_pending_park(struct srv_pending *pd, srv_park_fn park, srv_park_fn wake, void *ctx) {
+    return srv_req_park(pd->req, park, wake, ctx);
+}
+
+/* OpenAI's reply object for a finished request. */
+static void pending_reply(struct srv_pending *pd, const struct srv_req_result *res,
+                          struct srv_reply *out) {
+    struct srv_app *a = pd->app;
+    const char *finish = srv_finish_name(res->finish);
+    if (res->finish == SRV_FINISH_CANCEL) {
+        out->status = 0; /* the client went away: nobody to answer */
         return;
     }
-    json_t *choice;
-    if (p->kind == SRV_KIND_CHAT) {
-        json_t *msg = json_pack("{s:s,s:s%,s:n}", "role", "assistant", "content",
-                                text.data ? text.data : "", text.len, "refusal");
+    if (!finish || pd->text.failed) {
+        bool shutting = atomic_load(&a->stopping);
+        reply_errorf(out, shutting ? 503 : 500, "server_error", NULL, NULL,
+                     pd->text.failed ? "the reply is too large"
+                     : res->error[0] ? res->error
+                                     : "the request failed");
+        return;
+    }
+    json_t *choice, *lp = pd->lp;
+    pd->lp = NULL;
+    const char *text = pd->text.data ? pd->text.data : "";
+    if (pd->kind == SRV_KIND_CHAT) {
+        json_t *msg = json_pack("{s:s,s:s%,s:n}", "role", "assistant", "content", text,
+                                pd->text.len, "refusal");
         choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "message", msg, "logprobs",
                            lp ? json_pack("{s:o,s:n}", "content", lp, "refusal") : json_null(),
                            "finish_reason", finish);
     } else {
-        choice = json_pack("{s:s%,s:i,s:o,s:s}", "text", text.data ? text.data : "", text.len,
-                           "index", 0, "logprobs", lp ? lp : json_null(), "finish_reason", finish);
+        choice = json_pack("{s:s%,s:i,s:o,s:s}", "text", text, pd->text.len, "index", 0,
+                           "logprobs", lp ? lp : json_null(), "finish_reason", finish);
     }
-    srv_buf_free(&text);
-    json_t *body = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", id, "object",
-                             p->kind == SRV_KIND_CHAT ? "chat.completion" : "text_completion",
-                             "created", (json_int_t)created, "model", a->model_id, "choices",
-                             choice, "usage", srv_usage_json(res.n_prompt, res.n_generated));
+    json_t *body = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", pd->id, "object",
+                             pd->kind == SRV_KIND_CHAT ? "chat.completion" : "text_completion",
+                             "created", (json_int_t)pd->created, "model", a->model_id,
+                             "choices", choice, "usage",
+                             srv_usage_json(res->n_prompt, res->n_generated));
     reply_json(out, 200, body);
+}
+
+bool srv_pending_poll(struct srv_pending *pd, struct srv_reply *out) {
+    memset(out, 0, sizeof *out);
+    struct srv_event ev;
+    enum srv_next nx;
+    while ((nx = srv_req_next(pd->req, &ev, 0)) == SRV_NEXT_EVENT) {
+        if (pd->lp && ev.token >= 0) {
+            if (pd->kind == SRV_KIND_CHAT)
+                json_array_append_new(pd->lp, srv_chat_logprob(pd->app->model, &ev));
+            else
+                srv_completion_logprobs_add(pd->app->model, pd->lp, &ev, pd->logprobs,
+                                            pd->text.len);
+        }
+        if (ev.text_len) srv_buf_append(&pd->text, ev.text, ev.text_len);
+        srv_event_clear(&ev);
+    }
+    if (nx != SRV_NEXT_END) return false;
+    struct srv_req_result res;
+    srv_req_result(pd->req, &res);
+    app_release(pd->app, pd->req);
+    pd->req = NULL;
+    pending_reply(pd, &res, out);
+    if (out->status)
+        srv_metrics_request(pd->app->metrics,
+                            pd->kind == SRV_KIND_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETIONS,
+                            out->status);
+    return true;
 }
 
 /* ---- generation endpoints ---- */
@@ -571,7 +593,7 @@ static uint64_t random_seed(void) {
 }
 
 static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *body, size_t len,
-                            srv_gone_fn gone, void *gone_ctx, struct srv_reply *out) {
+                            srv_gone_fn gone, intptr_t gone_arg, struct srv_reply *out) {
     struct srv_params p;
     struct srv_error e;
     struct srv_buf echo;
@@ -617,6 +639,8 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
         .n_stop = p.n_stop,
         .stop = p.stop,
         .stop_len = p.stop_len,
+        .gone = gone,
+        .gone_arg = gone_arg,
     };
     struct srv_req *req = NULL;
     struct llmopt_err err = {0};
@@ -648,15 +672,26 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
     srv_make_id(id, sizeof id, kind == SRV_KIND_CHAT ? "chatcmpl-" : "cmpl-");
     int64_t created = (int64_t)time(NULL);
     if (!p.stream) {
-        collect_reply(a, req, &p, &echo, id, created, gone, gone_ctx, out);
-        srv_buf_free(&echo);
+        struct srv_pending *pd = calloc(1, sizeof *pd);
+        json_t *lp = NULL;
+        if (pd && p.logprobs >= 0)
+            lp = kind == SRV_KIND_CHAT ? json_array() : srv_completion_logprobs_new();
+        if (!pd || (p.logprobs >= 0 && !lp)) {
+            free(pd);
+            app_release(a, req);
+            srv_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
+        *pd = (struct srv_pending){.app = a, .req = req, .kind = kind, .logprobs = p.logprobs,
+                                   .created = created, .text = echo, .lp = lp};
+        snprintf(pd->id, sizeof pd->id, "%s", id);
+        out->pending = pd; /* pd owns echo now: the reply text begins with it */
         srv_params_free(&p);
         return;
     }
     struct srv_stream *st = calloc(1, sizeof *st);
     if (!st) {
-        srv_req_release(req);
-        atomic_fetch_sub(&a->in_flight, 1);
+        app_release(a, req);
         srv_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
@@ -689,7 +724,7 @@ static json_t *model_object(struct srv_app *a) {
 }
 
 void srv_app_handle(struct srv_app *a, const char *method, const char *path, const char *body,
-                    size_t len, bool too_large, srv_gone_fn gone, void *gone_ctx,
+                    size_t len, bool too_large, srv_gone_fn gone, intptr_t gone_arg,
                     struct srv_reply *out) {
     memset(out, 0, sizeof *out);
     const char *model_arg;
@@ -699,9 +734,9 @@ void srv_app_handle(struct srv_app *a, const char *method, const char *path, con
         snprintf(msg, sizeof msg, "The request body exceeds the limit of %zu bytes.", a->max_body);
         reply_errorf(out, 413, "invalid_request_error", "request_too_large", NULL, msg);
     } else if (ep == SRV_EP_CHAT) {
-        handle_generate(a, SRV_KIND_CHAT, body, len, gone, gone_ctx, out);
+        handle_generate(a, SRV_KIND_CHAT, body, len, gone, gone_arg, out);
     } else if (ep == SRV_EP_COMPLETIONS) {
-        handle_generate(a, SRV_KIND_COMPLETION, body, len, gone, gone_ctx, out);
+        handle_generate(a, SRV_KIND_COMPLETION, body, len, gone, gone_arg, out);
     } else if (ep == SRV_EP_MODELS && !model_arg) {
         reply_json(out, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_object(a)));
     } else if (ep == SRV_EP_MODELS) {

@@ -33,37 +33,48 @@ size_t srv_app_max_body(const struct srv_app *a);
 bool srv_app_wait_idle(struct srv_app *a, int timeout_ms);
 
 struct srv_stream;
+struct srv_pending;
 
 struct srv_reply {
-    int status; /* 0: answer nothing, close the connection */
+    int status; /* 0: answer nothing, close the connection (unless pending is set) */
     const char *content_type;
     char *body; /* heap (free()); NULL for none */
     size_t len;
-    struct srv_stream *stream; /* non-NULL: the body is an SSE stream */
-    bool preflight;            /* a CORS preflight: add the Allow-* headers */
+    struct srv_stream *stream;   /* non-NULL: the body is an SSE stream */
+    struct srv_pending *pending; /* non-NULL: no reply yet; see srv_pending_poll */
+    bool preflight;              /* a CORS preflight: add the Allow-* headers */
 };
 void srv_reply_clear(struct srv_reply *r);
-
-/* Tells whether the client has gone away (its connection closed). */
-typedef bool (*srv_gone_fn)(void *ctx);
 
 /* Before the body is read: route, method, authorization and the declared length.
  * Returns true with *out filled when that already decides the answer. */
 bool srv_app_precheck(struct srv_app *a, const char *method, const char *path,
                       const char *authorization, const char *content_length, struct srv_reply *out);
-/* The whole request. too_large: the body passed max_body and was cut. Generation
- * requests that do not stream block until done, polling gone(gone_ctx). */
+/* The whole request. too_large: the body passed max_body and was cut. Nothing here
+ * blocks: a generation request that does not stream comes back as out->pending.
+ * gone(gone_arg) tells the scheduler whether the client went away (it cancels the
+ * request then); NULL for no watch. */
 void srv_app_handle(struct srv_app *a, const char *method, const char *path, const char *body,
-                    size_t len, bool too_large, srv_gone_fn gone, void *gone_ctx,
+                    size_t len, bool too_large, srv_gone_fn gone, intptr_t gone_arg,
                     struct srv_reply *out);
 
 /* Next bytes of an SSE stream: > 0 bytes written to buf, 0 at the end, -1 when the
- * stream must be cut (the client went away). Blocks until there is something. */
-ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, srv_gone_fn gone,
-                        void *gone_ctx);
-/* Whether the stream's request shares the scheduler with other running requests. */
-bool srv_stream_shared(const struct srv_stream *st);
+ * stream must be cut (out of memory), SRV_STREAM_WAIT when nothing is there yet (park
+ * with srv_stream_park, or try again). Never blocks. */
+#define SRV_STREAM_WAIT (-2)
+ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max);
+/* srv_req_park for the stream's request: false when there is something to read now. */
+bool srv_stream_park(struct srv_stream *st, srv_park_fn park, srv_park_fn wake, void *ctx);
 /* Ends the stream; cancels the request if it still runs. */
 void srv_stream_free(struct srv_stream *st);
+
+/* A non-streamed generation: takes what the scheduler produced so far; true once the
+ * request ended, with *out the reply (status 0: the client went away, close). Never
+ * blocks; after true, only srv_pending_free may follow. */
+bool srv_pending_poll(struct srv_pending *pd, struct srv_reply *out);
+/* srv_req_park for the request: false when srv_pending_poll has something to take. */
+bool srv_pending_park(struct srv_pending *pd, srv_park_fn park, srv_park_fn wake, void *ctx);
+/* Lets go of pd; cancels its request if it still runs. */
+void srv_pending_free(struct srv_pending *pd);
 
 #endif

@@ -61,6 +61,10 @@ struct srv_req {
     bool done; /* the scheduler let go: no more events */
     bool cancelled;
     char error[256];
+    srv_park_fn reader_wake; /* a parked reader: called once, then cleared */
+    void *reader_ctx;
+    srv_gone_fn gone; /* the client watch; cleared when the HTTP side lets go */
+    intptr_t gone_arg;
 };
 
 struct srv_sched {
@@ -88,6 +92,7 @@ struct srv_sched {
     int32_t *tokens, *positions, *slots, *out_rows; /* (n_batch) the step's batch */
     struct srv_req **out_req;                       /* (n_batch) whose logits each out row is */
     float *scratch;                                 /* (n_vocab) logits the sampler may modify */
+    double t_watch;                    /* when clients were last checked */
     double lap_t;                      /* when the current phase began */
     double lap[SRV_PHASE_COUNT];       /* seconds per phase since the last publish */
     int64_t lap_tokens, lap_rows;      /* the step's forward: tokens in, logits rows out */
@@ -175,6 +180,8 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
         r->n_stop++;
     }
     r->sampling = spec->sampling;
+    r->gone = spec->gone;
+    r->gone_arg = spec->gone_arg;
     if (llmopt_detok_create(s->model, &r->detok, err)) {
         req_free(r);
         return SRV_SUBMIT_ERROR;
@@ -241,6 +248,18 @@ enum srv_next srv_req_next(struct srv_req *r, struct srv_event *ev, int timeout_
     return res;
 }
 
+bool srv_req_park(struct srv_req *r, srv_park_fn park, srv_park_fn wake, void *ctx) {
+    pthread_mutex_lock(&r->mu);
+    bool parked = r->ev_count == 0 && !r->done;
+    if (parked) {
+        park(ctx);
+        r->reader_wake = wake;
+        r->reader_ctx = ctx;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return parked;
+}
+
 void srv_req_result(struct srv_req *r, struct srv_req_result *out) {
     pthread_mutex_lock(&r->mu);
     out->finish = r->finish;
@@ -255,6 +274,8 @@ void srv_req_release(struct srv_req *r) {
     pthread_mutex_lock(&r->mu);
     bool running = !r->done;
     if (running) r->cancelled = true;
+    r->reader_wake = NULL; /* the reader and its client are gone */
+    r->gone = NULL;
     pthread_mutex_unlock(&r->mu);
     if (running) sched_wake(r->sched);
     req_unref(r);
@@ -267,6 +288,23 @@ static bool req_cancelled(struct srv_req *r) {
     bool c = r->cancelled;
     pthread_mutex_unlock(&r->mu);
     return c;
+}
+
+/* Under r->mu: tells r's reader that there is something to take. */
+static void req_notify_locked(struct srv_req *r) {
+    pthread_cond_broadcast(&r->cv);
+    if (r->reader_wake) {
+        srv_park_fn wake = r->reader_wake;
+        r->reader_wake = NULL;
+        wake(r->reader_ctx);
+    }
+}
+
+/* Cancels r when its client went away. */
+static void req_watch(struct srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    if (!r->cancelled && r->gone && r->gone(r->gone_arg)) r->cancelled = true;
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* Room for a token's event plus a final one. */
@@ -330,7 +368,7 @@ static void sched_retire(struct srv_sched *s, struct srv_req *r) {
         r->finish = r->cancelled ? SRV_FINISH_CANCEL : SRV_FINISH_ERROR;
     enum srv_finish f = r->finish;
     r->done = true;
-    pthread_cond_broadcast(&r->cv);
+    req_notify_locked(r);
     pthread_mutex_unlock(&r->mu);
     if (f == SRV_FINISH_CANCEL) srv_metrics_cancelled(s->metrics);
     srv_metrics_tokens(s->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_gen);
@@ -589,7 +627,9 @@ static bool sched_step(struct srv_sched *s) {
         struct srv_req *r = s->out_req[j];
         if (!r->wake || (r->pending < batch && r->finish == SRV_FINISH_NONE)) continue;
         r->wake = false;
-        pthread_cond_signal(&r->cv);
+        pthread_mutex_lock(&r->mu);
+        req_notify_locked(r);
+        pthread_mutex_unlock(&r->mu);
     }
     sched_lap(s, SRV_PHASE_SAMPLE);
     /* Retire what finished. */
@@ -623,6 +663,11 @@ static void *sched_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         sched_lap(s, SRV_PHASE_IDLE);
+        if (s->lap_t - s->t_watch >= SRV_WATCH_MS * 1e-3) { /* clients that went away */
+            s->t_watch = s->lap_t;
+            for (int32_t i = 0; i < s->q_count; i++) req_watch(s->queue[(s->q_head + i) % s->q_size]);
+            for (int32_t i = 0; i < s->n_active; i++) req_watch(s->active[i]);
+        }
         sched_admit_locked(s);
         uint64_t seq = s->wake_seq;
         int32_t queued = s->q_count;

@@ -6,7 +6,9 @@
  * sits out steps until its reader catches up, so it never stalls anyone else.
  *
  * Threads: srv_sched_submit / srv_req_* are called by HTTP threads; everything else
- * of a running request belongs to the scheduler thread. */
+ * of a running request belongs to the scheduler thread. A reader either blocks in
+ * srv_req_next (woken through a condition variable) or parks (srv_req_park) and is
+ * woken through a callback; the scheduler also watches each request's client. */
 #ifndef LLMOPT_SERVER_SRV_SCHED_H
 #define LLMOPT_SERVER_SRV_SCHED_H
 
@@ -73,6 +75,12 @@ int32_t srv_sched_n_ctx(const struct srv_sched *s);
 int32_t srv_sched_n_running(const struct srv_sched *s);
 const struct llmopt_session *srv_sched_session(const struct srv_sched *s);
 
+/* A check the scheduler runs on a request's client every SRV_WATCH_MS while the
+ * request waits or runs: true when the client went away (the request is then
+ * cancelled). The argument is copied at submit, so it needs no lifetime of its own. */
+typedef bool (*srv_gone_fn)(intptr_t arg);
+#define SRV_WATCH_MS 100
+
 struct srv_req_spec {
     const int32_t *prompt;
     int32_t n_prompt;   /* 1 .. n_ctx - 1 */
@@ -82,6 +90,8 @@ struct srv_req_spec {
     int32_t n_stop;
     char *const *stop;
     const size_t *stop_len;
+    srv_gone_fn gone; /* NULL: nobody to watch */
+    intptr_t gone_arg;
 };
 
 enum srv_submit {
@@ -99,6 +109,15 @@ enum srv_next {
     SRV_NEXT_END,     /* finished and every event taken */
 };
 enum srv_next srv_req_next(struct srv_req *r, struct srv_event *ev, int timeout_ms);
+
+/* For readers on an event loop, which must not block in srv_req_next: when no event
+ * waits and r has not ended, calls park(ctx) under r's lock (the HTTP layer suspends
+ * the connection there) and returns true; the scheduler then calls wake(ctx) once,
+ * from its own thread and under the same lock, when there are events for the reader
+ * (subject to stream_batch) or r ends. Returns false, calling nothing, when there is
+ * something to take now. */
+typedef void (*srv_park_fn)(void *ctx);
+bool srv_req_park(struct srv_req *r, srv_park_fn park, srv_park_fn wake, void *ctx);
 
 struct srv_req_result {
     enum srv_finish finish;
