@@ -63,11 +63,15 @@ static void http_wake(void *c) {
     MHD_resume_connection(c);
 }
 
+/* How long the event loop may wait inside a lone stream's callback for its next token
+ * (srv_stream_read): far above a tiny model's step, and a delay no client notices. */
+#define HTTP_LONE_STREAM_WAIT_MS 2
+
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     struct http_stream *hs = cls;
     for (;;) {
-        ssize_t n = srv_stream_read(hs->stream, buf, max);
+        ssize_t n = srv_stream_read(hs->stream, buf, max, HTTP_LONE_STREAM_WAIT_MS);
         if (n > 0) return n;
         if (n == 0) return MHD_CONTENT_READER_END_OF_STREAM;
         if (n != SRV_STREAM_WAIT) return MHD_CONTENT_READER_END_WITH_ERROR;

@@ -436,7 +436,7 @@ static void stream_finish(struct srv_stream *st) {
     srv_buf_puts(&st->out, "data: [DONE]\n\n");
 }
 
-ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max) {
+ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, int block_ms) {
     while (st->off == st->out.len) {
         srv_buf_reset(&st->out);
         st->off = 0;
@@ -454,8 +454,10 @@ ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max) {
         }
         /* Every event already there, as one write of several chunks. */
         struct srv_event ev;
+        int timeout = srv_sched_n_running(st->app->sched) <= 1 ? block_ms : 0;
         for (;;) {
-            enum srv_next nx = srv_req_next(st->req, &ev, 0);
+            enum srv_next nx = srv_req_next(st->req, &ev, timeout);
+            timeout = 0;
             if (nx == SRV_NEXT_EVENT) {
                 stream_event(st, &ev);
                 srv_event_clear(&ev);
@@ -641,6 +643,7 @@ static void handle_generate(struct srv_app *a, enum srv_kind kind, const char *b
         .stop_len = p.stop_len,
         .gone = gone,
         .gone_arg = gone_arg,
+        .whole = !p.stream,
     };
     struct srv_req *req = NULL;
     struct llmopt_err err = {0};

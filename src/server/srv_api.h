@@ -60,9 +60,12 @@ void srv_app_handle(struct srv_app *a, const char *method, const char *path, con
 
 /* Next bytes of an SSE stream: > 0 bytes written to buf, 0 at the end, -1 when the
  * stream must be cut (out of memory), SRV_STREAM_WAIT when nothing is there yet (park
- * with srv_stream_park, or try again). Never blocks. */
+ * with srv_stream_park, or try again). Blocks only while the stream's request runs
+ * alone, up to block_ms for its next event: for an event-loop caller that delays its
+ * other connections that long, and saves a park and resume (a suspend, a resume, a
+ * wake-up of the loop) per token of a lone stream. */
 #define SRV_STREAM_WAIT (-2)
-ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max);
+ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, int block_ms);
 /* srv_req_park for the stream's request: false when there is something to read now. */
 bool srv_stream_park(struct srv_stream *st, srv_park_fn park, srv_park_fn wake, void *ctx);
 /* Ends the stream; cancels the request if it still runs. */

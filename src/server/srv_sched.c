@@ -65,6 +65,7 @@ struct srv_req {
     void *reader_ctx;
     srv_gone_fn gone; /* the client watch; cleared when the HTTP side lets go */
     intptr_t gone_arg;
+    int32_t wake_events; /* SRV_EVENT_CAP - 2 for a whole-result reader, else 1 */
 };
 
 struct srv_sched {
@@ -182,6 +183,7 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
     r->sampling = spec->sampling;
     r->gone = spec->gone;
     r->gone_arg = spec->gone_arg;
+    r->wake_events = spec->whole ? SRV_EVENT_CAP - 2 : 1;
     if (llmopt_detok_create(s->model, &r->detok, err)) {
         req_free(r);
         return SRV_SUBMIT_ERROR;
@@ -620,12 +622,15 @@ static bool sched_step(struct srv_sched *s) {
      * or the request's end. r->finish is written by this thread only. Holding back pays
      * only where a step is short against a wake-up (tiny models, big batches): after a
      * forward of SRV_STREAM_BATCH_MAX_STEP_S or more every reader is woken at once, so a
-     * real model's tokens are never held a whole step. */
+     * real model's tokens are never held a whole step. A reader that wants the whole
+     * result only (a non-streamed reply) is woken once SRV_EVENT_CAP - 2 events wait, so
+     * that the request never sits out a step for want of room, or at the end. */
     const bool short_step = s->lap_t - forward_t0 < SRV_STREAM_BATCH_MAX_STEP_S;
     int32_t batch = s->n_active > 1 && short_step ? s->stream_batch : 1;
     for (int32_t j = 0; j < n_out; j++) {
         struct srv_req *r = s->out_req[j];
-        if (!r->wake || (r->pending < batch && r->finish == SRV_FINISH_NONE)) continue;
+        int32_t want = r->wake_events > batch ? r->wake_events : batch;
+        if (!r->wake || (r->pending < want && r->finish == SRV_FINISH_NONE)) continue;
         r->wake = false;
         pthread_mutex_lock(&r->mu);
         req_notify_locked(r);

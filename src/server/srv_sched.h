@@ -92,6 +92,8 @@ struct srv_req_spec {
     const size_t *stop_len;
     srv_gone_fn gone; /* NULL: nobody to watch */
     intptr_t gone_arg;
+    bool whole; /* the reader wants the whole result only (a non-streamed reply): it is
+                 * woken when the ring is nearly full or the request ends, not per token */
 };
 
 enum srv_submit {
