@@ -1,4 +1,5 @@
 /* libmicrohttpd glue (see http.h). */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include "server/http.h"
 
 #include "server/srv_buf.h"
@@ -7,6 +8,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +65,23 @@ static void http_wake(void *c) {
     MHD_resume_connection(c);
 }
 
+/* While requests share the scheduler, the event-loop thread runs as SCHED_BATCH: woken
+ * (resumed connections) it waits for a free core or the next tick instead of
+ * preempting the scheduler thread, whose step every request waits on. With one request
+ * it is SCHED_OTHER: its reader is what the scheduler waits for once the request's
+ * event ring is full, and disfavoured it let the scheduler idle for milliseconds on a
+ * loaded machine. A thread may switch its own policy between these two without
+ * privilege. LLMOPT_SERVER_HTTP_POLICY=other keeps SCHED_OTHER (to compare). */
+static void http_thread_policy(bool batch) {
+    static _Thread_local bool is_batch;
+    if (batch == is_batch) return;
+    const char *e = getenv("LLMOPT_SERVER_HTTP_POLICY");
+    if (batch && e && !strcmp(e, "other")) return;
+    struct sched_param sp = {0};
+    if (!pthread_setschedparam(pthread_self(), batch ? SCHED_BATCH : SCHED_OTHER, &sp))
+        is_batch = batch;
+}
+
 /* How long the event loop may wait inside a lone stream's callback for its next token
  * (srv_stream_read): far above a tiny model's step, and a delay no client notices. */
 #define HTTP_LONE_STREAM_WAIT_MS 2
@@ -70,6 +89,7 @@ static void http_wake(void *c) {
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     struct http_stream *hs = cls;
+    http_thread_policy(srv_stream_shared(hs->stream));
     for (;;) {
         ssize_t n = srv_stream_read(hs->stream, buf, max, HTTP_LONE_STREAM_WAIT_MS);
         if (n > 0) return n;

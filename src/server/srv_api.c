@@ -454,7 +454,7 @@ ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, int block_
         }
         /* Every event already there, as one write of several chunks. */
         struct srv_event ev;
-        int timeout = srv_sched_n_running(st->app->sched) <= 1 ? block_ms : 0;
+        int timeout = srv_stream_shared(st) ? 0 : block_ms;
         for (;;) {
             enum srv_next nx = srv_req_next(st->req, &ev, timeout);
             timeout = 0;
@@ -477,6 +477,10 @@ ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, int block_
     memcpy(buf, st->out.data + st->off, n);
     st->off += n;
     return (ssize_t)n;
+}
+
+bool srv_stream_shared(const struct srv_stream *st) {
+    return srv_sched_n_running(st->app->sched) > 1;
 }
 
 bool srv_stream_park(struct srv_stream *st, srv_park_fn park, srv_park_fn wake, void *ctx) {

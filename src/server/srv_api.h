@@ -66,6 +66,8 @@ void srv_app_handle(struct srv_app *a, const char *method, const char *path, con
  * wake-up of the loop) per token of a lone stream. */
 #define SRV_STREAM_WAIT (-2)
 ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max, int block_ms);
+/* Whether the stream's request shares the scheduler with other running requests. */
+bool srv_stream_shared(const struct srv_stream *st);
 /* srv_req_park for the stream's request: false when there is something to read now. */
 bool srv_stream_park(struct srv_stream *st, srv_park_fn park, srv_park_fn wake, void *ctx);
 /* Ends the stream; cancels the request if it still runs. */
