@@ -266,7 +266,7 @@ void srv_req_result(struct srv_req *r, struct srv_req_result *out) {
     pthread_mutex_lock(&r->mu);
     out->finish = r->finish;
     out->n_prompt = r->n_prompt;
-    out->n_generated = r->n_gen; /* stable once done */
+    out->n_generated = r->done ? r->n_gen : 0; /* written by the scheduler until done */
     memcpy(out->error, r->error, sizeof out->error);
     pthread_mutex_unlock(&r->mu);
 }

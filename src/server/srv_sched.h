@@ -123,7 +123,7 @@ bool srv_req_park(struct srv_req *r, srv_park_fn park, srv_park_fn wake, void *c
 
 struct srv_req_result {
     enum srv_finish finish;
-    int32_t n_prompt, n_generated;
+    int32_t n_prompt, n_generated; /* n_generated: 0 until the request is done */
     char error[256];
 };
 void srv_req_result(struct srv_req *r, struct srv_req_result *out);
