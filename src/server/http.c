@@ -56,8 +56,9 @@ static int http_conn_fd(struct MHD_Connection *c) {
 
 /* A connection waiting for tokens is suspended (taken out of MHD's event loop) from
  * inside its own callback, and resumed by the scheduler thread once there is
- * something for it (srv_req_park: both happen under the request's lock, so a resume
- * never comes before its suspend). */
+ * something for it (srv_req_park: the suspend runs under the request's lock, under
+ * which the scheduler takes the resume callback, so a resume never comes before its
+ * suspend). */
 static void http_park(void *c) {
     MHD_suspend_connection(c);
 }

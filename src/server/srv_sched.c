@@ -292,14 +292,19 @@ static bool req_cancelled(struct srv_req *r) {
     return c;
 }
 
-/* Under r->mu: tells r's reader that there is something to take. */
-static void req_notify_locked(struct srv_req *r) {
+/* Tells r's reader that there is something to take. The parked reader's wake callback
+ * is taken under r->mu (its park ran under it, so the park is complete) but called
+ * after: a waiter woken while the waker still holds the lock would only block on it
+ * again, one more context switch per token. */
+static void req_notify(struct srv_req *r, bool done) {
+    pthread_mutex_lock(&r->mu);
+    if (done) r->done = true;
+    srv_park_fn wake = r->reader_wake;
+    void *ctx = r->reader_ctx;
+    r->reader_wake = NULL;
+    pthread_mutex_unlock(&r->mu);
     pthread_cond_broadcast(&r->cv);
-    if (r->reader_wake) {
-        srv_park_fn wake = r->reader_wake;
-        r->reader_wake = NULL;
-        wake(r->reader_ctx);
-    }
+    if (wake) wake(ctx);
 }
 
 /* Cancels r when its client went away. */
@@ -369,9 +374,8 @@ static void sched_retire(struct srv_sched *s, struct srv_req *r) {
     if (r->finish == SRV_FINISH_NONE)
         r->finish = r->cancelled ? SRV_FINISH_CANCEL : SRV_FINISH_ERROR;
     enum srv_finish f = r->finish;
-    r->done = true;
-    req_notify_locked(r);
     pthread_mutex_unlock(&r->mu);
+    req_notify(r, true);
     if (f == SRV_FINISH_CANCEL) srv_metrics_cancelled(s->metrics);
     srv_metrics_tokens(s->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_gen);
     req_unref(r);
@@ -632,9 +636,7 @@ static bool sched_step(struct srv_sched *s) {
         int32_t want = r->wake_events > batch ? r->wake_events : batch;
         if (!r->wake || (r->pending < want && r->finish == SRV_FINISH_NONE)) continue;
         r->wake = false;
-        pthread_mutex_lock(&r->mu);
-        req_notify_locked(r);
-        pthread_mutex_unlock(&r->mu);
+        req_notify(r, false);
     }
     sched_lap(s, SRV_PHASE_SAMPLE);
     /* Retire what finished. */

@@ -115,9 +115,9 @@ enum srv_next srv_req_next(struct srv_req *r, struct srv_event *ev, int timeout_
 /* For readers on an event loop, which must not block in srv_req_next: when no event
  * waits and r has not ended, calls park(ctx) under r's lock (the HTTP layer suspends
  * the connection there) and returns true; the scheduler then calls wake(ctx) once,
- * from its own thread and under the same lock, when there are events for the reader
- * (subject to stream_batch) or r ends. Returns false, calling nothing, when there is
- * something to take now. */
+ * from its own thread, when there are events for the reader (subject to stream_batch)
+ * or r ends: always after park(ctx) returned, since it takes the callback under the
+ * same lock. Returns false, calling nothing, when there is something to take now. */
 typedef void (*srv_park_fn)(void *ctx);
 bool srv_req_park(struct srv_req *r, srv_park_fn park, srv_park_fn wake, void *ctx);
 
