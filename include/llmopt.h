@@ -174,6 +174,10 @@ struct llmopt_session_opts {
     /* KV cache element type on the CPU backends. CUDA keeps its device cache in f32
      * whatever this says (llmopt_session_kv_type then reports f32). */
     enum llmopt_kv_type kv_type;
+    /* Keep the KV blocks of token prefixes that sequences computed, for later sequences
+     * that begin the same way (llmopt_session_prefix_attach). Ignored for models with
+     * state that is not per position (short_conv layers). */
+    bool prefix_cache;
 };
 
 enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
@@ -204,6 +208,21 @@ enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_
 int32_t llmopt_session_seq_len(const struct llmopt_session *s, int32_t slot);
 void llmopt_session_reset(struct llmopt_session *s, int32_t slot);
 int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s);
+/* Prefix reuse (opts.prefix_cache), in whole KV blocks (16 positions each).
+ * attach: an empty slot takes the longest run of cached blocks holding a prefix of
+ * tokens[0, n - 1) and returns the positions it now holds (0: none; the sequence goes
+ * on from there, and its last token is always computed). publish: the full blocks of
+ * the slot's first n positions (tokens[0, n) the tokens there, n <= its length) become
+ * reusable; they stay cached after reset until their memory is needed. The rows are
+ * those the attaching sequence would have computed, up to rounding (a prompt's rows
+ * may come from a forward batched differently). */
+int32_t llmopt_session_prefix_attach(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                     int32_t n);
+void llmopt_session_prefix_publish(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                   int32_t n);
+/* Blocks the prefix cache holds (in use by a slot or not); whether there is one. */
+int32_t llmopt_session_kv_blocks_cached(const struct llmopt_session *s);
+bool llmopt_session_prefix_cache_on(const struct llmopt_session *s);
 /* The KV cache's element type (never DEFAULT) and the bytes of its K and V storage. */
 enum llmopt_kv_type llmopt_session_kv_type(const struct llmopt_session *s);
 uint64_t llmopt_session_kv_bytes(const struct llmopt_session *s);

@@ -16,12 +16,17 @@ int cmd_serve(int argc, char **argv) {
         .queue_cap = 64,
         .stream_batch = 2,
         .max_body = 4u << 20,
+        .prefix_cache = true,
     };
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
         long long n;
         if (!strcmp(arg, "-v") || !strcmp(arg, "--verbose")) {
             o.verbose = true;
+            continue;
+        }
+        if (!strcmp(arg, "--no-prefix-cache")) {
+            o.prefix_cache = false;
             continue;
         }
         if (arg[0] != '-' || !arg[1]) {

@@ -15,6 +15,16 @@
  * path through kv_cache_read. For q8_0 every head must start on a block: head_dim a
  * multiple of 32 (the session checks it).
  *
+ * Prefix reuse (kv_cache_prefix_*, when enabled): a full block whose rows a sequence
+ * computed can be published with the tokens at its positions. Released by every
+ * sequence, a published block stays cached (evicted oldest first, and only when
+ * kv_cache_reserve finds no free block), and a later sequence that begins with the same
+ * tokens attaches it instead of computing it again. A block matches when its tokens
+ * and its parent (the block before it, by id and publish generation) match, so an
+ * attached chain is exactly a token prefix. Shared blocks are read-only in effect: a
+ * sequence only writes positions past the blocks it attached, and only full blocks are
+ * published. Not for caches with conv state, which is not per position.
+ *
  * Conv state (kv_cache_add_conv_state): for each short_conv layer and slot, the last
  * L-1 inputs of the sequence, L the layer's kernel size; row (pos % (L-1)) holds the
  * input at position pos. A short_conv kernel reads the rows of positions before its
@@ -59,8 +69,10 @@ struct kv_cache {
     int32_t *block_table;  /* (n_slots, max_blocks_per_slot); -1 = none */
     int32_t *slot_len;     /* (n_slots) positions written so far */
     int32_t *slot_blocks;  /* (n_slots) blocks held */
-    int32_t *free_blocks;  /* (n_blocks) stack of free block ids */
+    int32_t *free_blocks;  /* (n_blocks) stack of free block ids (unheld, not cached) */
     int32_t n_free;
+    int32_t *refs;         /* (n_blocks) slot tables holding the block */
+    struct kv_prefix *prefix; /* NULL: prefix reuse off */
     int32_t n_conv_layers;   /* short_conv layers */
     int32_t *conv_rows;      /* (n_conv_layers) L - 1 */
     int32_t *conv_channels;  /* (n_conv_layers) C */
@@ -86,12 +98,28 @@ enum llmopt_status kv_cache_add_conv_state(struct kv_cache *kv, int32_t n_layers
                                            const int32_t *channels, struct llmopt_err *err);
 
 /* Makes positions [0, n_positions) of slot addressable; LLMOPT_ERR_LIMIT when the
- * sequence would exceed max_positions or no free block is left (nothing changes then). */
+ * sequence would exceed max_positions or no free block is left (nothing changes then).
+ * Cached prefix blocks nobody holds count as free: the oldest are evicted first. */
 enum llmopt_status kv_cache_reserve(struct kv_cache *kv, int32_t slot, int32_t n_positions,
                                     struct llmopt_err *err);
-/* Returns the slot's blocks to the free list and empties it (conv state zeroed). */
+/* Returns the slot's blocks to the free list (or, published ones, to the prefix cache)
+ * and empties it (conv state zeroed). */
 void kv_cache_release(struct kv_cache *kv, int32_t slot);
+/* Blocks some slot holds (cached prefix blocks nobody holds are not in use). */
 int32_t kv_cache_blocks_in_use(const struct kv_cache *kv);
+
+/* Turns prefix reuse on (LLMOPT_ERR_INVALID_ARG with conv state). */
+enum llmopt_status kv_cache_prefix_enable(struct kv_cache *kv, struct llmopt_err *err);
+/* An empty slot takes the longest chain of cached blocks whose tokens are a prefix of
+ * tokens[0, n - 1) (the last token is left to compute: its logits are wanted). Returns
+ * the positions attached (a multiple of block_size; 0 when off or nothing matches). */
+int32_t kv_cache_prefix_attach(struct kv_cache *kv, int32_t slot, const int32_t *tokens, int32_t n);
+/* Publishes the slot's full blocks within its first n positions, tokens[0, n) being
+ * the tokens at those positions (n <= the positions written). Already published
+ * blocks, and blocks equal to a cached one, are left as they are. */
+void kv_cache_prefix_publish(struct kv_cache *kv, int32_t slot, const int32_t *tokens, int32_t n);
+/* Published blocks (held or not). */
+int32_t kv_cache_blocks_cached(const struct kv_cache *kv);
 
 /* Row (row_bytes[layer] bytes of dtype) for (slot, pos); the block must be reserved. */
 static inline uint8_t *kv_cache_row(const struct kv_cache *kv, uint8_t *const *store, int32_t layer,

@@ -165,6 +165,7 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         free(conv_dims);
         if (st) goto fail;
     }
+    if (o.prefix_cache && !n_conv && (st = kv_cache_prefix_enable(s->kv, err))) goto fail;
     if (!o.n_threads && backend == &cpu_backend_ops) {
         uint64_t enough = ir_weight_bytes_per_token(&m->ir) / SESSION_BYTES_PER_THREAD;
         int cpus = cpu_features_get()->usable_cpus;
@@ -316,6 +317,22 @@ void llmopt_session_reset(struct llmopt_session *s, int32_t slot) { kv_cache_rel
 int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s) {
     return kv_cache_blocks_in_use(s->kv);
 }
+
+int32_t llmopt_session_prefix_attach(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                     int32_t n) {
+    return kv_cache_prefix_attach(s->kv, slot, tokens, n);
+}
+
+void llmopt_session_prefix_publish(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                   int32_t n) {
+    kv_cache_prefix_publish(s->kv, slot, tokens, n);
+}
+
+int32_t llmopt_session_kv_blocks_cached(const struct llmopt_session *s) {
+    return kv_cache_blocks_cached(s->kv);
+}
+
+bool llmopt_session_prefix_cache_on(const struct llmopt_session *s) { return s->kv->prefix != NULL; }
 
 enum llmopt_kv_type llmopt_session_kv_type(const struct llmopt_session *s) { return s->kv_type; }
 

@@ -114,7 +114,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
                                 .queue_cap = o->queue_cap,
                                 .stream_batch = o->stream_batch,
                                 .n_threads = o->n_threads,
-                                .kv_type = o->kv_type};
+                                .kv_type = o->kv_type,
+                                .prefix_cache = o->prefix_cache};
     if ((st = srv_sched_create(model, &so, metrics, &sched, err))) goto done;
     model_id_of(o->model_path, model_id, sizeof model_id);
     struct srv_app_opts ao = {.model_id = model_id,
@@ -137,10 +138,11 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
     const struct llmopt_session *sess = srv_sched_session(sched);
     fprintf(stderr,
             "llmopt serve: model %s (program %s, vocab %d); %d slots x %d positions = KV "
-            "capacity %lld tokens (%s, %.1f MiB); prefill chunk %d; queue %d\n",
+            "capacity %lld tokens (%s, %.1f MiB); prefill chunk %d; queue %d; prefix cache %s\n",
             model_id, llmopt_model_program(model), llmopt_model_n_vocab(model), o->n_slots, n_ctx,
             (long long)o->n_slots * n_ctx, llmopt_kv_type_name(llmopt_session_kv_type(sess)),
-            (double)llmopt_session_kv_bytes(sess) / (1024.0 * 1024.0), o->prefill_chunk, o->queue_cap);
+            (double)llmopt_session_kv_bytes(sess) / (1024.0 * 1024.0), o->prefill_chunk, o->queue_cap,
+            llmopt_session_prefix_cache_on(sess) ? "on" : o->prefix_cache ? "off (state not per position)" : "off");
     if (!tmpl)
         fprintf(stderr, "llmopt serve: no chat template: %s; /v1/chat/completions answers 400\n",
                 note);

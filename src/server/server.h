@@ -29,6 +29,7 @@ struct srv_opts {
     int32_t n_threads;              /* CPU threads for kernels; 0: every CPU */
     enum llmopt_kv_type kv_type;    /* KV cache element type; DEFAULT: the model's / f16 */
     size_t max_body;                /* bytes of a request body */
+    bool prefix_cache;              /* reuse the KV blocks of prompt prefixes seen before */
     bool verbose;
 };
 

@@ -429,7 +429,7 @@ static void stream_finish(struct srv_stream *st) {
         stream_put(st, chunk_new(st, choice));
         if (st->include_usage) {
             json_t *c = chunk_new(st, NULL);
-            if (c) json_object_set_new(c, "usage", srv_usage_json(res.n_prompt, res.n_generated));
+            if (c) json_object_set_new(c, "usage", srv_usage_json(res.n_prompt, res.n_cached, res.n_generated));
             stream_put(st, c);
         }
     }
@@ -556,7 +556,7 @@ static void pending_reply(struct srv_pending *pd, const struct srv_req_result *r
                              pd->kind == SRV_KIND_CHAT ? "chat.completion" : "text_completion",
                              "created", (json_int_t)pd->created, "model", a->model_id,
                              "choices", choice, "usage",
-                             srv_usage_json(res->n_prompt, res->n_generated));
+                             srv_usage_json(res->n_prompt, res->n_cached, res->n_generated));
     reply_json(out, 200, body);
 }
 

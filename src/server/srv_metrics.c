@@ -40,9 +40,9 @@ struct hist {
 struct srv_metrics {
     pthread_mutex_t mu;
     uint64_t requests[SRV_EP_COUNT][N_STATUS];
-    uint64_t prompt_tokens, generated_tokens, cancelled;
+    uint64_t prompt_tokens, cached_tokens, generated_tokens, cancelled;
     struct hist ttft, itl;
-    int64_t queue_depth, running, kv_blocks;
+    int64_t queue_depth, running, kv_blocks, kv_cached;
     uint64_t steps, step_tokens, step_rows;
     double phase_seconds[SRV_PHASE_COUNT];
 };
@@ -71,9 +71,10 @@ void srv_metrics_request(struct srv_metrics *m, enum srv_endpoint ep, int status
     pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_tokens(struct srv_metrics *m, int64_t prompt, int64_t generated) {
+void srv_metrics_tokens(struct srv_metrics *m, int64_t prompt, int64_t cached, int64_t generated) {
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += (uint64_t)prompt;
+    m->cached_tokens += (uint64_t)cached;
     m->generated_tokens += (uint64_t)generated;
     pthread_mutex_unlock(&m->mu);
 }
@@ -99,11 +100,12 @@ void srv_metrics_itl(struct srv_metrics *m, double seconds) {
 }
 
 void srv_metrics_gauges(struct srv_metrics *m, int64_t queue_depth, int64_t running,
-                        int64_t kv_blocks_in_use) {
+                        int64_t kv_blocks_in_use, int64_t kv_blocks_cached) {
     pthread_mutex_lock(&m->mu);
     m->queue_depth = queue_depth;
     m->running = running;
     m->kv_blocks = kv_blocks_in_use;
+    m->kv_cached = kv_blocks_cached;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -159,6 +161,9 @@ char *srv_metrics_render(struct srv_metrics *m, size_t *len) {
                    "# HELP llmopt_prompt_tokens_total Prompt tokens of admitted requests.\n"
                    "# TYPE llmopt_prompt_tokens_total counter\n"
                    "llmopt_prompt_tokens_total %llu\n"
+                   "# HELP llmopt_prompt_tokens_cached_total Prompt tokens taken from the prefix cache.\n"
+                   "# TYPE llmopt_prompt_tokens_cached_total counter\n"
+                   "llmopt_prompt_tokens_cached_total %llu\n"
                    "# HELP llmopt_generated_tokens_total Tokens generated (sampled).\n"
                    "# TYPE llmopt_generated_tokens_total counter\n"
                    "llmopt_generated_tokens_total %llu\n"
@@ -173,10 +178,14 @@ char *srv_metrics_render(struct srv_metrics *m, size_t *len) {
                    "llmopt_requests_running %lld\n"
                    "# HELP llmopt_kv_blocks_in_use KV cache blocks held by running requests.\n"
                    "# TYPE llmopt_kv_blocks_in_use gauge\n"
-                   "llmopt_kv_blocks_in_use %lld\n",
-                   (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens,
+                   "llmopt_kv_blocks_in_use %lld\n"
+                   "# HELP llmopt_kv_blocks_cached KV cache blocks the prefix cache keeps (in use or not).\n"
+                   "# TYPE llmopt_kv_blocks_cached gauge\n"
+                   "llmopt_kv_blocks_cached %lld\n",
+                   (unsigned long long)m->prompt_tokens, (unsigned long long)m->cached_tokens,
+                   (unsigned long long)m->generated_tokens,
                    (unsigned long long)m->cancelled, (long long)m->queue_depth,
-                   (long long)m->running, (long long)m->kv_blocks);
+                   (long long)m->running, (long long)m->kv_blocks, (long long)m->kv_cached);
     srv_buf_printf(&b,
                    "# HELP llmopt_scheduler_steps_total Forwards run by the scheduler.\n"
                    "# TYPE llmopt_scheduler_steps_total counter\n"

@@ -24,12 +24,14 @@ struct srv_metrics *srv_metrics_create(void);
 void srv_metrics_free(struct srv_metrics *m);
 
 void srv_metrics_request(struct srv_metrics *m, enum srv_endpoint ep, int status);
-void srv_metrics_tokens(struct srv_metrics *m, int64_t prompt, int64_t generated);
+/* prompt: tokens of an admitted request's prompt, cached: how many of them came from
+ * the prefix cache instead of a forward. */
+void srv_metrics_tokens(struct srv_metrics *m, int64_t prompt, int64_t cached, int64_t generated);
 void srv_metrics_ttft(struct srv_metrics *m, double seconds);
 void srv_metrics_itl(struct srv_metrics *m, double seconds);
 /* Gauges, published by the scheduler after each step. */
 void srv_metrics_gauges(struct srv_metrics *m, int64_t queue_depth, int64_t running,
-                        int64_t kv_blocks_in_use);
+                        int64_t kv_blocks_in_use, int64_t kv_blocks_cached);
 void srv_metrics_cancelled(struct srv_metrics *m);
 
 /* Where the scheduler thread's time goes, in wall seconds (see srv_sched.c). */

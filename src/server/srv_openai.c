@@ -24,9 +24,10 @@ char *srv_error_body(const struct srv_error *e, size_t *len) {
     return s;
 }
 
-json_t *srv_usage_json(int32_t prompt_tokens, int32_t completion_tokens) {
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", prompt_tokens, "completion_tokens",
-                     completion_tokens, "total_tokens", prompt_tokens + completion_tokens);
+json_t *srv_usage_json(int32_t prompt_tokens, int32_t cached_tokens, int32_t completion_tokens) {
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens",
+                     completion_tokens, "total_tokens", prompt_tokens + completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", cached_tokens);
 }
 
 const char *srv_finish_name(enum srv_finish f) {

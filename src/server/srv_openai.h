@@ -11,7 +11,7 @@
 
 /* {"error": {"message", "type", "param", "code"}} as compact JSON; free() it. */
 char *srv_error_body(const struct srv_error *e, size_t *len);
-json_t *srv_usage_json(int32_t prompt_tokens, int32_t completion_tokens);
+json_t *srv_usage_json(int32_t prompt_tokens, int32_t cached_tokens, int32_t completion_tokens);
 const char *srv_finish_name(enum srv_finish f); /* "stop", "length"; NULL otherwise */
 /* "chatcmpl-…" / "cmpl-…": the prefix and 29 random letters and digits. */
 void srv_make_id(char *buf, size_t cap, const char *prefix);

@@ -42,6 +42,7 @@ struct srv_req {
     /* Scheduler thread only. */
     int32_t slot;   /* -1 while queued */
     int32_t n_fed;  /* tokens in the slot's sequence */
+    int32_t n_cached; /* of them, attached from the prefix cache at admission */
     int32_t n_step; /* tokens added by the step being built */
     int32_t n_gen;
     double t_last;                     /* when the previous token was sampled */
@@ -267,6 +268,7 @@ void srv_req_result(struct srv_req *r, struct srv_req_result *out) {
     out->finish = r->finish;
     out->n_prompt = r->n_prompt;
     out->n_generated = r->done ? r->n_gen : 0; /* written by the scheduler until done */
+    out->n_cached = r->done ? r->n_cached : 0;
     memcpy(out->error, r->error, sizeof out->error);
     pthread_mutex_unlock(&r->mu);
 }
@@ -365,6 +367,9 @@ static void req_set_finish(struct srv_req *r, enum srv_finish f, const char *err
 /* Frees r's slot and hands r back: the reader sees SRV_NEXT_END after its events. */
 static void sched_retire(struct srv_sched *s, struct srv_req *r) {
     if (r->slot >= 0) {
+        /* what it computed (prompt and answer) may begin a later request's prompt: the
+         * next turn of a chat repeats both */
+        llmopt_session_prefix_publish(s->session, r->slot, r->tokens, r->n_fed);
         llmopt_session_reset(s->session, r->slot);
         s->slot_busy[r->slot] = false;
         r->slot = -1;
@@ -377,7 +382,7 @@ static void sched_retire(struct srv_sched *s, struct srv_req *r) {
     pthread_mutex_unlock(&r->mu);
     req_notify(r, true);
     if (f == SRV_FINISH_CANCEL) srv_metrics_cancelled(s->metrics);
-    srv_metrics_tokens(s->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_gen);
+    srv_metrics_tokens(s->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_cached, r->n_gen);
     req_unref(r);
 }
 
@@ -532,6 +537,7 @@ static void sched_admit_locked(struct srv_sched *s) {
         while (s->slot_busy[slot]) slot++;
         s->slot_busy[slot] = true;
         r->slot = slot;
+        r->n_fed = r->n_cached = llmopt_session_prefix_attach(s->session, slot, r->tokens, r->n_prompt);
         atomic_fetch_add(&s->n_running, 1);
         s->active[s->n_active++] = r;
     }
@@ -608,10 +614,14 @@ static bool sched_step(struct srv_sched *s) {
     for (int32_t i = 0; i < s->n_active; i++) {
         struct srv_req *r = s->active[i];
         if (!r->n_step) continue;
-        if (st)
+        if (st) {
             req_set_finish(r, SRV_FINISH_ERROR, err.msg);
-        else
-            r->n_fed += r->n_step;
+            continue;
+        }
+        bool prompt_done = r->n_fed < r->n_prompt && r->n_fed + r->n_step == r->n_prompt;
+        r->n_fed += r->n_step;
+        /* at once, for requests that arrive with the same prompt meanwhile */
+        if (prompt_done) llmopt_session_prefix_publish(s->session, r->slot, r->tokens, r->n_prompt);
     }
     if (!st)
         for (int32_t j = 0; j < n_out; j++)
@@ -657,7 +667,8 @@ static bool sched_step(struct srv_sched *s) {
 
 static void sched_publish(struct srv_sched *s, int32_t queued) {
     srv_metrics_gauges(s->metrics, queued, s->n_active,
-                       llmopt_session_kv_blocks_in_use(s->session));
+                       llmopt_session_kv_blocks_in_use(s->session),
+                       llmopt_session_kv_blocks_cached(s->session));
     sched_lap(s, SRV_PHASE_RETIRE);
     srv_metrics_step(s->metrics, s->lap_tokens, s->lap_rows, s->lap);
     memset(s->lap, 0, sizeof s->lap);
@@ -742,7 +753,7 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
     pthread_cond_init(&s->cv, NULL);
     struct llmopt_session_opts so = {
         .n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads,
-        .kv_type = o->kv_type};
+        .kv_type = o->kv_type, .prefix_cache = o->prefix_cache};
     enum llmopt_status st = llmopt_session_create(m, &so, &s->session, err);
     if (st) {
         srv_sched_free(s);

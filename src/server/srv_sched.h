@@ -58,6 +58,7 @@ struct srv_sched_opts {
     int32_t stream_batch;
     int32_t n_threads;     /* CPU threads for the session's kernels; 0: every CPU */
     enum llmopt_kv_type kv_type; /* KV cache element type */
+    bool prefix_cache;           /* reuse KV blocks of prompt prefixes computed before */
 };
 
 struct srv_sched;
@@ -124,6 +125,7 @@ bool srv_req_park(struct srv_req *r, srv_park_fn park, srv_park_fn wake, void *c
 struct srv_req_result {
     enum srv_finish finish;
     int32_t n_prompt, n_generated; /* n_generated: 0 until the request is done */
+    int32_t n_cached; /* prompt tokens taken from the prefix cache (final once admitted) */
     char error[256];
 };
 void srv_req_result(struct srv_req *r, struct srv_req_result *out);
