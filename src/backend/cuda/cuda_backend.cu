@@ -138,11 +138,15 @@ struct cuda_state {
     unsigned long long *h_keys;   /* pinned (n_max) their copy */
     void *xh;                     /* device: f16/bf16 activations for cuBLAS */
     size_t xh_bytes;
+    int32_t xh_node;              /* the node whose f16 (xh_bf16: bf16) copy xh holds in this
+                                   * step, or -1: q/k/v and gate/up convert their x once */
+    bool xh_bf16;
     void *wh;                     /* device: a block-quantized weight as bf16 (prefill), or NULL */
     size_t wh_bytes;
     float *att_part;              /* device: split-attention partials */
     unsigned *att_counters;       /* device (CU_ATT_COUNTERS): split merge counters, zero between launches */
     bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
+    bool att_tiled_f32;           /* $LLMOPT_CUDA_ATT_MMA=0: prefill attention without tensor cores */
     int64_t att_part_floats;
     /* KV mirror */
     const struct kv_cache *kv_owner;
@@ -170,6 +174,13 @@ struct cuda_state {
                                    * their own place in the node order, or NULL */
     float *priv_store;
     bool fused;                   /* the current step runs the fused schedule */
+    /* prefill chains (plan_prefill_chains), used by the other steps: [rms_norm ->]
+     * permute -> rope as one cu_norm_rope launch at the chain's first node, its result in
+     * pf_priv storage shared by chains whose lives do not overlap; off with
+     * $LLMOPT_CUDA_PF_FUSE=0 */
+    struct cuda_fuse *pf_fuse;    /* (n_nodes) FUSE_NORM_ROPE / FUSE_SKIP only */
+    float **pf_priv;              /* (n_nodes) */
+    float *pf_priv_store;
     int32_t kernels_per_step_fused;
     /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
      * kind of kernel (prefill and decode apart), printed to stderr at release */
@@ -234,7 +245,8 @@ static bool extent_eq(const struct ir_extent *a, const struct ir_extent *b) {
 
 static void *node_ptr(struct cuda_state *s, int32_t i) {
     if (s->g->nodes[i].op == IR_OP_PARAM) return (void *)s->weight[i].data;
-    if (s->fused && s->priv[s->plan.root[i]]) return s->priv[s->plan.root[i]];
+    float *const *priv = s->fused ? s->priv : s->pf_priv;
+    if (priv && priv[s->plan.root[i]]) return priv[s->plan.root[i]];
     return s->arena + s->plan.offset[i];
 }
 static float *node_f32(struct cuda_state *s, int32_t i) { return (float *)node_ptr(s, i); }
@@ -305,10 +317,10 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
     return LLMOPT_OK;
 }
 
-/* A fused step's NORM_ROPE node: every part's [rms_norm ->] permute -> rope. */
-static enum llmopt_status run_norm_rope(struct cuda_state *s, int32_t i, struct llmopt_err *err) {
+/* A NORM_ROPE node of the fused or prefill schedule (f): every part's [rms_norm ->]
+ * permute -> rope. */
+static enum llmopt_status run_norm_rope(struct cuda_state *s, const struct cuda_fuse *f, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
-    const struct cuda_fuse *f = &s->fuse[i];
     struct cu_norm_rope_part part[CUDA_FUSE_MAX];
     memset(part, 0, sizeof part);
     int64_t d = 0;
@@ -340,6 +352,16 @@ static enum llmopt_status run_norm_rope(struct cuda_state *s, int32_t i, struct 
     s->prof_tag = f->out[0] != IR_NONE ? "rms_norm+permute+rope" : "permute+rope";
     CU_TRY(cu_norm_rope(s->stream, part, f->n, d));
     return LLMOPT_OK;
+}
+
+/* x (node xi, n floats) to f16/bf16 in s->xh for cuBLAS, unless xh already holds it: a
+ * node's value does not change within a step, and the linears of one x (q/k/v, gate/up)
+ * usually follow each other. */
+static cudaError_t convert_x_half(struct cuda_state *s, int32_t xi, const float *x, int64_t n, bool bf16) {
+    if (s->xh_node == xi && s->xh_bf16 == bf16) return cudaSuccess;
+    s->xh_node = xi;
+    s->xh_bf16 = bf16;
+    return cu_convert_half(s->stream, x, s->xh, n, bf16);
 }
 
 static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node *n, int32_t i,
@@ -384,7 +406,7 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
         bool bf = w->dtype == CU_BF16;
         s->prof_tag = bf ? "linear.gemm bf16 (+cvt, epilogue)" : "linear.gemm f16 (+cvt, epilogue)";
         cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
-        CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, bf));
+        CU_TRY(convert_x_half(s, n->in[0], x, rows * k, bf));
         BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
                               w->data, t, (int)k, s->xh, t, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -396,7 +418,7 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
         /* prefill: W once to bf16, then tensor cores (the tiled kernel is f32 FMA) */
         s->prof_tag = "linear.gemm dequant->bf16 (+cvt, epilogue)";
         CU_TRY(cu_weight_to_bf16(s->stream, w, s->wh));
-        CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, true));
+        CU_TRY(convert_x_half(s, n->in[0], x, rows * k, true));
         BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one, s->wh,
                               CUDA_R_16BF, (int)k, s->xh, CUDA_R_16BF, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -437,6 +459,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.part = s->att_part;
     a.counters = s->att_counters;
     a.per_position = s->att_per_position;
+    a.tiled_f32 = s->att_tiled_f32;
     if (cu_attention_part_floats(a.n_tok, a.n_heads, a.head_dim, a.splits) > s->att_part_floats)
         return err_set(err, LLMOPT_ERR_LIMIT, "cuda: attention scratch too small for %d tokens", a.n_tok);
     CU_TRY(cu_attention(s->stream, &a));
@@ -517,7 +540,8 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     const struct ir_node *n = &g->nodes[i];
     const struct ir_extent *eo = &s->extent[i];
     cudaStream_t st = s->stream;
-    if (s->fused && s->fuse[i].kind == FUSE_NORM_ROPE) return run_norm_rope(s, i, err);
+    const struct cuda_fuse *f = s->fused ? &s->fuse[i] : &s->pf_fuse[i];
+    if (f->kind == FUSE_NORM_ROPE) return run_norm_rope(s, f, err);
     switch (n->op) {
     case IR_OP_INPUT:
     case IR_OP_PARAM:
@@ -922,6 +946,28 @@ static int32_t fuse_head_major(const struct fuse_ctx *c, int32_t l, int64_t *hea
     return *head_dim > 0 ? p : IR_NONE;
 }
 
+/* Node i is the rope of a [rms_norm ->] permute (last axis kept) -> rope chain, each
+ * link used once (uses) and none claimed (or claimed NULL): returns the chain's first
+ * node (the rms_norm, or the permute), else -1. */
+static int32_t norm_rope_chain(const struct cuda_state *s, const int32_t *uses, const bool *claimed, int32_t i) {
+    const struct ir_graph *g = s->g;
+    const struct ir_node *o = &g->nodes[i];
+    if (o->op != IR_OP_ROPE || o->constant || i == g->output || o->n_in != 3 || (claimed && claimed[i])) return -1;
+    int32_t p = o->in[0];
+    const struct ir_node *pn = &g->nodes[p];
+    int rank = o->shape.rank;
+    if (pn->op != IR_OP_PERMUTE || uses[p] != 1 || (claimed && claimed[p]) || pn->attrs.n_axes != rank || rank < 2 ||
+        pn->attrs.axes[rank - 1] != rank - 1 || o->shape.dims[rank - 1].sym != IR_SYM_NONE ||
+        o->shape.dims[rank - 1].coef % 2 || o->in[1] == p || o->in[2] == p)
+        return -1;
+    int32_t r = pn->in[0];
+    const struct ir_node *rn = &g->nodes[r];
+    bool norm = rn->op == IR_OP_RMS_NORM && rn->n_in == 2 && uses[r] == 1 && !(claimed && claimed[r]) &&
+                r != g->output && !s->norm_into_matvec[r] && g->nodes[rn->in[1]].dtype == IR_DTYPE_F32 &&
+                (g->nodes[rn->in[1]].op != IR_OP_PARAM || g->nodes[rn->in[1]].weight.dtype == IR_DTYPE_F32);
+    return norm ? r : p;
+}
+
 /* Decides the fused schedule of small batches (struct cuda_fuse) from the graph's
  * structure, and gives every result the schedule writes ahead of its own position
  * device storage of its own (priv), sized for CUDA_MATVEC_MAX_ROWS tokens: the memory
@@ -978,23 +1024,9 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
     }
     /* [rms_norm ->] permute (last axis kept) -> rope chains, each link used once */
     for (int32_t i = 0; i < n; i++) {
-        const struct ir_node *o = &g->nodes[i];
-        if (o->op != IR_OP_ROPE || o->constant || i == g->output || o->n_in != 3) continue;
-        int32_t p = o->in[0];
-        const struct ir_node *pn = &g->nodes[p];
-        int rank = o->shape.rank;
-        if (pn->op != IR_OP_PERMUTE || c.uses[p] != 1 || c.claimed[p] || pn->attrs.n_axes != rank || rank < 2 ||
-            pn->attrs.axes[rank - 1] != rank - 1 || o->shape.dims[rank - 1].sym != IR_SYM_NONE ||
-            o->shape.dims[rank - 1].coef % 2 || o->in[1] == p || o->in[2] == p)
-            continue;
-        int32_t r = pn->in[0];
-        const struct ir_node *rn = &g->nodes[r];
-        bool norm = rn->op == IR_OP_RMS_NORM && rn->n_in == 2 && c.uses[r] == 1 && !c.claimed[r] && r != g->output &&
-                    !s->norm_into_matvec[r] && g->nodes[rn->in[1]].dtype == IR_DTYPE_F32 &&
-                    (g->nodes[rn->in[1]].op != IR_OP_PARAM || g->nodes[rn->in[1]].weight.dtype == IR_DTYPE_F32);
-        chain_t0[i] = norm ? r : p;
-        c.claimed[i] = c.claimed[p] = true;
-        if (norm) c.claimed[r] = true;
+        chain_t0[i] = norm_rope_chain(s, c.uses, c.claimed, i);
+        if (chain_t0[i] < 0) continue;
+        c.claimed[i] = c.claimed[g->nodes[i].in[0]] = c.claimed[chain_t0[i]] = true;
     }
     /* products of one x in one launch, each possibly written head-major */
     for (int32_t i = 0; i < n; i++) {
@@ -1093,6 +1125,70 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
     return LLMOPT_OK;
 }
 
+/* The schedule of the other steps (prefill): each [rms_norm ->] permute -> rope chain
+ * runs as one cu_norm_rope launch at its first node t0 (its rms_norm and permute, and
+ * the rope itself, are skipped), where the cos/sin tables and the norm weight are ready
+ * (computed before t0). The memory plan keeps the rope's storage only from the rope's
+ * own position, so the result goes to device storage of its own, shared by chains
+ * whose lives (t0 to the rope's last reader) do not overlap: two buffers for a
+ * Llama/Qwen3 layer's q and k, whatever the depth. */
+#define CUDA_PF_BUFS 8
+static enum llmopt_status plan_prefill_chains(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    int32_t n = g->n_nodes;
+    s->pf_fuse = (struct cuda_fuse *)calloc((size_t)n, sizeof *s->pf_fuse);
+    s->pf_priv = (float **)calloc((size_t)n, sizeof *s->pf_priv);
+    int32_t *uses = (int32_t *)calloc((size_t)n, sizeof(int32_t)), *buf_of = (int32_t *)malloc((size_t)n * 4);
+    if (!s->pf_fuse || !s->pf_priv || !uses || !buf_of) {
+        free(uses);
+        free(buf_of);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    }
+    const char *e = getenv("LLMOPT_CUDA_PF_FUSE");
+    bool on = !(e && !strcmp(e, "0"));
+    for (int32_t i = 0; i < n; i++) {
+        buf_of[i] = -1;
+        for (int k = 0; k < g->nodes[i].n_in; k++) uses[g->nodes[i].in[k]]++;
+    }
+    size_t buf_bytes[CUDA_PF_BUFS] = {0};
+    int32_t busy_until[CUDA_PF_BUFS], n_bufs = 0;
+    for (int32_t i = 0; on && i < n; i++) {
+        int32_t t0 = norm_rope_chain(s, uses, NULL, i);
+        if (t0 < 0) continue;
+        const struct ir_node *o = &g->nodes[i];
+        bool ready = true; /* cos, sin (views: their root) and the norm weight before t0 */
+        for (int k = 1; k < 3; k++) {
+            const struct ir_node *src = &g->nodes[s->plan.root[o->in[k]]];
+            ready = ready && (s->plan.root[o->in[k]] < t0 || src->constant || src->op == IR_OP_PARAM ||
+                              src->op == IR_OP_INPUT);
+        }
+        if (t0 != o->in[0]) ready = ready && g->nodes[g->nodes[t0].in[1]].op == IR_OP_PARAM;
+        int32_t b = 0;
+        while (b < n_bufs && busy_until[b] >= t0) b++;
+        if (!ready || b == CUDA_PF_BUFS) continue;
+        if (b == n_bufs) n_bufs++;
+        size_t need = (mem_plan_node_bytes(o, s->n_max, s->n_max) + 255) & ~(size_t)255;
+        if (need > buf_bytes[b]) buf_bytes[b] = need;
+        busy_until[b] = s->plan.last_use[i] > i ? s->plan.last_use[i] : i;
+        buf_of[i] = b;
+        s->pf_fuse[t0] = (struct cuda_fuse){FUSE_NORM_ROPE, 1, {i, 0, 0}, {t0 != o->in[0] ? t0 : IR_NONE, 0, 0}, {0, 0, 0}};
+        s->pf_fuse[i].kind = FUSE_SKIP;
+        if (t0 != o->in[0]) s->pf_fuse[o->in[0]].kind = FUSE_SKIP;
+    }
+    free(uses);
+    size_t total = 0, at[CUDA_PF_BUFS];
+    for (int32_t b = 0; b < n_bufs; b++) {
+        at[b] = total;
+        total += buf_bytes[b];
+    }
+    cudaError_t ce = total ? cudaMalloc((void **)&s->pf_priv_store, total) : cudaSuccess;
+    for (int32_t i = 0; ce == cudaSuccess && i < n; i++)
+        if (buf_of[i] >= 0) s->pf_priv[i] = (float *)((uint8_t *)s->pf_priv_store + at[buf_of[i]]);
+    free(buf_of);
+    CU_TRY(ce);
+    return LLMOPT_OK;
+}
+
 /* Scratch sizes over every batch size up to n_max. */
 static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
@@ -1152,6 +1248,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     }
     e = getenv("LLMOPT_CUDA_ATT_WARP");
     s->att_per_position = e && !strcmp(e, "0");
+    e = getenv("LLMOPT_CUDA_ATT_MMA");
+    s->att_tiled_f32 = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_KQ_X"); /* the K-quant matvec's x mode (A/B, tests) */
     cu_kq_set_x_mode(e && *e ? atoi(e) : -1);
     e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
@@ -1176,11 +1274,12 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     if ((st = upload_weights(s, err))) return st;
     if ((st = plan_norm_fusion(s, err))) return st;
     if ((st = plan_decode_fusion(s, err))) return st;
+    if ((st = plan_prefill_chains(s, err))) return st;
     if ((st = size_scratch(s, err))) return st;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         bool kernel = !(n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE);
-        s->kernels_per_step += kernel;
+        s->kernels_per_step += kernel && s->pf_fuse[i].kind != FUSE_SKIP;
         s->kernels_per_step_fused += kernel && s->fuse[i].kind != FUSE_SKIP;
     }
     return compute_constants(s, err);
@@ -1348,11 +1447,12 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
                                    cudaMemcpyHostToDevice, s->stream));
     }
     s->prof_n_ev = 0;
+    s->xh_node = -1;
     if (s->profile) CU_TRY(cudaEventRecord(s->prof_ev[s->prof_n_ev++], s->stream));
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE) continue;
-        if (s->fused && s->fuse[i].kind == FUSE_SKIP) continue;
+        if ((s->fused ? s->fuse : s->pf_fuse)[i].kind == FUSE_SKIP) continue;
         s->prof_tag = NULL;
         enum llmopt_status st = run_node(s, i, err);
         if (st) return st;
@@ -1553,6 +1653,9 @@ static void cuda_release(void *state) {
     free(s->fuse);
     free(s->priv);
     cudaFree(s->priv_store);
+    cudaFree(s->pf_priv_store);
+    free(s->pf_fuse);
+    free(s->pf_priv);
     free(s->weight);
     free(s->uploads);
     mem_plan_free(&s->plan);

@@ -209,6 +209,8 @@ struct cu_attention {
     unsigned *counters; /* (CU_ATT_COUNTERS) zeros before the launch, zeros after it */
     bool per_position;  /* batches <= 16 tokens: the block-per-position-chunk kernel even
                          * where the warp kernel applies (head dim % 4 == 0, <= 128) */
+    bool tiled_f32;     /* prefill: the f32 tiled kernel even where the tensor-core one
+                         * applies (head dim 64/96/128) */
 };
 /* Split attention launches have N * H < 264 (cu_attention_splits): counters enough. */
 #define CU_ATT_COUNTERS 512
@@ -221,6 +223,9 @@ int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int split
  * tiled kernel: K/V chunks in shared memory for 16 queries at a time (prefill). */
 #define CU_ATT_TILED_MIN_TOKENS 17
 bool cu_attention_tiled_ok(const struct cu_attention *a);
+/* Prefill batches (as above) with head dim 64, 96 or 128 and at most 64 query heads a KV
+ * head take the tensor-core kernel (bf16 operands, f32 sums) unless tiled_f32. */
+bool cu_attention_mma_ok(const struct cu_attention *a);
 /* Appends K/V of every token to its sequence, then attends causally: for one token
  * (decode, head dim <= 512) a single launch. */
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a);
