@@ -531,8 +531,9 @@ static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint3
  * t0 + r / G, head kvh * G + r % G), so one K/V chunk in shared memory serves every
  * head of the group. Warp w owns rows 16w..16w+15: its q rows (scaled by scale * log2 e)
  * stay in registers as A fragments. For each sequence present in the block, the union
- * of its tokens' key ranges is walked FA_KC keys at a time: the K and V rows go to
- * shared memory as bf16 (rows padded by 16 bytes: the fragment loads and ldmatrix hit
+ * of its tokens' key ranges is walked FA_KC keys at a time: the f32 K and V rows of the
+ * next chunk are copied to shared memory by cp.async while the current one computes,
+ * then converted to bf16 rows (padded by 16 bytes: the fragment loads and ldmatrix hit
  * distinct banks); a warp whose rows see none of the chunk's keys skips it; S = Q K^T
  * (FA_KC / 8 tiles of 16x8), masked (another sequence, past the query's position,
  * before its window), the online softmax in base 2 on the accumulators (a row's 4
@@ -540,13 +541,28 @@ static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint3
  * fragments) times V (B fragments by ldmatrix.trans from the row-major V). Rounding:
  * q, k, v and p to bf16 (8 bits), sums in f32. */
 template <int DH>
+struct fa_smem { /* dynamic shared memory of attention_mma_kernel<DH> */
+    static constexpr int LD = DH + 8, LDF = DH + 4;
+    float k32[FA_KC * LDF], v32[FA_KC * LDF]; /* the chunk in flight (cp.async), f32 */
+    __nv_bfloat16 ks[FA_KC * LD], vs[FA_KC * LD]; /* the chunk computed on, bf16 */
+};
+
+/* 16 bytes global -> shared without registers; src_bytes 0 fills zeros */
+static __device__ __forceinline__ void fa_cp16(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+template <int DH>
 __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
-    constexpr int KS = DH / 16, NT = DH / 8, LD = DH + 8, U4 = DH / 4, NTHR = FA_WARPS * CU_WARP;
-    constexpr int UNITS = FA_KC * U4 / NTHR;
+    constexpr int KS = DH / 16, NT = DH / 8, LD = fa_smem<DH>::LD, LDF = fa_smem<DH>::LDF, U4 = DH / 4;
+    constexpr int NTHR = FA_WARPS * CU_WARP, UNITS = FA_KC * U4 / NTHR;
     static_assert(DH % 16 == 0 && (FA_KC * U4) % NTHR == 0, "head dim a multiple of 16");
-    __shared__ __align__(16) __nv_bfloat16 ks[FA_KC * LD];
-    __shared__ __align__(16) __nv_bfloat16 vs[FA_KC * LD];
+    extern __shared__ __align__(16) unsigned char fa_dyn[];
+    fa_smem<DH> &sm = *reinterpret_cast<fa_smem<DH> *>(fa_dyn);
+    __nv_bfloat16 *const ks = sm.ks, *const vs = sm.vs;
     __shared__ int64_t koff[FA_KC];
     __shared__ int32_t rpos[FA_ROWS], rslot[FA_ROWS], rfirst[FA_ROWS], slots[FA_ROWS];
     __shared__ int n_slots;
@@ -619,27 +635,43 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
             wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, off));
             whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, off));
         }
-        for (int32_t c0 = lo; c0 <= hi; c0 += FA_KC) {
-            const int cn = min(FA_KC, hi + 1 - c0);
-            if (threadIdx.x < FA_KC)
-                koff[threadIdx.x] = (int)threadIdx.x < cn
-                                        ? kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot,
-                                                 c0 + (int)threadIdx.x) * row_elems + (int64_t)kvh * DH
-                                        : -1;
-            __syncthreads();
-#pragma unroll 4
+        /* chunk c0's rows (koff) were looked up and its copies issued before the loop or
+         * during the chunk before: they land while that chunk computes */
+        const auto lookup = [&](int32_t c) {
+            const int j = threadIdx.x;
+            if (j < FA_KC)
+                koff[j] = c + j <= hi ? kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c + j) *
+                                                row_elems + (int64_t)kvh * DH
+                                      : -1;
+        };
+        const auto issue = [&]() {
+#pragma unroll
             for (int it = 0; it < UNITS; it++) { /* rows past the chunk: zeros */
                 const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * 4;
                 const int64_t off = koff[j];
-                float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-                if (off >= 0) {
-                    kv = *(const float4 *)(a.k_cache + off + d4);
-                    vv = *(const float4 *)(a.v_cache + off + d4);
-                }
+                fa_cp16(&sm.k32[j * LDF + d4], a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
+                fa_cp16(&sm.v32[j * LDF + d4], a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+        __syncthreads(); /* koff free: the last chunk of the sequence before has issued */
+        lookup(lo);
+        __syncthreads();
+        issue();
+        for (int32_t c0 = lo; c0 <= hi; c0 += FA_KC) {
+            const int cn = min(FA_KC, hi + 1 - c0);
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            __syncthreads(); /* every thread's copies landed; the chunk before is computed */
+#pragma unroll 4
+            for (int it = 0; it < UNITS; it++) {
+                const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * 4;
+                const float4 kv = *(const float4 *)&sm.k32[j * LDF + d4], vv = *(const float4 *)&sm.v32[j * LDF + d4];
                 *(uint2 *)&ks[j * LD + d4] = make_uint2(fa_pack(kv.x, kv.y), fa_pack(kv.z, kv.w));
                 *(uint2 *)&vs[j * LD + d4] = make_uint2(fa_pack(vv.x, vv.y), fa_pack(vv.z, vv.w));
             }
-            __syncthreads();
+            if (c0 + FA_KC <= hi) lookup(c0 + FA_KC);
+            __syncthreads(); /* staging read, next rows looked up */
+            if (c0 + FA_KC <= hi) issue();
             if (c0 <= whi && c0 + cn - 1 >= wlo) { /* warp-uniform */
                 float s[FA_KC / 8][4];
 #pragma unroll
@@ -711,7 +743,6 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
                     }
                 }
             }
-            __syncthreads(); /* ks, vs, koff rewritten by the next chunk */
         }
     }
 #pragma unroll
@@ -746,6 +777,18 @@ bool cu_attention_tiled_ok(const struct cu_attention *a) {
     return a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->head_dim <= ATT_TDH && a->head_dim % 4 == 0;
 }
 
+template <int DH>
+static cudaError_t fa_launch(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
+    static bool sized; /* above 48 KiB of dynamic shared memory needs the attribute, once */
+    cudaError_t e;
+    if (!sized && (e = cudaFuncSetAttribute(attention_mma_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)sizeof(fa_smem<DH>))) != cudaSuccess)
+        return e;
+    sized = true;
+    attention_mma_kernel<DH><<<grid, FA_WARPS * CU_WARP, sizeof(fa_smem<DH>), st>>>(*a);
+    return cudaGetLastError();
+}
+
 bool cu_attention_mma_ok(const struct cu_attention *a) {
     return !a->tiled_f32 && a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->n_kv_heads > 0 &&
            a->n_heads / a->n_kv_heads <= FA_ROWS && (a->head_dim == 64 || a->head_dim == 96 || a->head_dim == 128);
@@ -767,11 +810,10 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
         dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) / (FA_ROWS / (a->n_heads / a->n_kv_heads)),
                   a->n_kv_heads);
         switch (a->head_dim) {
-        case 64: attention_mma_kernel<64><<<grid, FA_WARPS * CU_WARP, 0, st>>>(*a); break;
-        case 96: attention_mma_kernel<96><<<grid, FA_WARPS * CU_WARP, 0, st>>>(*a); break;
-        default: attention_mma_kernel<128><<<grid, FA_WARPS * CU_WARP, 0, st>>>(*a); break;
+        case 64: return fa_launch<64>(grid, st, a);
+        case 96: return fa_launch<96>(grid, st, a);
+        default: return fa_launch<128>(grid, st, a);
         }
-        return cudaGetLastError();
     }
     if (tiled) {
         attention_tiled_kernel<<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
