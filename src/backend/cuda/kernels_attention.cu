@@ -46,9 +46,9 @@ __global__ void kv_append_kernel(struct cu_attention a) {
     float *kr = a.k_cache + row * row_elems, *vr = a.v_cache + row * row_elems;
     for (int e = threadIdx.x; e < row_elems; e += blockDim.x) {
         int h = e / a.head_dim, d = e % a.head_dim;
-        int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d;
-        kr[e] = a.k[src];
-        vr[e] = a.v[src];
+        int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d, tok = (int64_t)t * row_elems + e;
+        kr[e] = a.k[a.k_tok_major ? tok : src];
+        vr[e] = a.v[a.v_tok_major ? tok : src];
     }
 }
 
@@ -112,8 +112,9 @@ static __device__ __forceinline__ struct att_span att_decode_span(const struct c
     const int32_t per = (n_chunks + a.splits - 1) / a.splits;
     sp.begin = first + split * per * ATT_CHUNK;
     sp.end = min(sp.p + 1, sp.begin + per * ATT_CHUNK);
-    sp.k_own = a.k + ((int64_t)sp.kvh * a.n_tok + t) * Dh;
-    sp.v_own = a.v + ((int64_t)sp.kvh * a.n_tok + t) * Dh;
+    const int64_t own = ((int64_t)sp.kvh * a.n_tok + t) * Dh, own_tm = (int64_t)t * sp.row_elems + (int64_t)sp.kvh * Dh;
+    sp.k_own = a.k + (a.k_tok_major ? own_tm : own);
+    sp.v_own = a.v + (a.v_tok_major ? own_tm : own);
     if (APPEND && split == 0 && h % group == 0) {
         const int64_t row =
             kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, sp.p) * sp.row_elems + (int64_t)sp.kvh * Dh;

@@ -229,19 +229,19 @@ cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer,
 }
 
 /* rms_norm / layer_norm: one block per row */
-__global__ void norm_kernel(const float *x, const float *w, const float *b, float *o, int64_t d,
-                            float eps, bool layer) {
+template <typename O>
+__global__ void norm_kernel(const float *x, const float *w, const float *b, O *o, int64_t d, float eps, bool layer) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     cu_pdl_wait();    /* launched as a dependent itself: x is the kernel before's */
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * d;
-    float *orow = o + (int64_t)blockIdx.x * d;
+    O *orow = o + (int64_t)blockIdx.x * d;
     if (!layer) {
         float ss = 0.0f;
         for (int64_t k = threadIdx.x; k < d; k += blockDim.x) ss += xr[k] * xr[k];
         ss = cu_block_sum(ss, red);
         float scale = 1.0f / sqrtf(ss / (float)d + eps);
-        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) orow[k] = xr[k] * scale * w[k];
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) cu_put(orow + k, xr[k] * scale * w[k]);
         return;
     }
     float mean = 0.0f;
@@ -251,7 +251,7 @@ __global__ void norm_kernel(const float *x, const float *w, const float *b, floa
     for (int64_t k = threadIdx.x; k < d; k += blockDim.x) var += (xr[k] - mean) * (xr[k] - mean);
     var = cu_block_sum(var, red);
     float scale = 1.0f / sqrtf(var / (float)d + eps);
-    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) orow[k] = (xr[k] - mean) * scale * w[k] + b[k];
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) cu_put(orow + k, (xr[k] - mean) * scale * w[k] + b[k]);
 }
 
 cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float *b, float *o,
@@ -259,8 +259,20 @@ cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float
     if (rows <= 0 || d <= 0) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
     int threads = d >= 2048 ? 512 : d >= 512 ? 256 : d >= 128 ? 128 : 32;
-    cudaError_t e = cu_launch_pdl(norm_kernel, dim3((unsigned)rows), dim3(threads), 0, st, x, w, b, o, d, eps, layer);
+    cudaError_t e = cu_launch_pdl(norm_kernel<float>, dim3((unsigned)rows), dim3(threads), 0, st, x, w, b, o, d, eps, layer);
     return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+cudaError_t cu_norm_half(cudaStream_t st, const float *x, const float *w, const float *b, void *o, int64_t rows,
+                         int64_t d, float eps, bool layer, bool to_bf16) {
+    if (rows <= 0 || d <= 0) return cudaSuccess;
+    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    int threads = d >= 2048 ? 512 : d >= 512 ? 256 : d >= 128 ? 128 : 32;
+    if (to_bf16)
+        norm_kernel<<<(unsigned)rows, threads, 0, st>>>(x, w, b, (__nv_bfloat16 *)o, d, eps, layer);
+    else
+        norm_kernel<<<(unsigned)rows, threads, 0, st>>>(x, w, b, (__half *)o, d, eps, layer);
+    return cudaGetLastError();
 }
 
 /* rope: one thread per (row, k < d/2) */
