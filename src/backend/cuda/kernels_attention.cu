@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     fa_smem<DH> &sm = *reinterpret_cast<fa_smem<DH> *>(fa_dyn);
     __nv_bfloat16 *const ks = sm.ks, *const vs = sm.vs;
-    __shared__ int64_t koff[FA_KC];
+    __shared__ int64_t koff[2][FA_KC]; /* the rows of the next two chunks */
     __shared__ int32_t rpos[FA_ROWS], rslot[FA_ROWS], rfirst[FA_ROWS], slots[FA_ROWS];
     __shared__ int n_slots;
     const int G = a.n_heads / a.n_kv_heads, TB = FA_ROWS / G;
@@ -636,30 +636,32 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
             wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, off));
             whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, off));
         }
-        /* chunk c0's rows (koff) were looked up and its copies issued before the loop or
-         * during the chunk before: they land while that chunk computes */
-        const auto lookup = [&](int32_t c) {
+        /* chunk i's copies are issued while chunk i - 1 computes, and its rows (koff[i % 2])
+         * looked up while chunk i - 2 computes */
+        const auto lookup = [&](int32_t c) -> int64_t { /* thread j < FA_KC: row c + j */
             const int j = threadIdx.x;
-            if (j < FA_KC)
-                koff[j] = c + j <= hi ? kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c + j) *
-                                                row_elems + (int64_t)kvh * DH
-                                      : -1;
+            return j < FA_KC && c + j <= hi ? kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c + j) *
+                                                  row_elems + (int64_t)kvh * DH
+                                            : -1;
         };
-        const auto issue = [&]() {
+        const auto issue = [&](int buf) {
 #pragma unroll
             for (int it = 0; it < UNITS; it++) { /* rows past the chunk: zeros */
                 const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * 4;
-                const int64_t off = koff[j];
+                const int64_t off = koff[buf][j];
                 fa_cp16(&sm.k32[j * LDF + d4], a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
                 fa_cp16(&sm.v32[j * LDF + d4], a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
         };
-        __syncthreads(); /* koff free: the last chunk of the sequence before has issued */
-        lookup(lo);
+        __syncthreads(); /* koff free: the sequence before has issued its last chunk */
+        if (threadIdx.x < FA_KC) {
+            koff[0][threadIdx.x] = lookup(lo);
+            koff[1][threadIdx.x] = lookup(lo + FA_KC);
+        }
         __syncthreads();
-        issue();
-        for (int32_t c0 = lo; c0 <= hi; c0 += FA_KC) {
+        issue(0);
+        for (int32_t c0 = lo, ci = 0; c0 <= hi; c0 += FA_KC, ci++) {
             const int cn = min(FA_KC, hi + 1 - c0);
             asm volatile("cp.async.wait_group 0;\n" ::: "memory");
             __syncthreads(); /* every thread's copies landed; the chunk before is computed */
@@ -670,9 +672,10 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
                 *(uint2 *)&ks[j * LD + d4] = make_uint2(fa_pack(kv.x, kv.y), fa_pack(kv.z, kv.w));
                 *(uint2 *)&vs[j * LD + d4] = make_uint2(fa_pack(vv.x, vv.y), fa_pack(vv.z, vv.w));
             }
-            if (c0 + FA_KC <= hi) lookup(c0 + FA_KC);
-            __syncthreads(); /* staging read, next rows looked up */
-            if (c0 + FA_KC <= hi) issue();
+            __syncthreads(); /* staging read */
+            if (c0 + FA_KC <= hi) issue((ci + 1) % 2);
+            /* koff[ci % 2] was read by this chunk's copies, issued before the barriers above */
+            const int64_t ahead = lookup(c0 + 2 * FA_KC);
             if (c0 <= whi && c0 + cn - 1 >= wlo) { /* warp-uniform */
                 float s[FA_KC / 8][4];
 #pragma unroll
@@ -744,6 +747,7 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
                     }
                 }
             }
+            if (threadIdx.x < FA_KC) koff[ci % 2][threadIdx.x] = ahead; /* read after two barriers */
         }
     }
 #pragma unroll
