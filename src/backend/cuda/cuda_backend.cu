@@ -595,8 +595,9 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
         if (half_out_now(s, i, rows)) {
             s->xh_node = i;
             s->xh_bf16 = s->half_out[i] == 2;
-            CU_TRY(cu_norm_half(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]), n->n_in > 2 ? node_f32(s, n->in[2]) : NULL,
-                                s->xh, rows, d, (float)n->attrs.value, n->op == IR_OP_LAYER_NORM, s->xh_bf16));
+            CU_TRY(cu_norm_half(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]),
+                                n->n_in > 2 ? node_f32(s, n->in[2]) : NULL, s->xh, rows, d, (float)n->attrs.value,
+                                n->op == IR_OP_LAYER_NORM, s->xh_bf16));
             return LLMOPT_OK;
         }
         CU_TRY(cu_norm(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]),
@@ -1237,7 +1238,8 @@ static enum llmopt_status plan_prefill_chains(struct cuda_state *s, struct llmop
         if (need > buf_bytes[b]) buf_bytes[b] = need;
         busy_until[b] = s->plan.last_use[i] > i ? s->plan.last_use[i] : i;
         buf_of[i] = b;
-        s->pf_fuse[t0] = (struct cuda_fuse){FUSE_NORM_ROPE, 1, {i, 0, 0}, {t0 != o->in[0] ? t0 : IR_NONE, 0, 0}, {0, 0, 0}};
+        s->pf_fuse[t0] =
+            (struct cuda_fuse){FUSE_NORM_ROPE, 1, {i, 0, 0}, {t0 != o->in[0] ? t0 : IR_NONE, 0, 0}, {0, 0, 0}};
         s->pf_fuse[i].kind = FUSE_SKIP;
         if (t0 != o->in[0]) s->pf_fuse[o->in[0]].kind = FUSE_SKIP;
     }
