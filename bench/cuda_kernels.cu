@@ -9,12 +9,15 @@
  *   3. cu_linear_tiled (prefill for block-quantized weights): TFLOP/s at 512 rows;
  *   4. K-quants (Q4_K, Q5_K, Q6_K): the matvec at each output-rows-per-warp variant,
  *      checked against format/quant_k.c's dequantizer, and the bf16 dequantization
- *      that feeds cuBLAS for prefill (GB/s read + written).
+ *      that feeds cuBLAS for prefill (GB/s read + written);
+ *   5. (--attention) prefill attention of one layer (append + attention): the
+ *      tensor-core kernel against the f32 tiled one, timed and checked.
  *
  * Weights are random (never zeros), written on the device in the upload layout
  * (cu_weight); every timed run rotates over enough copies that the working set is
- * several times the L2. Usage: bench_cuda_kernels [--quick | --sweep]; --sweep times the
- * 8B decode launch shapes at every matvec launch shape (cu_matvec_tune) instead. */
+ * several times the L2. Usage: bench_cuda_kernels [--quick | --sweep | --attention];
+ * --sweep times the 8B decode launch shapes at every matvec launch shape
+ * (cu_matvec_tune) instead, --attention only the prefill attention. */
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "format/gguf.h"
@@ -278,6 +281,77 @@ static void bench_tiled(int dtype, int64_t n_out, int64_t k, int64_t rows) {
     CHECK_CUDA(cudaFree(y));
 }
 
+/* Prefill attention of one layer (append + attention, n_tok tokens of one sequence
+ * from position 0): the tensor-core kernel against the f32 tiled kernel, each timed,
+ * and the first checked against the second (max |diff| / max |ref|). */
+static bool bench_prefill_attention(int n_tok, int heads, int kv_heads, int dh) {
+    const int bs = 16, n_blocks = (n_tok + bs - 1) / bs;
+    const int64_t q_n = (int64_t)heads * n_tok * dh, kv_n = (int64_t)kv_heads * n_tok * dh;
+    float *q, *k, *v, *kc, *vc, *out[2];
+    int32_t *pos, *slot, *table;
+    CHECK_CUDA(cudaMalloc(&q, q_n * 4));
+    CHECK_CUDA(cudaMalloc(&k, kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&v, kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&kc, (int64_t)n_blocks * bs * kv_heads * dh * 4));
+    CHECK_CUDA(cudaMalloc(&vc, (int64_t)n_blocks * bs * kv_heads * dh * 4));
+    for (int i = 0; i < 2; i++) CHECK_CUDA(cudaMalloc(&out[i], q_n * 4));
+    fill(q, q_n, 0, 21);
+    fill(k, kv_n, 0, 22);
+    fill(v, kv_n, 0, 23);
+    std::vector<int32_t> h_pos(n_tok), h_table(n_blocks);
+    for (int t = 0; t < n_tok; t++) h_pos[t] = t;
+    for (int b = 0; b < n_blocks; b++) h_table[b] = n_blocks - 1 - b; /* blocks out of order */
+    CHECK_CUDA(cudaMalloc(&pos, n_tok * 4));
+    CHECK_CUDA(cudaMalloc(&slot, n_tok * 4));
+    CHECK_CUDA(cudaMalloc(&table, n_blocks * 4));
+    CHECK_CUDA(cudaMemcpy(pos, h_pos.data(), n_tok * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(slot, 0, n_tok * 4));
+    CHECK_CUDA(cudaMemcpy(table, h_table.data(), n_blocks * 4, cudaMemcpyHostToDevice));
+    double flop = 0;
+    for (int t = 0; t < n_tok; t++) flop += 4.0 * (t + 1) * dh * heads;
+    double sec[2];
+    for (int f32 = 0; f32 < 2; f32++) {
+        struct cu_attention a;
+        memset(&a, 0, sizeof a);
+        a.q = q;
+        a.k = k;
+        a.v = v;
+        a.out = out[f32];
+        a.pos = pos;
+        a.slot = slot;
+        a.block_table = table;
+        a.k_cache = kc;
+        a.v_cache = vc;
+        a.n_tok = n_tok;
+        a.n_heads = heads;
+        a.n_kv_heads = kv_heads;
+        a.head_dim = dh;
+        a.block_size = bs;
+        a.max_blocks_per_slot = n_blocks;
+        a.scale = 1.0f / sqrtf((float)dh);
+        a.splits = 1;
+        a.tiled_f32 = f32;
+        sec[f32] = time_median(2, 10, [&] { CHECK_CUDA(cu_attention(0, &a)); });
+    }
+    std::vector<float> got(q_n), want(q_n);
+    CHECK_CUDA(cudaMemcpy(got.data(), out[0], q_n * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(want.data(), out[1], q_n * 4, cudaMemcpyDeviceToHost));
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < q_n; i++) {
+        max_ref = std::max(max_ref, (double)fabsf(want[i]));
+        max_diff = std::max(max_diff, fabs((double)got[i] - want[i]));
+    }
+    double err = max_ref > 0 ? max_diff / max_ref : max_diff;
+    bool ok = err <= 1e-2 && err == err;
+    printf("prefill attention %d tokens H%d/%d Dh%d: tensor cores %7.1f us %6.1f TFLOP/s, f32 tiled %7.1f us %6.1f "
+           "TFLOP/s; err %.2e %s\n",
+           n_tok, heads, kv_heads, dh, sec[0] * 1e6, flop / sec[0] / 1e12, sec[1] * 1e6, flop / sec[1] / 1e12, err,
+           ok ? "ok" : "FAIL");
+    for (float *pf : {q, k, v, kc, vc, out[0], out[1]}) CHECK_CUDA(cudaFree(pf));
+    for (int32_t *pi : {pos, slot, table}) CHECK_CUDA(cudaFree(pi));
+    return ok;
+}
+
 /* cu_weight_to_bf16 of a K-quant weight (the prefill path): GB/s read + written,
  * sampled rows checked against the reference dequantizer within bf16 rounding. */
 static bool bench_kq_dequant(int dtype, int64_t n_out, int64_t k, double copy_gbs) {
@@ -474,6 +548,11 @@ int main(int argc, char **argv) {
     double copy_gbs = copy_bandwidth();
     printf("device-to-device copy: %.1f GB/s (read + write, 2 GiB, median of 10)\n\n", copy_gbs);
     if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs);
+    if (argc > 1 && !strcmp(argv[1], "--attention")) { /* 8B and 0.6B-shaped layers (Dh 128), a 64-dim one */
+        bool ok = bench_prefill_attention(512, 32, 8, 128) && bench_prefill_attention(2048, 32, 8, 128) &&
+                  bench_prefill_attention(512, 16, 8, 128) && bench_prefill_attention(512, 32, 8, 64);
+        return ok ? 0 : 1;
+    }
     struct shape shapes[] = {
         {4096, 4096, "8B attn_q/o 4096x4096"},
         {14336, 4096, "8B ffn_up 14336x4096"},

@@ -647,7 +647,7 @@ static int32_t gb_heads(struct gb *b, int64_t heads, int64_t dh) {
 }
 
 static void attention_case(const char *what, int64_t h, int64_t hkv, int64_t dh, int64_t window,
-                           const struct batch_spec *steps, int n_steps, int64_t max_ctx) {
+                           const struct batch_spec *steps, int n_steps, int64_t max_ctx, double tol) {
     struct gb b;
     gb_init(&b);
     b.vocab = 200;
@@ -665,35 +665,54 @@ static void attention_case(const char *what, int64_t h, int64_t hkv, int64_t dh,
         b.g.n_kv_layers++;
         out = layer ? gb_op2(&b, IR_OP_ADD, out, a) : a;
     }
-    compare_graph(what, &b, out, steps, n_steps, max_ctx, TOL_F32);
+    compare_graph(what, &b, out, steps, n_steps, max_ctx, tol);
     gb_free(&b);
 }
 
 static void test_attention(void) {
+    /* the f32 kernels at the f32 bound; the tensor-core prefill kernel below */
+    setenv("LLMOPT_CUDA_ATT_MMA", "0", 1);
     static const struct batch_spec mixed[] = {{5, 1, 1}, {1, 1, 1}, {6, 2, 2}, {2, 2, 2}, {2, 2, 2}, {9, 3, 3}, {1, 1, 1}};
-    attention_case("attention H4 Hkv2 Dh16 prefill/mixed/decode", 4, 2, 16, 0, mixed, 7, 64);
-    attention_case("attention H8 Hkv8 Dh128", 8, 8, 128, 0, mixed, 7, 64);
-    attention_case("attention H6 Hkv1 Dh64 window 4", 6, 1, 64, 4, mixed, 7, 64);
-    attention_case("attention H2 Hkv1 Dh8 (stories-like)", 2, 1, 8, 0, mixed, 7, 64);
+    attention_case("attention H4 Hkv2 Dh16 prefill/mixed/decode", 4, 2, 16, 0, mixed, 7, 64, TOL_F32);
+    attention_case("attention H8 Hkv8 Dh128", 8, 8, 128, 0, mixed, 7, 64, TOL_F32);
+    attention_case("attention H6 Hkv1 Dh64 window 4", 6, 1, 64, 4, mixed, 7, 64, TOL_F32);
+    attention_case("attention H2 Hkv1 Dh8 (stories-like)", 2, 1, 8, 0, mixed, 7, 64, TOL_F32);
     /* long context: prefill 300 positions in chunks, then decode (split contexts) */
     static const struct batch_spec longer[] = {{100, 1, 1}, {100, 1, 1}, {100, 1, 1}, {1, 1, 1}, {1, 1, 1}, {3, 3, 3}, {1, 1, 1}};
-    attention_case("attention H4 Hkv2 Dh64 300+ positions (splits)", 4, 2, 64, 0, longer, 7, 1024);
-    attention_case("attention H4 Hkv2 Dh64 window 100, 300+ positions", 4, 2, 64, 100, longer, 7, 1024);
-    /* batches above 16 tokens take the tiled kernel: sequences interleaved in a tile,
-     * partial tiles, windows, head dims not a multiple of 32, then decode after it */
+    attention_case("attention H4 Hkv2 Dh64 300+ positions (splits)", 4, 2, 64, 0, longer, 7, 1024, TOL_F32);
+    attention_case("attention H4 Hkv2 Dh64 window 100, 300+ positions", 4, 2, 64, 100, longer, 7, 1024, TOL_F32);
+    /* batches above 16 tokens take the tiled kernel (f32; head dims other than 64/96/128,
+     * or LLMOPT_CUDA_ATT_MMA=0): sequences interleaved in a tile, partial tiles, windows,
+     * head dims not a multiple of 32, then decode after it */
     static const struct batch_spec tiled[] = {{40, 3, 3}, {1, 1, 1}, {37, 2, 2}, {100, 1, 1}, {3, 3, 3}, {17, 1, 1}};
-    attention_case("attention H8 Hkv2 Dh128 tiled prefill", 8, 2, 128, 0, tiled, 6, 512);
-    attention_case("attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512);
-    attention_case("attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512);
-    attention_case("attention H4 Hkv2 Dh256 (beyond the tiled kernel)", 4, 2, 256, 0, tiled, 6, 512);
+    attention_case("attention H8 Hkv2 Dh128 tiled prefill", 8, 2, 128, 0, tiled, 6, 512, TOL_F32);
+    attention_case("attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512, TOL_F32);
+    attention_case("attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512, TOL_F32);
+    attention_case("attention H4 Hkv2 Dh256 (beyond the tiled kernel)", 4, 2, 256, 0, tiled, 6, 512, TOL_F32);
+    unsetenv("LLMOPT_CUDA_ATT_MMA");
+    /* head dims 64/96/128 take the tensor-core kernel (bf16 q/k/v/p, f32 sums): query
+     * groups of 1 to 64 heads a KV head (3: 63 of a block's 64 rows used), sequences
+     * interleaved, windows, 100-token chunks over earlier ones, a 600-position context */
+    attention_case("attention H8 Hkv2 Dh128 tensor cores", 8, 2, 128, 0, tiled, 6, 512, TOL_HALF);
+    attention_case("attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 6, 512, TOL_HALF);
+    attention_case("attention H6 Hkv2 Dh64 window 50 tensor cores", 6, 2, 64, 50, tiled, 6, 512, TOL_HALF);
+    attention_case("attention H32 Hkv8 Dh128 300+ positions tensor cores", 32, 8, 128, 0, longer, 7, 1024, TOL_HALF);
+    attention_case("attention H8 Hkv1 Dh64 window 100, 300+ positions tensor cores", 8, 1, 64, 100, longer, 7, 1024,
+                   TOL_HALF);
+    attention_case("attention H64 Hkv1 Dh64 tensor cores", 64, 1, 64, 0, tiled, 6, 512, TOL_HALF);
+    static const struct batch_spec long_ctx[] = {{300, 1, 1}, {300, 1, 1}, {1, 1, 1}, {40, 2, 2}, {1, 1, 1}};
+    attention_case("attention H16 Hkv4 Dh128 600+ positions tensor cores", 16, 4, 128, 0, long_ctx, 5, 1024,
+                   TOL_HALF);
+    setenv("LLMOPT_CUDA_ATT_MMA", "0", 1);
     /* small batches take the warp kernel where the head dim allows (% 4, <= 128); the
      * per-position kernel stays for the rest and behind LLMOPT_CUDA_ATT_WARP=0 */
-    attention_case("attention H4 Hkv2 Dh60 window 100 (warp kernel)", 4, 2, 60, 100, longer, 7, 1024);
-    attention_case("attention H4 Hkv2 Dh6 (per-position kernel)", 4, 2, 6, 0, mixed, 7, 64);
+    attention_case("attention H4 Hkv2 Dh60 window 100 (warp kernel)", 4, 2, 60, 100, longer, 7, 1024, TOL_F32);
+    attention_case("attention H4 Hkv2 Dh6 (per-position kernel)", 4, 2, 6, 0, mixed, 7, 64, TOL_F32);
     setenv("LLMOPT_CUDA_ATT_WARP", "0", 1);
-    attention_case("attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024);
-    attention_case("attention H8 Hkv8 Dh128 per-position", 8, 8, 128, 0, mixed, 7, 64);
+    attention_case("attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024, TOL_F32);
+    attention_case("attention H8 Hkv8 Dh128 per-position", 8, 8, 128, 0, mixed, 7, 64, TOL_F32);
     unsetenv("LLMOPT_CUDA_ATT_WARP");
+    unsetenv("LLMOPT_CUDA_ATT_MMA");
 }
 
 /* ---- decode fusion ------------------------------------------------------------------ */
@@ -766,22 +785,43 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
     static const struct batch_spec mixed[] = {{4, 1, 1}, {1, 1, 1}, {20, 2, 2}, {1, 1, 1}, {3, 3, 3}, {1, 1, 1}};
     char what[96];
     uint64_t kernels[2] = {0, 0};
+    /* the 20-token step's f16/bf16 products run through cuBLAS with x rounded to f16/bf16 */
+    double tol = with_prefill && (t == IR_DTYPE_F16 || t == IR_DTYPE_BF16) ? TOL_HALF : TOL_F32;
     for (int unfused = 0; unfused < 2; unfused++) { /* the fused schedule, then the A/B switch off */
         snprintf(what, sizeof what, "%s %s H%lld/%lld Dh%lld%s%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
                  (long long)h, (long long)hkv, (long long)dh, qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "",
                  with_prefill ? " +20 tokens" : "", norm_prologue ? " norm prologue" : "");
         if (unfused) setenv("LLMOPT_CUDA_FUSE", "0", 1);
+        setenv("LLMOPT_CUDA_ATT_MMA", "0", 1); /* f32 attention in the 20-token batch: the f32 bound */
         setenv("LLMOPT_CUDA_FUSE_NORM", norm_prologue ? "1" : "0", 1); /* the block norms inside the matvecs, or not */
-        compare_graph(what, &b, x, with_prefill ? mixed : small, with_prefill ? 6 : 7, 64, TOL_F32);
+        compare_graph(what, &b, x, with_prefill ? mixed : small, with_prefill ? 6 : 7, 64, tol);
         kernels[unfused] = last_kernels_run;
         unsetenv("LLMOPT_CUDA_FUSE");
         unsetenv("LLMOPT_CUDA_FUSE_NORM");
+        unsetenv("LLMOPT_CUDA_ATT_MMA");
     }
     /* per layer and fused step: k and v products, v's permute, the q/k chains (norm,
      * permute, rope twice -> one launch), the up product */
     uint64_t fused_steps = with_prefill ? 5 : 7, saved = (uint64_t)(2 * (qk_norm ? 9 : 7)) * fused_steps;
     CHECK_MSG(kernels[0] + saved == kernels[1], "%s: %llu kernels fused, %llu unfused (expected %llu fewer)", what,
               (unsigned long long)kernels[0], (unsigned long long)kernels[1], (unsigned long long)saved);
+    if (with_prefill) { /* the 20-token step: each layer's q/k chains as one launch each, v's
+                         * permute skipped, norms and SwiGLU products writing the next
+                         * cuBLAS operand; or none of it */
+        setenv("LLMOPT_CUDA_ATT_MMA", "0", 1);
+        setenv("LLMOPT_CUDA_PF_FUSE", "0", 1);
+        setenv("LLMOPT_CUDA_FUSE_NORM", norm_prologue ? "1" : "0", 1);
+        snprintf(what, sizeof what, "fused %s H%lld/%lld Dh%lld%s +20 tokens, prefill chains off", ir_dtype_name(t),
+                 (long long)h, (long long)hkv, (long long)dh, qk_norm ? " qk_norm" : "");
+        compare_graph(what, &b, x, mixed, 6, 64, tol);
+        uint64_t pf_saved = 2u * (qk_norm ? 5u : 3u); /* + v's permute, read by the append */
+        CHECK_MSG(kernels[0] + pf_saved == last_kernels_run, "%s: %llu kernels, %llu with the chains (expected %llu fewer)",
+                  what, (unsigned long long)last_kernels_run, (unsigned long long)kernels[0],
+                  (unsigned long long)pf_saved);
+        unsetenv("LLMOPT_CUDA_PF_FUSE");
+        unsetenv("LLMOPT_CUDA_FUSE_NORM");
+        unsetenv("LLMOPT_CUDA_ATT_MMA");
+    }
     gb_free(&b);
 }
 
@@ -793,6 +833,8 @@ static void test_decode_fusion(void) {
     fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, false, false);
     fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
     fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
+    fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, true, false);
+    fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, true, false);
 }
 
 /* kernels_linear.cu: the one-row matvec's launch shape (C linkage, cuda_kernels.cuh) */

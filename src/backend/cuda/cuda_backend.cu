@@ -138,11 +138,15 @@ struct cuda_state {
     unsigned long long *h_keys;   /* pinned (n_max) their copy */
     void *xh;                     /* device: f16/bf16 activations for cuBLAS */
     size_t xh_bytes;
+    int32_t xh_node;              /* the node whose f16 (xh_bf16: bf16) copy xh holds in this
+                                   * step, or -1: q/k/v and gate/up convert their x once */
+    bool xh_bf16;
     void *wh;                     /* device: a block-quantized weight as bf16 (prefill), or NULL */
     size_t wh_bytes;
     float *att_part;              /* device: split-attention partials */
     unsigned *att_counters;       /* device (CU_ATT_COUNTERS): split merge counters, zero between launches */
     bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
+    bool att_tiled_f32;           /* $LLMOPT_CUDA_ATT_MMA=0: prefill attention without tensor cores */
     int64_t att_part_floats;
     /* KV mirror */
     const struct kv_cache *kv_owner;
@@ -170,6 +174,20 @@ struct cuda_state {
                                    * their own place in the node order, or NULL */
     float *priv_store;
     bool fused;                   /* the current step runs the fused schedule */
+    /* prefill chains (plan_prefill_chains), used by the other steps: [rms_norm ->]
+     * permute -> rope as one cu_norm_rope launch at the chain's first node, its result in
+     * pf_priv storage shared by chains whose lives do not overlap; off with
+     * $LLMOPT_CUDA_PF_FUSE=0 */
+    struct cuda_fuse *pf_fuse;    /* (n_nodes) FUSE_NORM_ROPE / FUSE_SKIP only */
+    float **pf_priv;              /* (n_nodes) */
+    float *pf_priv_store;
+    /* (n_nodes) 1 / 2: the node's readers are all f16 / bf16 cuBLAS products taking it as
+     * x, and no other product comes between: in those steps it is written to xh as f16 /
+     * bf16 instead of f32 (norms, the epilogue pass of products), never converted */
+    int8_t *half_out;
+    /* (n_nodes) attention nodes: bit 0 / 1: its k / v input is a [1, N, H, Dh] ->
+     * [1, H, N, Dh] permute that prefill steps skip, the kernels reading its source */
+    int8_t *pf_tok_major;
     int32_t kernels_per_step_fused;
     /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
      * kind of kernel (prefill and decode apart), printed to stderr at release */
@@ -234,7 +252,8 @@ static bool extent_eq(const struct ir_extent *a, const struct ir_extent *b) {
 
 static void *node_ptr(struct cuda_state *s, int32_t i) {
     if (s->g->nodes[i].op == IR_OP_PARAM) return (void *)s->weight[i].data;
-    if (s->fused && s->priv[s->plan.root[i]]) return s->priv[s->plan.root[i]];
+    float *const *priv = s->fused ? s->priv : s->pf_priv;
+    if (priv && priv[s->plan.root[i]]) return priv[s->plan.root[i]];
     return s->arena + s->plan.offset[i];
 }
 static float *node_f32(struct cuda_state *s, int32_t i) { return (float *)node_ptr(s, i); }
@@ -305,10 +324,10 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
     return LLMOPT_OK;
 }
 
-/* A fused step's NORM_ROPE node: every part's [rms_norm ->] permute -> rope. */
-static enum llmopt_status run_norm_rope(struct cuda_state *s, int32_t i, struct llmopt_err *err) {
+/* A NORM_ROPE node of the fused or prefill schedule (f): every part's [rms_norm ->]
+ * permute -> rope. */
+static enum llmopt_status run_norm_rope(struct cuda_state *s, const struct cuda_fuse *f, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
-    const struct cuda_fuse *f = &s->fuse[i];
     struct cu_norm_rope_part part[CUDA_FUSE_MAX];
     memset(part, 0, sizeof part);
     int64_t d = 0;
@@ -339,6 +358,36 @@ static enum llmopt_status run_norm_rope(struct cuda_state *s, int32_t i, struct 
     }
     s->prof_tag = f->out[0] != IR_NONE ? "rms_norm+permute+rope" : "permute+rope";
     CU_TRY(cu_norm_rope(s->stream, part, f->n, d));
+    return LLMOPT_OK;
+}
+
+/* x (node xi, n floats) to f16/bf16 in s->xh for cuBLAS, unless xh already holds it: a
+ * node's value does not change within a step, and the linears of one x (q/k/v, gate/up)
+ * usually follow each other. */
+static cudaError_t convert_x_half(struct cuda_state *s, int32_t xi, const float *x, int64_t n, bool bf16) {
+    if (s->xh_node == xi && s->xh_bf16 == bf16) return cudaSuccess;
+    s->xh_node = xi;
+    s->xh_bf16 = bf16;
+    return cu_convert_half(s->stream, x, s->xh, n, bf16);
+}
+
+/* Node i's result goes straight to xh (half_out) in this step: a plain step of more
+ * than CUDA_MATVEC_MAX_ROWS rows, whose readers all take the cuBLAS path. */
+static bool half_out_now(const struct cuda_state *s, int32_t i, int64_t rows) {
+    return s->half_out[i] && !s->fused && rows > CUDA_MATVEC_MAX_ROWS && s->use_blas;
+}
+
+/* After a cuBLAS product: the epilogue pass, in place or into xh (half_out). */
+static enum llmopt_status linear_finish(struct cuda_state *s, int32_t i, float *y, int64_t rows, int64_t n_out,
+                                        const struct cu_epilogue *ep, struct llmopt_err *err) {
+    if (half_out_now(s, i, rows)) {
+        bool bf = s->half_out[i] == 2;
+        CU_TRY(cu_linear_epilogue_half(s->stream, y, s->xh, rows, n_out, ep, bf));
+        s->xh_node = i;
+        s->xh_bf16 = bf;
+        return LLMOPT_OK;
+    }
+    CU_TRY(cu_linear_epilogue(s->stream, y, rows, n_out, ep));
     return LLMOPT_OK;
 }
 
@@ -376,32 +425,29 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
         /* column-major view: Y^T (n_out x rows) = W (n_out x K, stored as K x n_out) ^T X^T */
         BLAS_TRY(cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
                              (const float *)w->data, (int)k, x, (int)k, &zero, y, (int)w->rows));
-        CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
-        return LLMOPT_OK;
+        return linear_finish(s, i, y, rows, w->rows, &ep, err);
     }
     if (blas_ok && (w->dtype == CU_F16 || w->dtype == CU_BF16) &&
         (size_t)(rows * k) * 2 <= s->xh_bytes) {
         bool bf = w->dtype == CU_BF16;
         s->prof_tag = bf ? "linear.gemm bf16 (+cvt, epilogue)" : "linear.gemm f16 (+cvt, epilogue)";
         cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
-        CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, bf));
+        CU_TRY(convert_x_half(s, n->in[0], x, rows * k, bf));
         BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one,
                               w->data, t, (int)k, s->xh, t, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
-        return LLMOPT_OK;
+        return linear_finish(s, i, y, rows, w->rows, &ep, err);
     }
     if (blas_ok && cu_dtype_blocked(w->dtype) && rows >= CUDA_DEQUANT_MIN_ROWS && s->wh &&
         (size_t)(w->rows * k) * 2 <= s->wh_bytes && (size_t)(rows * k) * 2 <= s->xh_bytes) {
         /* prefill: W once to bf16, then tensor cores (the tiled kernel is f32 FMA) */
         s->prof_tag = "linear.gemm dequant->bf16 (+cvt, epilogue)";
         CU_TRY(cu_weight_to_bf16(s->stream, w, s->wh));
-        CU_TRY(cu_convert_half(s->stream, x, s->xh, rows * k, true));
+        CU_TRY(convert_x_half(s, n->in[0], x, rows * k, true));
         BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)rows, (int)k, &one, s->wh,
                               CUDA_R_16BF, (int)k, s->xh, CUDA_R_16BF, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        CU_TRY(cu_linear_epilogue(s->stream, y, rows, w->rows, &ep));
-        return LLMOPT_OK;
+        return linear_finish(s, i, y, rows, w->rows, &ep, err);
     }
     s->prof_tag = "linear.tiled";
     CU_TRY(cu_linear_tiled(s->stream, w, x, rows, y, &ep));
@@ -437,6 +483,13 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.part = s->att_part;
     a.counters = s->att_counters;
     a.per_position = s->att_per_position;
+    a.tiled_f32 = s->att_tiled_f32;
+    if (!s->fused && s->pf_tok_major[i]) { /* the skipped permutes' sources */
+        if (s->pf_tok_major[i] & 1) a.k = node_f32(s, s->g->nodes[n->in[1]].in[0]);
+        if (s->pf_tok_major[i] & 2) a.v = node_f32(s, s->g->nodes[n->in[2]].in[0]);
+        a.k_tok_major = s->pf_tok_major[i] & 1;
+        a.v_tok_major = (s->pf_tok_major[i] & 2) != 0;
+    }
     if (cu_attention_part_floats(a.n_tok, a.n_heads, a.head_dim, a.splits) > s->att_part_floats)
         return err_set(err, LLMOPT_ERR_LIMIT, "cuda: attention scratch too small for %d tokens", a.n_tok);
     CU_TRY(cu_attention(s->stream, &a));
@@ -517,7 +570,8 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     const struct ir_node *n = &g->nodes[i];
     const struct ir_extent *eo = &s->extent[i];
     cudaStream_t st = s->stream;
-    if (s->fused && s->fuse[i].kind == FUSE_NORM_ROPE) return run_norm_rope(s, i, err);
+    const struct cuda_fuse *f = s->fused ? &s->fuse[i] : &s->pf_fuse[i];
+    if (f->kind == FUSE_NORM_ROPE) return run_norm_rope(s, f, err);
     switch (n->op) {
     case IR_OP_INPUT:
     case IR_OP_PARAM:
@@ -538,6 +592,14 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     case IR_OP_LAYER_NORM: {
         int64_t d = eo->dims[eo->rank - 1], rows = d ? ir_extent_numel(eo) / d : 0;
         if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[i]) return LLMOPT_OK; /* in the matvecs */
+        if (half_out_now(s, i, rows)) {
+            s->xh_node = i;
+            s->xh_bf16 = s->half_out[i] == 2;
+            CU_TRY(cu_norm_half(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]),
+                                n->n_in > 2 ? node_f32(s, n->in[2]) : NULL, s->xh, rows, d, (float)n->attrs.value,
+                                n->op == IR_OP_LAYER_NORM, s->xh_bf16));
+            return LLMOPT_OK;
+        }
         CU_TRY(cu_norm(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]),
                        n->n_in > 2 ? node_f32(s, n->in[2]) : NULL, node_f32(s, i), rows, d,
                        (float)n->attrs.value, n->op == IR_OP_LAYER_NORM));
@@ -922,6 +984,28 @@ static int32_t fuse_head_major(const struct fuse_ctx *c, int32_t l, int64_t *hea
     return *head_dim > 0 ? p : IR_NONE;
 }
 
+/* Node i is the rope of a [rms_norm ->] permute (last axis kept) -> rope chain, each
+ * link used once (uses) and none claimed (or claimed NULL): returns the chain's first
+ * node (the rms_norm, or the permute), else -1. */
+static int32_t norm_rope_chain(const struct cuda_state *s, const int32_t *uses, const bool *claimed, int32_t i) {
+    const struct ir_graph *g = s->g;
+    const struct ir_node *o = &g->nodes[i];
+    if (o->op != IR_OP_ROPE || o->constant || i == g->output || o->n_in != 3 || (claimed && claimed[i])) return -1;
+    int32_t p = o->in[0];
+    const struct ir_node *pn = &g->nodes[p];
+    int rank = o->shape.rank;
+    if (pn->op != IR_OP_PERMUTE || uses[p] != 1 || (claimed && claimed[p]) || pn->attrs.n_axes != rank || rank < 2 ||
+        pn->attrs.axes[rank - 1] != rank - 1 || o->shape.dims[rank - 1].sym != IR_SYM_NONE ||
+        o->shape.dims[rank - 1].coef % 2 || o->in[1] == p || o->in[2] == p)
+        return -1;
+    int32_t r = pn->in[0];
+    const struct ir_node *rn = &g->nodes[r];
+    bool norm = rn->op == IR_OP_RMS_NORM && rn->n_in == 2 && uses[r] == 1 && !(claimed && claimed[r]) &&
+                r != g->output && !s->norm_into_matvec[r] && g->nodes[rn->in[1]].dtype == IR_DTYPE_F32 &&
+                (g->nodes[rn->in[1]].op != IR_OP_PARAM || g->nodes[rn->in[1]].weight.dtype == IR_DTYPE_F32);
+    return norm ? r : p;
+}
+
 /* Decides the fused schedule of small batches (struct cuda_fuse) from the graph's
  * structure, and gives every result the schedule writes ahead of its own position
  * device storage of its own (priv), sized for CUDA_MATVEC_MAX_ROWS tokens: the memory
@@ -978,23 +1062,9 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
     }
     /* [rms_norm ->] permute (last axis kept) -> rope chains, each link used once */
     for (int32_t i = 0; i < n; i++) {
-        const struct ir_node *o = &g->nodes[i];
-        if (o->op != IR_OP_ROPE || o->constant || i == g->output || o->n_in != 3) continue;
-        int32_t p = o->in[0];
-        const struct ir_node *pn = &g->nodes[p];
-        int rank = o->shape.rank;
-        if (pn->op != IR_OP_PERMUTE || c.uses[p] != 1 || c.claimed[p] || pn->attrs.n_axes != rank || rank < 2 ||
-            pn->attrs.axes[rank - 1] != rank - 1 || o->shape.dims[rank - 1].sym != IR_SYM_NONE ||
-            o->shape.dims[rank - 1].coef % 2 || o->in[1] == p || o->in[2] == p)
-            continue;
-        int32_t r = pn->in[0];
-        const struct ir_node *rn = &g->nodes[r];
-        bool norm = rn->op == IR_OP_RMS_NORM && rn->n_in == 2 && c.uses[r] == 1 && !c.claimed[r] && r != g->output &&
-                    !s->norm_into_matvec[r] && g->nodes[rn->in[1]].dtype == IR_DTYPE_F32 &&
-                    (g->nodes[rn->in[1]].op != IR_OP_PARAM || g->nodes[rn->in[1]].weight.dtype == IR_DTYPE_F32);
-        chain_t0[i] = norm ? r : p;
-        c.claimed[i] = c.claimed[p] = true;
-        if (norm) c.claimed[r] = true;
+        chain_t0[i] = norm_rope_chain(s, c.uses, c.claimed, i);
+        if (chain_t0[i] < 0) continue;
+        c.claimed[i] = c.claimed[g->nodes[i].in[0]] = c.claimed[chain_t0[i]] = true;
     }
     /* products of one x in one launch, each possibly written head-major */
     for (int32_t i = 0; i < n; i++) {
@@ -1093,6 +1163,155 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
     return LLMOPT_OK;
 }
 
+/* The schedule of the other steps (prefill): each [rms_norm ->] permute -> rope chain
+ * runs as one cu_norm_rope launch at its first node t0 (its rms_norm and permute, and
+ * the rope itself, are skipped), where the cos/sin tables and the norm weight are ready
+ * (computed before t0). The memory plan keeps the rope's storage only from the rope's
+ * own position, so the result goes to device storage of its own, shared by chains
+ * whose lives (t0 to the rope's last reader) do not overlap: two buffers for a
+ * Llama/Qwen3 layer's q and k, whatever the depth. */
+#define CUDA_PF_BUFS 8
+
+/* Node p is a permute [1, N, H, Dh] -> [1, H, N, Dh] read once (by node t), and its
+ * source's storage is not overwritten by any node that runs between p and t. */
+static bool pf_tok_major_ok(const struct cuda_state *s, const int32_t *uses, int32_t p, int32_t t) {
+    const struct ir_graph *g = s->g;
+    const struct ir_node *pn = &g->nodes[p];
+    if (pn->op != IR_OP_PERMUTE || uses[p] != 1 || p == g->output || pn->constant || s->pf_fuse[p].kind ||
+        pn->attrs.n_axes != 4 || pn->attrs.axes[0] != 0 || pn->attrs.axes[1] != 2 || pn->attrs.axes[2] != 1 ||
+        pn->attrs.axes[3] != 3)
+        return false;
+    const struct ir_shape *xs = &g->nodes[pn->in[0]].shape;
+    if (xs->rank != 4 || xs->dims[0].coef != 1 || xs->dims[0].sym != IR_SYM_NONE || xs->dims[1].coef != 1 ||
+        xs->dims[1].sym != IR_SYM_N || xs->dims[2].sym != IR_SYM_NONE || xs->dims[3].sym != IR_SYM_NONE)
+        return false;
+    const struct mem_plan *pl = &s->plan;
+    int32_t r = pl->root[pn->in[0]];
+    if (pl->offset[r] < 0) return false;
+    size_t lo = (size_t)pl->offset[r], hi = lo + mem_plan_node_bytes(&g->nodes[r], pl->n_max, pl->m_max);
+    for (int32_t j = p + 1; j < t; j++) {
+        const struct ir_node *nj = &g->nodes[j];
+        if (s->pf_fuse[j].kind == FUSE_SKIP || nj->op == IR_OP_RESHAPE || nj->op == IR_OP_INPUT ||
+            nj->op == IR_OP_PARAM || nj->constant || pl->root[j] != j || pl->offset[j] < 0)
+            continue;
+        size_t jl = (size_t)pl->offset[j], jh = jl + mem_plan_node_bytes(nj, pl->n_max, pl->m_max);
+        if (jl < hi && lo < jh) return false;
+    }
+    return true;
+}
+static enum llmopt_status plan_prefill_chains(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    int32_t n = g->n_nodes;
+    s->pf_fuse = (struct cuda_fuse *)calloc((size_t)n, sizeof *s->pf_fuse);
+    s->pf_priv = (float **)calloc((size_t)n, sizeof *s->pf_priv);
+    s->pf_tok_major = (int8_t *)calloc((size_t)n, 1);
+    int32_t *uses = (int32_t *)calloc((size_t)n, sizeof(int32_t)), *buf_of = (int32_t *)malloc((size_t)n * 4);
+    if (!s->pf_fuse || !s->pf_priv || !s->pf_tok_major || !uses || !buf_of) {
+        free(uses);
+        free(buf_of);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    }
+    const char *e = getenv("LLMOPT_CUDA_PF_FUSE");
+    bool on = !(e && !strcmp(e, "0"));
+    for (int32_t i = 0; i < n; i++) {
+        buf_of[i] = -1;
+        for (int k = 0; k < g->nodes[i].n_in; k++) uses[g->nodes[i].in[k]]++;
+    }
+    size_t buf_bytes[CUDA_PF_BUFS] = {0};
+    int32_t busy_until[CUDA_PF_BUFS], n_bufs = 0;
+    for (int32_t i = 0; on && i < n; i++) {
+        int32_t t0 = norm_rope_chain(s, uses, NULL, i);
+        if (t0 < 0) continue;
+        const struct ir_node *o = &g->nodes[i];
+        bool ready = true; /* cos, sin (views: their root) and the norm weight before t0 */
+        for (int k = 1; k < 3; k++) {
+            const struct ir_node *src = &g->nodes[s->plan.root[o->in[k]]];
+            ready = ready && (s->plan.root[o->in[k]] < t0 || src->constant || src->op == IR_OP_PARAM ||
+                              src->op == IR_OP_INPUT);
+        }
+        if (t0 != o->in[0]) ready = ready && g->nodes[g->nodes[t0].in[1]].op == IR_OP_PARAM;
+        int32_t b = 0;
+        while (b < n_bufs && busy_until[b] >= t0) b++;
+        if (!ready || b == CUDA_PF_BUFS) continue;
+        if (b == n_bufs) n_bufs++;
+        size_t need = (mem_plan_node_bytes(o, s->n_max, s->n_max) + 255) & ~(size_t)255;
+        if (need > buf_bytes[b]) buf_bytes[b] = need;
+        busy_until[b] = s->plan.last_use[i] > i ? s->plan.last_use[i] : i;
+        buf_of[i] = b;
+        s->pf_fuse[t0] =
+            (struct cuda_fuse){FUSE_NORM_ROPE, 1, {i, 0, 0}, {t0 != o->in[0] ? t0 : IR_NONE, 0, 0}, {0, 0, 0}};
+        s->pf_fuse[i].kind = FUSE_SKIP;
+        if (t0 != o->in[0]) s->pf_fuse[o->in[0]].kind = FUSE_SKIP;
+    }
+    /* k/v permutes [1, N, H, Dh] -> [1, H, N, Dh] read only by an attention: its append
+     * reads the source, if nothing that runs in between overwrites that */
+    for (int32_t i = 0; on && i < n; i++) {
+        const struct ir_node *an = &g->nodes[i];
+        if (an->op != IR_OP_ATTENTION || an->n_in < 3) continue;
+        for (int k = 1; k < 3; k++) {
+            int32_t p = an->in[k];
+            if (pf_tok_major_ok(s, uses, p, i) && an->in[3 - k] != p) {
+                s->pf_tok_major[i] |= (int8_t)k;
+                s->pf_fuse[p].kind = FUSE_SKIP;
+            }
+        }
+    }
+    free(uses);
+    size_t total = 0, at[CUDA_PF_BUFS];
+    for (int32_t b = 0; b < n_bufs; b++) {
+        at[b] = total;
+        total += buf_bytes[b];
+    }
+    cudaError_t ce = total ? cudaMalloc((void **)&s->pf_priv_store, total) : cudaSuccess;
+    for (int32_t i = 0; ce == cudaSuccess && i < n; i++)
+        if (buf_of[i] >= 0) s->pf_priv[i] = (float *)((uint8_t *)s->pf_priv_store + at[buf_of[i]]);
+    free(buf_of);
+    CU_TRY(ce);
+    return LLMOPT_OK;
+}
+
+/* half_out (see cuda_state): every reader of node i (a norm or a product) is a linear
+ * reading it as x, with f16 weights or with bf16 weights, and no other linear runs
+ * between i and its last reader (they share xh). Off with $LLMOPT_CUDA_PF_FUSE=0. */
+static enum llmopt_status plan_half_outputs(struct cuda_state *s, struct llmopt_err *err) {
+    const struct ir_graph *g = s->g;
+    int32_t n = g->n_nodes;
+    s->half_out = (int8_t *)calloc((size_t)n, 1);
+    int32_t *last = (int32_t *)malloc((size_t)n * 4);
+    if (!s->half_out || !last) {
+        free(last);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
+    }
+    const char *e = getenv("LLMOPT_CUDA_PF_FUSE");
+    bool on = !(e && !strcmp(e, "0"));
+    for (int32_t i = 0; i < n; i++) {
+        const struct ir_node *ni = &g->nodes[i];
+        bool prod = ni->op == IR_OP_RMS_NORM || ni->op == IR_OP_LAYER_NORM || ni->op == IR_OP_LINEAR;
+        s->half_out[i] = on && prod && !ni->constant && i != g->output && ni->dtype == IR_DTYPE_F32 ? 3 : 0;
+        last[i] = -1; /* 3: no reader seen yet */
+    }
+    for (int32_t j = 0; j < n; j++) {
+        const struct ir_node *nj = &g->nodes[j];
+        for (int k = 0; k < nj->n_in; k++) {
+            int32_t i = nj->in[k];
+            if (!s->half_out[i]) continue;
+            int wt = nj->op == IR_OP_LINEAR ? s->weight[nj->in[1]].dtype : -1;
+            int8_t want = k == 0 && wt == CU_BF16 ? 2 : k == 0 && wt == CU_F16 ? 1 : 0;
+            for (int k2 = 1; k2 < nj->n_in; k2++)
+                if (nj->in[k2] == i) want = 0;
+            s->half_out[i] = s->half_out[i] == 3 || s->half_out[i] == want ? want : 0;
+            last[i] = j;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (s->half_out[i] == 3) s->half_out[i] = 0;
+        for (int32_t j = i + 1; s->half_out[i] && j < last[i]; j++)
+            if (g->nodes[j].op == IR_OP_LINEAR && g->nodes[j].in[0] != i) s->half_out[i] = 0;
+    }
+    free(last);
+    return LLMOPT_OK;
+}
+
 /* Scratch sizes over every batch size up to n_max. */
 static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
@@ -1152,6 +1371,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     }
     e = getenv("LLMOPT_CUDA_ATT_WARP");
     s->att_per_position = e && !strcmp(e, "0");
+    e = getenv("LLMOPT_CUDA_ATT_MMA");
+    s->att_tiled_f32 = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_KQ_X"); /* the K-quant matvec's x mode (A/B, tests) */
     cu_kq_set_x_mode(e && *e ? atoi(e) : -1);
     e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
@@ -1176,11 +1397,13 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     if ((st = upload_weights(s, err))) return st;
     if ((st = plan_norm_fusion(s, err))) return st;
     if ((st = plan_decode_fusion(s, err))) return st;
+    if ((st = plan_prefill_chains(s, err))) return st;
+    if ((st = plan_half_outputs(s, err))) return st;
     if ((st = size_scratch(s, err))) return st;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         bool kernel = !(n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE);
-        s->kernels_per_step += kernel;
+        s->kernels_per_step += kernel && s->pf_fuse[i].kind != FUSE_SKIP;
         s->kernels_per_step_fused += kernel && s->fuse[i].kind != FUSE_SKIP;
     }
     return compute_constants(s, err);
@@ -1348,11 +1571,12 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
                                    cudaMemcpyHostToDevice, s->stream));
     }
     s->prof_n_ev = 0;
+    s->xh_node = -1;
     if (s->profile) CU_TRY(cudaEventRecord(s->prof_ev[s->prof_n_ev++], s->stream));
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE) continue;
-        if (s->fused && s->fuse[i].kind == FUSE_SKIP) continue;
+        if ((s->fused ? s->fuse : s->pf_fuse)[i].kind == FUSE_SKIP) continue;
         s->prof_tag = NULL;
         enum llmopt_status st = run_node(s, i, err);
         if (st) return st;
@@ -1450,6 +1674,14 @@ static int prof_row_cmp(const void *a, const void *b) {
 
 static void profile_print(struct cuda_state *s) {
     static const char *const phase_name[2] = {"prefill (batches > 16 tokens)", "decode (batches <= 16 tokens)"};
+    int32_t chains = 0, halves = 0, perms = 0;
+    for (int32_t i = 0; i < s->g->n_nodes; i++) {
+        chains += s->pf_fuse[i].kind == FUSE_NORM_ROPE;
+        halves += s->half_out[i] != 0;
+        perms += (s->pf_tok_major[i] & 1) + (s->pf_tok_major[i] >> 1);
+    }
+    fprintf(stderr, "cuda prefill schedule: %d norm/rope chains, %d results written as cuBLAS operands, %d k/v permutes "
+                    "skipped\n", chains, halves, perms);
     for (int ph = 0; ph < 2; ph++) {
         if (!s->prof_steps[ph]) continue;
         prof_cmp_phase = ph;
@@ -1553,6 +1785,11 @@ static void cuda_release(void *state) {
     free(s->fuse);
     free(s->priv);
     cudaFree(s->priv_store);
+    cudaFree(s->pf_priv_store);
+    free(s->pf_fuse);
+    free(s->pf_priv);
+    free(s->half_out);
+    free(s->pf_tok_major);
     free(s->weight);
     free(s->uploads);
     mem_plan_free(&s->plan);

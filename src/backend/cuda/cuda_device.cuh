@@ -22,6 +22,11 @@ static __device__ __forceinline__ float cu_bf16(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* A result stored as f32, or rounded to f16/bf16 (an operand of a cuBLAS product). */
+static __device__ __forceinline__ void cu_put(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void cu_put(__half *p, float v) { *p = __float2half_rn(v); }
+static __device__ __forceinline__ void cu_put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
 static __device__ __forceinline__ float cu_unary_apply(int op, float x) {
     switch (op) {
     case IR_OP_NEG: return -x;

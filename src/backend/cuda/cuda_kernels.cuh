@@ -112,6 +112,10 @@ cudaError_t cu_linear_tiled(cudaStream_t st, const struct cu_weight *w, const fl
 /* Applies the epilogue in place to y (rows, n_out) (after a cuBLAS product). */
 cudaError_t cu_linear_epilogue(cudaStream_t st, float *y, int64_t rows, int64_t n_out,
                                const struct cu_epilogue *ep);
+/* The epilogue applied to y, the result rounded to bf16 (to_bf16) or f16 into out
+ * (any epilogue, none included): the next product's cuBLAS operand. */
+cudaError_t cu_linear_epilogue_half(cudaStream_t st, const float *y, void *out, int64_t rows, int64_t n_out,
+                                    const struct cu_epilogue *ep, bool to_bf16);
 /* W (any dtype) -> bf16 [rows, cols]: block-quantized weights go through cuBLAS for
  * prefill this way (one pass over W, then a tensor-core product). */
 cudaError_t cu_weight_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out);
@@ -163,6 +167,9 @@ cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer,
 /* rms_norm (b NULL, layer false) or layer_norm over the last dim d. */
 cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float *b, float *o,
                     int64_t rows, int64_t d, float eps, bool layer);
+/* The same with the result rounded to bf16 (to_bf16) or f16: a cuBLAS operand. */
+cudaError_t cu_norm_half(cudaStream_t st, const float *x, const float *w, const float *b, void *o, int64_t rows,
+                         int64_t d, float eps, bool layer, bool to_bf16);
 /* Split-half rotary embedding; cos/sin row offsets come from `rows` (the output extent
  * without its last dim, with cos/sin strides in sa). */
 cudaError_t cu_rope(cudaStream_t st, const float *x, const float *c, const float *s, float *o,
@@ -209,6 +216,10 @@ struct cu_attention {
     unsigned *counters; /* (CU_ATT_COUNTERS) zeros before the launch, zeros after it */
     bool per_position;  /* batches <= 16 tokens: the block-per-position-chunk kernel even
                          * where the warp kernel applies (head dim % 4 == 0, <= 128) */
+    bool tiled_f32;     /* prefill: the f32 tiled kernel even where the tensor-core one
+                         * applies (head dim 64/96/128) */
+    bool k_tok_major, v_tok_major; /* k / v given as [1, N, Hkv, Dh] (the source of a
+                                    * permute that did not run) */
 };
 /* Split attention launches have N * H < 264 (cu_attention_splits): counters enough. */
 #define CU_ATT_COUNTERS 512
@@ -221,6 +232,9 @@ int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int split
  * tiled kernel: K/V chunks in shared memory for 16 queries at a time (prefill). */
 #define CU_ATT_TILED_MIN_TOKENS 17
 bool cu_attention_tiled_ok(const struct cu_attention *a);
+/* Prefill batches (as above) with head dim 64, 96 or 128 and at most 64 query heads a KV
+ * head take the tensor-core kernel (bf16 operands, f32 sums) unless tiled_f32. */
+bool cu_attention_mma_ok(const struct cu_attention *a);
 /* Appends K/V of every token to its sequence, then attends causally: for one token
  * (decode, head dim <= 512) a single launch. */
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a);

@@ -46,9 +46,9 @@ __global__ void kv_append_kernel(struct cu_attention a) {
     float *kr = a.k_cache + row * row_elems, *vr = a.v_cache + row * row_elems;
     for (int e = threadIdx.x; e < row_elems; e += blockDim.x) {
         int h = e / a.head_dim, d = e % a.head_dim;
-        int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d;
-        kr[e] = a.k[src];
-        vr[e] = a.v[src];
+        int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d, tok = (int64_t)t * row_elems + e;
+        kr[e] = a.k[a.k_tok_major ? tok : src];
+        vr[e] = a.v[a.v_tok_major ? tok : src];
     }
 }
 
@@ -112,8 +112,9 @@ static __device__ __forceinline__ struct att_span att_decode_span(const struct c
     const int32_t per = (n_chunks + a.splits - 1) / a.splits;
     sp.begin = first + split * per * ATT_CHUNK;
     sp.end = min(sp.p + 1, sp.begin + per * ATT_CHUNK);
-    sp.k_own = a.k + ((int64_t)sp.kvh * a.n_tok + t) * Dh;
-    sp.v_own = a.v + ((int64_t)sp.kvh * a.n_tok + t) * Dh;
+    const int64_t own = ((int64_t)sp.kvh * a.n_tok + t) * Dh, own_tm = (int64_t)t * sp.row_elems + (int64_t)sp.kvh * Dh;
+    sp.k_own = a.k + (a.k_tok_major ? own_tm : own);
+    sp.v_own = a.v + (a.v_tok_major ? own_tm : own);
     if (APPEND && split == 0 && h % group == 0) {
         const int64_t row =
             kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, sp.p) * sp.row_elems + (int64_t)sp.kvh * Dh;
@@ -506,6 +507,265 @@ __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu
     }
 }
 
+/* ---- tensor-core prefill attention --------------------------------------------------- */
+
+#define FA_WARPS 4
+#define FA_ROWS (16 * FA_WARPS) /* query rows (token, head) of a block: 16 a warp */
+#define FA_KC 64                /* keys per shared-memory chunk */
+
+static __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo in the low half: the lower index */
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* c (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col) */
+static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Flash attention on bf16 tensor cores (mma.sync m16n8k16, f32 accumulation) over the
+ * f32 paged cache. A block takes one KV head and FA_ROWS query rows: TB = FA_ROWS / G
+ * consecutive tokens times the G query heads that share the KV head (row r: token
+ * t0 + r / G, head kvh * G + r % G), so one K/V chunk in shared memory serves every
+ * head of the group. Warp w owns rows 16w..16w+15: its q rows (scaled by scale * log2 e)
+ * stay in registers as A fragments. For each sequence present in the block, the union
+ * of its tokens' key ranges is walked FA_KC keys at a time: the f32 K and V rows of the
+ * next chunk are copied to shared memory by cp.async while the current one computes,
+ * then converted to bf16 rows (padded by 16 bytes: the fragment loads and ldmatrix hit
+ * distinct banks); a warp whose rows see none of the chunk's keys skips it; S = Q K^T
+ * (FA_KC / 8 tiles of 16x8), masked (another sequence, past the query's position,
+ * before its window), the online softmax in base 2 on the accumulators (a row's 4
+ * lanes exchange their maxima), then P (the S accumulators repacked as bf16 A
+ * fragments) times V (B fragments by ldmatrix.trans from the row-major V). Rounding:
+ * q, k, v and p to bf16 (8 bits), sums in f32. */
+template <int DH>
+struct fa_smem { /* dynamic shared memory of attention_mma_kernel<DH> */
+    static constexpr int LD = DH + 8, LDF = DH + 4;
+    float k32[FA_KC * LDF], v32[FA_KC * LDF]; /* the chunk in flight (cp.async), f32 */
+    __nv_bfloat16 ks[FA_KC * LD], vs[FA_KC * LD]; /* the chunk computed on, bf16 */
+};
+
+/* 16 bytes global -> shared without registers; src_bytes 0 fills zeros */
+static __device__ __forceinline__ void fa_cp16(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+template <int DH>
+__global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    constexpr int KS = DH / 16, NT = DH / 8, LD = fa_smem<DH>::LD, LDF = fa_smem<DH>::LDF, U4 = DH / 4;
+    constexpr int NTHR = FA_WARPS * CU_WARP, UNITS = FA_KC * U4 / NTHR;
+    static_assert(DH % 16 == 0 && (FA_KC * U4) % NTHR == 0, "head dim a multiple of 16");
+    extern __shared__ __align__(16) unsigned char fa_dyn[];
+    fa_smem<DH> &sm = *reinterpret_cast<fa_smem<DH> *>(fa_dyn);
+    __nv_bfloat16 *const ks = sm.ks, *const vs = sm.vs;
+    __shared__ int64_t koff[2][FA_KC]; /* the rows of the next two chunks */
+    __shared__ int32_t rpos[FA_ROWS], rslot[FA_ROWS], rfirst[FA_ROWS], slots[FA_ROWS];
+    __shared__ int n_slots;
+    const int G = a.n_heads / a.n_kv_heads, TB = FA_ROWS / G;
+    /* the last tiles (most keys in a prefill) first: less tail */
+    const int kvh = blockIdx.y, t0 = (gridDim.x - 1 - blockIdx.x) * TB;
+    const int nrows = min(TB, a.n_tok - t0) * G;
+    const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, g = lane / 4, tq = lane % 4;
+    const int64_t row_elems = (int64_t)a.n_kv_heads * DH;
+    for (int r = threadIdx.x; r < FA_ROWS; r += NTHR) {
+        const bool ok = r < nrows;
+        const int32_t p = ok ? a.pos[t0 + r / G] : -1;
+        rpos[r] = p;
+        rslot[r] = ok ? a.slot[t0 + r / G] : -1;
+        rfirst[r] = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int n = 0;
+        for (int r = 0; r < nrows; r += G) {
+            int k = 0;
+            while (k < n && slots[k] != rslot[r]) k++;
+            if (k == n) slots[n++] = rslot[r];
+        }
+        n_slots = n;
+    }
+    const int r0 = warp * 16 + g, r1 = r0 + 8; /* this lane's two rows */
+    const int32_t p0 = rpos[r0], p1 = rpos[r1], f0 = rfirst[r0], f1 = rfirst[r1];
+    const int32_t sl0 = rslot[r0], sl1 = rslot[r1];
+    uint32_t qa[KS][4];
+    {
+        const float qs = a.scale * 1.44269504088896341f; /* exp2 below */
+        const float *q0 = r0 < nrows ? a.q + ((int64_t)(kvh * G + r0 % G) * a.n_tok + t0 + r0 / G) * DH : NULL;
+        const float *q1 = r1 < nrows ? a.q + ((int64_t)(kvh * G + r1 % G) * a.n_tok + t0 + r1 / G) * DH : NULL;
+        const float2 z = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            const int d = 16 * kk + 2 * tq;
+            float2 x00 = q0 ? *(const float2 *)(q0 + d) : z, x10 = q1 ? *(const float2 *)(q1 + d) : z;
+            float2 x01 = q0 ? *(const float2 *)(q0 + d + 8) : z, x11 = q1 ? *(const float2 *)(q1 + d + 8) : z;
+            qa[kk][0] = fa_pack(x00.x * qs, x00.y * qs);
+            qa[kk][1] = fa_pack(x10.x * qs, x10.y * qs);
+            qa[kk][2] = fa_pack(x01.x * qs, x01.y * qs);
+            qa[kk][3] = fa_pack(x11.x * qs, x11.y * qs);
+        }
+    }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    __syncthreads(); /* n_slots */
+    for (int si = 0; si < n_slots; si++) {
+        const int32_t slot = slots[si];
+        int32_t lo = INT_MAX, hi = -1; /* the block's key range in this sequence */
+        for (int r = 0; r < nrows; r += G)
+            if (rslot[r] == slot) {
+                lo = min(lo, rfirst[r]);
+                hi = max(hi, rpos[r]);
+            }
+        int32_t wlo = INT_MAX, whi = -1; /* this warp's */
+        if (sl0 == slot) {
+            wlo = f0;
+            whi = p0;
+        }
+        if (sl1 == slot) {
+            wlo = min(wlo, f1);
+            whi = max(whi, p1);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, off));
+            whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, off));
+        }
+        /* chunk i's copies are issued while chunk i - 1 computes, and its rows (koff[i % 2])
+         * looked up while chunk i - 2 computes */
+        const auto lookup = [&](int32_t c) -> int64_t { /* thread j < FA_KC: row c + j */
+            const int j = threadIdx.x;
+            return j < FA_KC && c + j <= hi ? kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c + j) *
+                                                  row_elems + (int64_t)kvh * DH
+                                            : -1;
+        };
+        const auto issue = [&](int buf) {
+#pragma unroll
+            for (int it = 0; it < UNITS; it++) { /* rows past the chunk: zeros */
+                const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * 4;
+                const int64_t off = koff[buf][j];
+                fa_cp16(&sm.k32[j * LDF + d4], a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
+                fa_cp16(&sm.v32[j * LDF + d4], a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+        __syncthreads(); /* koff free: the sequence before has issued its last chunk */
+        if (threadIdx.x < FA_KC) {
+            koff[0][threadIdx.x] = lookup(lo);
+            koff[1][threadIdx.x] = lookup(lo + FA_KC);
+        }
+        __syncthreads();
+        issue(0);
+        for (int32_t c0 = lo, ci = 0; c0 <= hi; c0 += FA_KC, ci++) {
+            const int cn = min(FA_KC, hi + 1 - c0);
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            __syncthreads(); /* every thread's copies landed; the chunk before is computed */
+#pragma unroll 4
+            for (int it = 0; it < UNITS; it++) {
+                const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * 4;
+                const float4 kv = *(const float4 *)&sm.k32[j * LDF + d4], vv = *(const float4 *)&sm.v32[j * LDF + d4];
+                *(uint2 *)&ks[j * LD + d4] = make_uint2(fa_pack(kv.x, kv.y), fa_pack(kv.z, kv.w));
+                *(uint2 *)&vs[j * LD + d4] = make_uint2(fa_pack(vv.x, vv.y), fa_pack(vv.z, vv.w));
+            }
+            __syncthreads(); /* staging read */
+            if (c0 + FA_KC <= hi) issue((ci + 1) % 2);
+            /* koff[ci % 2] was read by this chunk's copies, issued before the barriers above */
+            const int64_t ahead = lookup(c0 + 2 * FA_KC);
+            if (c0 <= whi && c0 + cn - 1 >= wlo) { /* warp-uniform */
+                float s[FA_KC / 8][4];
+#pragma unroll
+                for (int n = 0; n < FA_KC / 8; n++) {
+                    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                    if (8 * n >= cn) continue;
+                    const __nv_bfloat16 *kr = &ks[(8 * n + g) * LD + 2 * tq];
+#pragma unroll
+                    for (int kk = 0; kk < KS; kk++)
+                        fa_mma(s[n], qa[kk], *(const uint32_t *)(kr + 16 * kk), *(const uint32_t *)(kr + 16 * kk + 8));
+                }
+                float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < FA_KC / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int32_t key = c0 + 8 * n + 2 * tq + e; /* past the chunk: past every position */
+                        s[n][e] = sl0 == slot && key >= f0 && key <= p0 ? s[n][e] : -INFINITY;
+                        s[n][2 + e] = sl1 == slot && key >= f1 && key <= p1 ? s[n][2 + e] : -INFINITY;
+                        mx0 = fmaxf(mx0, s[n][e]);
+                        mx1 = fmaxf(mx1, s[n][2 + e]);
+                    }
+#pragma unroll
+                for (int off = 1; off < 4; off <<= 1) { /* the row's 4 lanes */
+                    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+                    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+                }
+                const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+                const float b0 = n0 == -INFINITY ? 0.0f : n0, b1 = n1 == -INFINITY ? 0.0f : n1;
+                const float c0f = exp2f(m0 - b0), c1f = exp2f(m1 - b1);
+                m0 = n0;
+                m1 = n1;
+                float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+                for (int n = 0; n < FA_KC / 8; n++) {
+                    s[n][0] = exp2f(s[n][0] - b0);
+                    s[n][1] = exp2f(s[n][1] - b0);
+                    s[n][2] = exp2f(s[n][2] - b1);
+                    s[n][3] = exp2f(s[n][3] - b1);
+                    ps0 += s[n][0] + s[n][1];
+                    ps1 += s[n][2] + s[n][3];
+                }
+                l0 = l0 * c0f + ps0; /* this lane's part of the row sum */
+                l1 = l1 * c1f + ps1;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    o[n][0] *= c0f;
+                    o[n][1] *= c0f;
+                    o[n][2] *= c1f;
+                    o[n][3] *= c1f;
+                }
+#pragma unroll
+                for (int kk = 0; kk < FA_KC / 16; kk++) {
+                    if (16 * kk >= cn) continue;
+                    const uint32_t pa[4] = {fa_pack(s[2 * kk][0], s[2 * kk][1]), fa_pack(s[2 * kk][2], s[2 * kk][3]),
+                                            fa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                            fa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                    /* lane l: row (key) 16kk + l % 8 + 8 (l / 8 % 2), columns 8 (l / 16) on */
+                    const uint32_t vaddr = (uint32_t)__cvta_generic_to_shared(
+                        &vs[(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8]);
+#pragma unroll
+                    for (int np = 0; np < NT / 2; np++) {
+                        uint32_t v0, v1, v2, v3;
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                                     : "r"(vaddr + np * 32));
+                        fa_mma(o[2 * np], pa, v0, v1);
+                        fa_mma(o[2 * np + 1], pa, v2, v3);
+                    }
+                }
+            }
+            if (threadIdx.x < FA_KC) koff[ci % 2][threadIdx.x] = ahead; /* read after two barriers */
+        }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    float *o0 = r0 < nrows ? a.out + ((int64_t)(t0 + r0 / G) * a.n_heads + kvh * G + r0 % G) * DH : NULL;
+    float *o1 = r1 < nrows ? a.out + ((int64_t)(t0 + r1 / G) * a.n_heads + kvh * G + r1 % G) * DH : NULL;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const int d = 8 * n + 2 * tq;
+        if (o0) *(float2 *)(o0 + d) = make_float2(o[n][0] * i0, o[n][1] * i0);
+        if (o1) *(float2 *)(o1 + d) = make_float2(o[n][2] * i1, o[n][3] * i1);
+    }
+}
+
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx) {
     int64_t want = (264 + (int64_t)n_tok * n_heads - 1) / ((int64_t)n_tok * n_heads); /* 2 blocks / SM */
     int64_t chunks = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
@@ -522,6 +782,23 @@ bool cu_attention_tiled_ok(const struct cu_attention *a) {
     return a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->head_dim <= ATT_TDH && a->head_dim % 4 == 0;
 }
 
+template <int DH>
+static cudaError_t fa_launch(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
+    static bool sized; /* above 48 KiB of dynamic shared memory needs the attribute, once */
+    cudaError_t e;
+    if (!sized && (e = cudaFuncSetAttribute(attention_mma_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)sizeof(fa_smem<DH>))) != cudaSuccess)
+        return e;
+    sized = true;
+    attention_mma_kernel<DH><<<grid, FA_WARPS * CU_WARP, sizeof(fa_smem<DH>), st>>>(*a);
+    return cudaGetLastError();
+}
+
+bool cu_attention_mma_ok(const struct cu_attention *a) {
+    return !a->tiled_f32 && a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->n_kv_heads > 0 &&
+           a->n_heads / a->n_kv_heads <= FA_ROWS && (a->head_dim == 64 || a->head_dim == 96 || a->head_dim == 128);
+}
+
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     if (a->n_tok <= 0) return cudaSuccess;
     if (a->head_dim > ATT_MAX_DH || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads ||
@@ -533,6 +810,15 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     if (tiled || a->n_tok > 1) { /* one token appends inside the attention kernel */
         if ((e = cu_launch_pdl(kv_append_kernel, dim3(a->n_tok), dim3(256), 0, st, *a)) != cudaSuccess) return e;
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    if (tiled && cu_attention_mma_ok(a)) {
+        dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) / (FA_ROWS / (a->n_heads / a->n_kv_heads)),
+                  a->n_kv_heads);
+        switch (a->head_dim) {
+        case 64: return fa_launch<64>(grid, st, a);
+        case 96: return fa_launch<96>(grid, st, a);
+        default: return fa_launch<128>(grid, st, a);
+        }
     }
     if (tiled) {
         attention_tiled_kernel<<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);

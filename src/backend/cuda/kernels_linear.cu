@@ -549,21 +549,33 @@ cudaError_t cu_linear_tiled(cudaStream_t st, const struct cu_weight *w, const fl
 
 /* ---- epilogue after cuBLAS, activation conversion, embedding -------------------- */
 
-__global__ void epilogue_kernel(float *y, int64_t n, int64_t n_out, struct cu_epilogue ep) {
+template <typename O>
+__global__ void epilogue_kernel(const float *y, O *out, int64_t n, int64_t n_out, struct cu_epilogue ep) {
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     float v = y[e] + (ep.bias ? ep.bias[e % n_out] : 0.0f);
     if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
     if (ep.gate) v *= ep.gate[e];
     if (ep.residual) v += ep.residual[e];
-    y[e] = v;
+    cu_put(out + e, v);
 }
 
 cudaError_t cu_linear_epilogue(cudaStream_t st, float *y, int64_t rows, int64_t n_out,
                                const struct cu_epilogue *ep) {
     int64_t n = rows * n_out;
     if (n <= 0 || (!ep->bias && ep->act < 0 && !ep->gate && !ep->residual)) return cudaSuccess;
-    epilogue_kernel<<<cu_blocks(n, 256), 256, 0, st>>>(y, n, n_out, *ep);
+    epilogue_kernel<float><<<cu_blocks(n, 256), 256, 0, st>>>(y, y, n, n_out, *ep);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_linear_epilogue_half(cudaStream_t st, const float *y, void *out, int64_t rows, int64_t n_out,
+                                    const struct cu_epilogue *ep, bool to_bf16) {
+    int64_t n = rows * n_out;
+    if (n <= 0) return cudaSuccess;
+    if (to_bf16)
+        epilogue_kernel<<<cu_blocks(n, 256), 256, 0, st>>>(y, (__nv_bfloat16 *)out, n, n_out, *ep);
+    else
+        epilogue_kernel<<<cu_blocks(n, 256), 256, 0, st>>>(y, (__half *)out, n, n_out, *ep);
     return cudaGetLastError();
 }
 

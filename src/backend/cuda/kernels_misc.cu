@@ -9,11 +9,15 @@
 
 #define EW_THREADS 256
 
-/* Offsets of output element e in up to two inputs, from the output extent. */
+/* Offsets of output element e in up to two inputs, from the output extent. Unrolled
+ * over CU_MAX_RANK: constant indices, so a cu_strided copied out of a kernel parameter
+ * (norm_rope's part) stays in registers instead of a 200-byte local-memory frame. */
 static __device__ __forceinline__ void strided_offsets(const struct cu_strided &s, int64_t e,
                                                        int64_t *oa, int64_t *ob) {
     int64_t a = 0, b = 0;
-    for (int d = s.rank - 1; d >= 0; d--) {
+#pragma unroll
+    for (int d = CU_MAX_RANK - 1; d >= 0; d--) {
+        if (d >= s.rank) continue;
         int64_t i = e % s.dims[d];
         e /= s.dims[d];
         a += i * s.sa[d];
@@ -229,19 +233,45 @@ cudaError_t cu_softmax(cudaStream_t st, const float *x, float *o, int64_t outer,
 }
 
 /* rms_norm / layer_norm: one block per row */
-__global__ void norm_kernel(const float *x, const float *w, const float *b, float *o, int64_t d,
-                            float eps, bool layer) {
+template <typename O>
+__global__ void norm_kernel(const float *x, const float *w, const float *b, O *o, int64_t d, float eps, bool layer,
+                            bool vec) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     cu_pdl_wait();    /* launched as a dependent itself: x is the kernel before's */
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * d;
-    float *orow = o + (int64_t)blockIdx.x * d;
+    O *orow = o + (int64_t)blockIdx.x * d;
+    if (vec) { /* rms_norm, 16-byte rows of at most 16 floats a thread: x read once, kept */
+        const float4 *x4 = (const float4 *)xr, *w4 = (const float4 *)w;
+        const int n4 = (int)(d / 4);
+        float4 v[4];
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int k = threadIdx.x + i * blockDim.x;
+            v[i] = k < n4 ? x4[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+        }
+        ss = cu_block_sum(ss, red);
+        const float scale = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int k = threadIdx.x + i * blockDim.x;
+            if (k >= n4) continue;
+            const float4 wk = w4[k];
+            cu_put(orow + 4 * k, v[i].x * scale * wk.x);
+            cu_put(orow + 4 * k + 1, v[i].y * scale * wk.y);
+            cu_put(orow + 4 * k + 2, v[i].z * scale * wk.z);
+            cu_put(orow + 4 * k + 3, v[i].w * scale * wk.w);
+        }
+        return;
+    }
     if (!layer) {
         float ss = 0.0f;
         for (int64_t k = threadIdx.x; k < d; k += blockDim.x) ss += xr[k] * xr[k];
         ss = cu_block_sum(ss, red);
         float scale = 1.0f / sqrtf(ss / (float)d + eps);
-        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) orow[k] = xr[k] * scale * w[k];
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) cu_put(orow + k, xr[k] * scale * w[k]);
         return;
     }
     float mean = 0.0f;
@@ -251,7 +281,13 @@ __global__ void norm_kernel(const float *x, const float *w, const float *b, floa
     for (int64_t k = threadIdx.x; k < d; k += blockDim.x) var += (xr[k] - mean) * (xr[k] - mean);
     var = cu_block_sum(var, red);
     float scale = 1.0f / sqrtf(var / (float)d + eps);
-    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) orow[k] = (xr[k] - mean) * scale * w[k] + b[k];
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) cu_put(orow + k, (xr[k] - mean) * scale * w[k] + b[k]);
+}
+
+/* The norm kernel's float4 path applies: rms_norm, 16-byte aligned rows and weight, at
+ * most 4 float4 a thread. */
+static bool norm_vec(const float *x, const float *w, int64_t d, int threads, bool layer) {
+    return !layer && d % 4 == 0 && d <= 16 * (int64_t)threads && ((uintptr_t)x | (uintptr_t)w) % 16 == 0;
 }
 
 cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float *b, float *o,
@@ -259,8 +295,22 @@ cudaError_t cu_norm(cudaStream_t st, const float *x, const float *w, const float
     if (rows <= 0 || d <= 0) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
     int threads = d >= 2048 ? 512 : d >= 512 ? 256 : d >= 128 ? 128 : 32;
-    cudaError_t e = cu_launch_pdl(norm_kernel, dim3((unsigned)rows), dim3(threads), 0, st, x, w, b, o, d, eps, layer);
+    cudaError_t e = cu_launch_pdl(norm_kernel<float>, dim3((unsigned)rows), dim3(threads), 0, st, x, w, b, o, d, eps, layer,
+                                  norm_vec(x, w, d, threads, layer));
     return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+cudaError_t cu_norm_half(cudaStream_t st, const float *x, const float *w, const float *b, void *o, int64_t rows,
+                         int64_t d, float eps, bool layer, bool to_bf16) {
+    if (rows <= 0 || d <= 0) return cudaSuccess;
+    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    int threads = d >= 2048 ? 512 : d >= 512 ? 256 : d >= 128 ? 128 : 32;
+    bool vec = norm_vec(x, w, d, threads, layer);
+    if (to_bf16)
+        norm_kernel<<<(unsigned)rows, threads, 0, st>>>(x, w, b, (__nv_bfloat16 *)o, d, eps, layer, vec);
+    else
+        norm_kernel<<<(unsigned)rows, threads, 0, st>>>(x, w, b, (__half *)o, d, eps, layer, vec);
+    return cudaGetLastError();
 }
 
 /* rope: one thread per (row, k < d/2) */
