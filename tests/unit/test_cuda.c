@@ -536,6 +536,7 @@ static void test_norms_rope(void) {
     static const enum ir_dtype wts[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
     static const struct batch_spec small[] = {{1, 1, 1}, {3, 1, 1}, {8, 2, 1}, {1, 1, 1}};
     setenv("LLMOPT_CUDA_FUSE_NORM", "1", 1); /* opt-in, read at prepare */
+    cu_matvec_q8_x(0); /* q8_0 with f32 x: exact (test_linear_q8x: the int8 default) */
     for (int k = 0; k < 4; k++) {
         struct gb b;
         gb_init(&b);
@@ -556,6 +557,7 @@ static void test_norms_rope(void) {
         compare_graph(what, &b, y, small, 4, 64, TOL_F32);
         gb_free(&b);
     }
+    cu_matvec_q8_x(-1);
     unsetenv("LLMOPT_CUDA_FUSE_NORM");
 }
 
