@@ -15,9 +15,10 @@
  *
  * Weights are random (never zeros), written on the device in the upload layout
  * (cu_weight); every timed run rotates over enough copies that the working set is
- * several times the L2. Usage: bench_cuda_kernels [--quick | --sweep | --attention];
- * --sweep times the 8B decode launch shapes at every matvec launch shape
- * (cu_matvec_tune) instead, --attention only the prefill attention. */
+ * several times the L2. q8_0 matvecs run with each x mode (cu_matvec_q8_x). Usage:
+ * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE]] | --attention]; --sweep times the
+ * 8B and 0.6B decode launch shapes at every matvec launch shape (cu_matvec_tune)
+ * instead, --attention only the prefill attention. */
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "format/gguf.h"
@@ -130,6 +131,20 @@ static void host_kq_row(int dtype, const uint8_t *data, const uint16_t *sc, int6
     quant_k_dequantize_row(dtype == CU_Q4_K ? GGML_TYPE_Q4_K : GGML_TYPE_Q5_K, data + (size_t)(r * nb) * bytes, out, cols);
 }
 
+/* cu_matvec_q8_x modes -1..1: the default (int8 or f32 x by launch kind), f32 x, int8 x */
+static const char *const q8_x_names[] = {"/xdflt", "/xf32", "/x8"};
+
+/* x as the int8 x mode of the q8_0 matvec sees it (cu_matvec_q8_x): each block of 32
+ * rounded to q * d, d = amax / 127, q = nearbyint(x / d), in the kernel's f32 steps. */
+static void host_q8x(const float *x, int64_t k, double *out) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) out[b * 32 + j] = (double)nearbyintf(x[b * 32 + j] * id) * d;
+    }
+}
+
 static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -195,7 +210,8 @@ static void *random_weight(int dtype, int64_t rows, int64_t cols, uint32_t seed,
 /* Times cu_matvec on one weight shape/type; returns GB/s (and prints a row). */
 /* nr / xs: the K-quant matvec's rows per warp and x mode (cu_matvec_kq); both left
  * at 0 / -1: cu_matvec with its defaults. */
-static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs, bool *ok, int nr = 0, int xs = -1) {
+static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs, bool *ok, int nr = 0, int xs = -1,
+                           int q8x = 0) {
     size_t data = cu_weight_data_bytes(dtype, sh.n_out, sh.k), scale = cu_weight_scale_bytes(dtype, sh.n_out, sh.k);
     size_t one = ((data + 255) & ~(size_t)255) + scale;
     int copies = (int)std::min<size_t>(64, std::max<size_t>(1, ((size_t)256 << 20) / one + 1));
@@ -207,6 +223,7 @@ static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs
     CHECK_CUDA(cudaMalloc(&y, (size_t)(rows * sh.n_out) * 4));
     fill(x, rows * sh.k, 0, 3);
     struct cu_epilogue ep = {NULL, NULL, NULL, -1, NULL, 0.0f};
+    if (dtype == CU_Q8_0) cu_matvec_q8_x(q8x);
     if (!cu_matvec_ok(&w[0])) {
         printf("%-28s %-5s rows %d: matvec not applicable\n", sh.what, dtype_name(dtype), rows);
         return 0;
@@ -225,22 +242,32 @@ static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs
     const uint16_t *hsc = scale ? (const uint16_t *)(hw.data() + ((data + 255) & ~(size_t)255)) : NULL;
     double worst = 0;
     std::vector<float> wrow((size_t)sh.k);
+    /* references: x as given, and (q8_0, one row, not forced f32) x as the int8 mode
+     * rounds it; the default picks per launch, so a row may match either */
+    const bool x8 = dtype == CU_Q8_0 && q8x && rows == 1;
+    std::vector<double> xd(hx.begin(), hx.end()), xq(hx.begin(), hx.end());
+    if (x8) host_q8x(hx.data(), sh.k, xq.data());
+    double worst8 = 0;
     for (int64_t s = 0; s < 64; s++) {
         int64_t j = (s * 7919) % sh.n_out;
         if (cu_dtype_kquant(dtype)) host_kq_row(dtype, hw.data(), hsc, j, sh.k, wrow.data());
         for (int r = 0; r < rows; r++) {
-            double ref = 0, mag = 0;
+            double ref = 0, ref8 = 0, mag = 0;
             for (int64_t c = 0; c < sh.k; c++) {
                 double wv = cu_dtype_kquant(dtype) ? wrow[(size_t)c] : host_elem(dtype, hw.data(), hsc, j, c, sh.k);
-                double p = wv * hx[(size_t)(r * sh.k + c)];
+                double p = wv * xd[(size_t)(r * sh.k + c)];
                 ref += p;
+                ref8 += wv * xq[(size_t)(r * sh.k + c)];
                 mag += fabs(p);
             }
-            double e = fabs(hy[(size_t)(r * sh.n_out + j)] - ref) / (mag > 0 ? mag : 1);
-            worst = std::max(worst, e);
+            const double got = hy[(size_t)(r * sh.n_out + j)], m = mag > 0 ? mag : 1;
+            worst = std::max(worst, fabs(got - ref) / m);
+            worst8 = std::max(worst8, fabs(got - ref8) / m);
         }
     }
-    *ok = worst < (xs == 2 ? 1e-2 : 1e-5); /* x rounded to int8: ~1e-3 */
+    const bool took8 = x8 && worst8 < worst; /* the launch quantized x */
+    if (took8) worst = worst8;
+    *ok = worst < (xs == 2 ? 1e-2 : 1e-5); /* K-quant int8 x (rounded, compared with f32 x): ~1e-3 */
     int per = std::max(copies, 8);
     double sec = time_median(3, 20, [&] {
                      for (int i = 0; i < per; i++) CHECK_CUDA(launch(&w[i % copies]));
@@ -249,6 +276,7 @@ static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs
     double gbs = bytes / sec / 1e9;
     char nrs[32] = "";
     if (nr || xs >= 0) snprintf(nrs, sizeof nrs, " nr%d xs%d", nr, xs);
+    if (dtype == CU_Q8_0) snprintf(nrs, sizeof nrs, " %s:%s", q8_x_names[q8x + 1] + 1, took8 ? "int8" : "f32");
     printf("%-28s %-5s%s rows %d  %9.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", sh.what, dtype_name(dtype),
            nrs, rows, sec * 1e6, gbs, 100 * gbs / copy_gbs, worst, *ok ? "ok" : "FAIL");
     for (int c = 0; c < copies; c++) CHECK_CUDA(cudaFree(mem[c]));
@@ -407,7 +435,8 @@ struct mv_job_shape {
     bool pair, norm;
 };
 
-static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs) {
+static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs, int q8x) {
+    cu_matvec_q8_x(q8x);
     const int n_w = js.pair ? 2 : js.n_seg;
     size_t set_bytes = 0;
     for (int i = 0; i < n_w; i++)
@@ -456,6 +485,12 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs)
     for (float v : hx) ss += (double)v * v;
     const double inv = js.norm ? 1.0 / sqrt(ss / (double)js.k + eps) : 1.0;
     for (int64_t c = 0; c < js.k; c++) xn[(size_t)c] = hx[(size_t)c] * inv * (js.norm ? hn[(size_t)c] : 1.0f);
+    if (q8x) { /* the int8 x mode: the normalized row as the kernel forms it in f32, then rounded */
+        std::vector<float> xf((size_t)js.k);
+        const float invf = js.norm ? 1.0f / sqrtf((float)(ss / (double)js.k) + eps) : 1.0f;
+        for (int64_t c = 0; c < js.k; c++) xf[(size_t)c] = js.norm ? hx[(size_t)c] * invf * hn[(size_t)c] : hx[(size_t)c];
+        host_q8x(xf.data(), js.k, xn.data());
+    }
     auto host_dot = [&](int i, int64_t j, double *mag) {
         const cu_weight &wi = w[(size_t)i];
         size_t off = (cu_weight_data_bytes(dtype, wi.rows, js.k) + 255) & ~(size_t)255;
@@ -507,12 +542,14 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs)
                      }) / per;
         double gbs = ((double)set_bytes + (double)(js.k * (js.norm ? 8 : 4) + n_out * 4)) / sec / 1e9;
         if (gbs > best) best = gbs, best_t = (int)t;
-        printf("sweep %-34s %-5s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
-               dtype_name(dtype), tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs, 100 * gbs / copy_gbs, worst,
-               ok ? "ok" : "FAIL");
+        printf("sweep %-34s %-5s%s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
+               dtype_name(dtype), dtype == CU_Q8_0 ? q8_x_names[q8x + 1] : "", tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs,
+               100 * gbs / copy_gbs, worst, ok ? "ok" : "FAIL");
     }
-    printf("best  %-34s %-5s nr %d lif %2d warps %5d  %.1f%% of copy\n", js.what, dtype_name(dtype), tunes[best_t][0],
-           tunes[best_t][1], tunes[best_t][2], 100 * best / copy_gbs);
+    printf("best  %-34s %-5s%s nr %d lif %2d warps %5d  %.1f%% of copy\n", js.what, dtype_name(dtype),
+           dtype == CU_Q8_0 ? q8_x_names[q8x + 1] : "",
+           tunes[best_t][0], tunes[best_t][1], tunes[best_t][2], 100 * best / copy_gbs);
+    cu_matvec_q8_x(-1);
     cu_matvec_tune(0, 0, 0);
     for (void *m : mem) CHECK_CUDA(cudaFree(m));
     CHECK_CUDA(cudaFree(x));
@@ -521,17 +558,25 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs)
     return all_ok;
 }
 
-/* --sweep: the 8B decode launch shapes (bf16, q8_0) at every cu_matvec_tune shape. */
-static int sweep(double copy_gbs) {
+/* --sweep [bf16|q8_0 [0|1]]: the 8B and 0.6B decode launch shapes (bf16, q8_0 with f32
+ * and int8 x, or only the x mode given) at every cu_matvec_tune shape. */
+static int sweep(double copy_gbs, const char *only, int only_x) {
     const struct mv_job_shape jobs[] = {
         {"attn_o 4096x4096", 1, {4096}, 4096, false, false},
         {"ffn_down 4096x14336", 1, {4096}, 14336, false, false},
         {"q/k/v (4096+1024+1024)x4096 +norm", 3, {4096, 1024, 1024}, 4096, false, true},
         {"gate/up pair 2x14336x4096 +norm", 1, {14336}, 4096, true, true},
+        {"0.6B attn_o 1024x2048", 1, {1024}, 2048, false, false},
+        {"0.6B ffn_down 1024x3072", 1, {1024}, 3072, false, false},
+        {"0.6B q/k/v (2048+1024+1024)x1024 +norm", 3, {2048, 1024, 1024}, 1024, false, true},
+        {"0.6B gate/up pair 2x3072x1024 +norm", 1, {3072}, 1024, true, true},
     };
     bool ok = true;
     for (int dtype : {CU_BF16, CU_Q8_0})
-        for (const auto &js : jobs) ok = sweep_job(dtype, js, copy_gbs) && ok;
+        for (int q8x = 0; q8x <= (dtype == CU_Q8_0 ? 1 : 0); q8x++)
+            for (const auto &js : jobs)
+                if ((!only || !strcmp(only, dtype_name(dtype))) && (only_x < 0 || only_x == q8x))
+                    ok = sweep_job(dtype, js, copy_gbs, q8x) && ok;
     printf("sweep checks %s\n", ok ? "ok" : "FAILED");
     return ok ? 0 : 1;
 }
@@ -547,7 +592,7 @@ int main(int argc, char **argv) {
     printf("device: %s\n", desc);
     double copy_gbs = copy_bandwidth();
     printf("device-to-device copy: %.1f GB/s (read + write, 2 GiB, median of 10)\n\n", copy_gbs);
-    if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs);
+    if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : -1);
     if (argc > 1 && !strcmp(argv[1], "--attention")) { /* 8B and 0.6B-shaped layers (Dh 128), a 64-dim one */
         bool ok = bench_prefill_attention(512, 32, 8, 128) && bench_prefill_attention(2048, 32, 8, 128) &&
                   bench_prefill_attention(512, 16, 8, 128) && bench_prefill_attention(512, 32, 8, 64);
@@ -567,12 +612,13 @@ int main(int argc, char **argv) {
     bool all_ok = true;
     double best = 0;
     for (int t = 0; t < n_types; t++)
-        for (const struct shape &sh : shapes) {
-            bool ok = true;
-            double g = bench_matvec(types[t], sh, 1, copy_gbs, &ok);
-            best = std::max(best, g);
-            all_ok = all_ok && ok;
-        }
+        for (int q8x = (types[t] == CU_Q8_0 ? -1 : 0); q8x <= (types[t] == CU_Q8_0 ? 1 : 0); q8x++)
+            for (const struct shape &sh : shapes) {
+                bool ok = true;
+                double g = bench_matvec(types[t], sh, 1, copy_gbs, &ok, 0, -1, q8x);
+                best = std::max(best, g);
+                all_ok = all_ok && ok;
+            }
     printf("\n");
     for (int t = 0; t < 2; t++) {
         bool ok = true;

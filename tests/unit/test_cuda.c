@@ -193,6 +193,9 @@ struct kv_pair {
 };
 
 static uint64_t last_kernels_run; /* kernels the CUDA backend counted in the last compare_graph */
+/* What compare_graph checks against: the f32 reference, or the CPU's default backend
+ * (its q8_0 kernels quantize activations as the CUDA int8 x mode does) */
+static const struct backend_ops *ref_backend = &cpu_ref_backend_ops;
 
 /* Runs g on both backends over a sequence of batches (each continues the sequences of
  * the previous ones when kv is used) and compares every output. */
@@ -207,7 +210,7 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
     for (int k = 0; k < n_steps; k++) n_max = steps[k].n > n_max ? steps[k].n : n_max;
     void *cpu = NULL, *gpu = NULL;
     struct kv_pair kv = {NULL, NULL};
-    CHECK_MSG(cpu_ref_backend_ops.prepare(&b->g, n_max, max_ctx, NULL, 1, &cpu, &err) == LLMOPT_OK, "%s: %s", what, err.msg);
+    CHECK_MSG(ref_backend->prepare(&b->g, n_max, max_ctx, NULL, 1, &cpu, &err) == LLMOPT_OK, "%s: %s", what, err.msg);
     CHECK_MSG(cuda_backend_ops.prepare(&b->g, n_max, max_ctx, NULL, 1, &gpu, &err) == LLMOPT_OK, "%s: %s", what, err.msg);
     int32_t n_slots = 4;
     if (b->g.n_kv_layers) {
@@ -262,7 +265,7 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
         }
         struct exec_batch eb = {bs->n, tokens, pos, slot, bs->m, rows};
         const float *lc = NULL, *lg = NULL;
-        if (cpu_ref_backend_ops.run(cpu, &eb, kv.cpu, &lc, &err) != LLMOPT_OK) {
+        if (ref_backend->run(cpu, &eb, kv.cpu, &lc, &err) != LLMOPT_OK) {
             CHECK_MSG(0, "%s step %d cpu: %s", what, k, err.msg);
             break;
         }
@@ -292,7 +295,7 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
     free(pos);
     free(slot);
     free(rows);
-    if (cpu) cpu_ref_backend_ops.release(cpu);
+    if (cpu) ref_backend->release(cpu);
     if (gpu) cuda_backend_ops.release(gpu);
     kv_cache_free(kv.cpu);
     kv_cache_free(kv.gpu);
@@ -325,6 +328,9 @@ struct linear_case {
     enum ir_op act;
 };
 static double linear_small_tol; /* up to 8 rows, when not 0 (a matvec that rounds x) */
+/* kernels_linear.cu (C linkage, cuda_kernels.cuh): the one-row q8_0 matvec's x mode, 1
+ * int8 (the default), 0 f32; the exact f32 checks below run q8_0 with 0 */
+void cu_matvec_q8_x(int mode);
 
 static void run_linear_case(const struct linear_case *lc, bool no_blas) {
     struct gb b;
@@ -360,6 +366,7 @@ static void run_linear_case(const struct linear_case *lc, bool no_blas) {
 }
 
 static void test_linear(void) {
+    cu_matvec_q8_x(0); /* f32 x: every path within TOL_F32 (test_linear_q8x: int8 x) */
     enum ir_dtype types[] = {IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
     for (int t = 0; t < 5; t++) {
         struct linear_case cases[] = {
@@ -376,7 +383,9 @@ static void test_linear(void) {
     /* row lengths the 16-byte matvec cannot take go through the tiled kernel */
     struct linear_case odd[] = {{IR_DTYPE_F32, 70, 9, IR_LINEAR_BIAS, IR_OP_RELU}, {IR_DTYPE_BF16, 36, 11, 0, IR_OP_INPUT}};
     for (int c = 0; c < 2; c++) run_linear_case(&odd[c], false);
+    cu_matvec_q8_x(-1);
 }
+
 
 /* K-quants (rows of 256-element super-blocks): every matvec variant (1, 2 and 4 output
  * rows a warp from 2048 / 8192 rows, with a tail; split K from 8192 (Q4_K/Q5_K) or
@@ -527,6 +536,7 @@ static void test_norms_rope(void) {
     static const enum ir_dtype wts[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
     static const struct batch_spec small[] = {{1, 1, 1}, {3, 1, 1}, {8, 2, 1}, {1, 1, 1}};
     setenv("LLMOPT_CUDA_FUSE_NORM", "1", 1); /* opt-in, read at prepare */
+    cu_matvec_q8_x(0); /* q8_0 with f32 x: exact (test_linear_q8x: the int8 default) */
     for (int k = 0; k < 4; k++) {
         struct gb b;
         gb_init(&b);
@@ -547,6 +557,7 @@ static void test_norms_rope(void) {
         compare_graph(what, &b, y, small, 4, 64, TOL_F32);
         gb_free(&b);
     }
+    cu_matvec_q8_x(-1);
     unsetenv("LLMOPT_CUDA_FUSE_NORM");
 }
 
@@ -750,6 +761,8 @@ static int32_t gb_heads_of(struct gb *b, int32_t x, int64_t h, int64_t dh, bool 
  * SwiGLU gate/up of one x, down with a residual. Small batches run the fused schedule
  * (one launch for q/k/v with v written head-major, one for both ropes, one for
  * gate/up); the 20-token batch runs unfused in the same session. */
+static double fusion_tol; /* when not 0: fusion_case's tolerance (int8 x) */
+
 static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int64_t dh, int64_t ff, bool qk_norm,
                         bool v_bias, bool with_prefill, bool norm_prologue) {
     struct gb b;
@@ -786,7 +799,9 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
     char what[96];
     uint64_t kernels[2] = {0, 0};
     /* the 20-token step's f16/bf16 products run through cuBLAS with x rounded to f16/bf16 */
-    double tol = with_prefill && (t == IR_DTYPE_F16 || t == IR_DTYPE_BF16) ? TOL_HALF : TOL_F32;
+    double tol = fusion_tol > 0                                                   ? fusion_tol
+                 : with_prefill && (t == IR_DTYPE_F16 || t == IR_DTYPE_BF16) ? TOL_HALF
+                                                                             : TOL_F32;
     for (int unfused = 0; unfused < 2; unfused++) { /* the fused schedule, then the A/B switch off */
         snprintf(what, sizeof what, "%s %s H%lld/%lld Dh%lld%s%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
                  (long long)h, (long long)hkv, (long long)dh, qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "",
@@ -826,6 +841,7 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
 }
 
 static void test_decode_fusion(void) {
+    cu_matvec_q8_x(0); /* f32 x (test_linear_q8x: int8) */
     fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, true, false, true, false);
     fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, false);
     fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false, false);
@@ -835,6 +851,68 @@ static void test_decode_fusion(void) {
     fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
     fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, true, false);
     fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, true, false);
+    cu_matvec_q8_x(-1);
+}
+
+/* The q8_0 matvec with int8 x (cu_matvec_q8_x: the default takes it for launches with
+ * the rms_norm prologue and plain ones with K <= 4096; mode 1 wherever the row fits in
+ * shared memory): x rounded to 8 bits per block of 32 (step amax / 127, so the error of
+ * an element is at most amax / 254, about 0.4% of the row's rms for uniform or Gaussian
+ * x) changes each output by ~4e-3 relative; against the f32 reference the checks take
+ * TOL_HALF (1e-2), at batches of 1 to 70 rows (more than one row keeps f32 x). Against
+ * the CPU's default backend, whose q8_0 kernels quantize activations by the same rule
+ * (f32 d = amax / 127, round half to even), one-row steps must agree to f32 summation
+ * order (1e-4); after an rms_norm (the prologue in f32 on the GPU, a separate kernel on
+ * the CPU: a rare element may round the other way) to 1e-3. The two-layer decode
+ * blocks: 2e-2 against the CPU, since their steps of several rows (and the KV cache
+ * those fill) have f32 x here and int8 x there: six rounded products a layer, each
+ * ~4e-3; measured up to 1.07e-2 on the H200. */
+static void q8x_vs_cpu(const struct linear_case *lc, bool norm, int steps) {
+    static const struct batch_spec ones[] = {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}};
+    ref_backend = &cpu_backend_ops;
+    struct gb b;
+    gb_init(&b);
+    int32_t x = gb_source(&b, lc->k, 1.0f);
+    if (norm) x = gb_norm(&b, x, lc->k);
+    int32_t y = gb_linear(&b, x, IR_DTYPE_Q8_0, lc->n_out, lc->k, 0, IR_OP_INPUT, -1);
+    char what[96];
+    snprintf(what, sizeof what, "linear q8_0 %lldx%lld int8 x%s vs cpu", (long long)lc->n_out, (long long)lc->k,
+             norm ? " +norm" : "");
+    compare_graph(what, &b, y, ones, steps, 64, norm ? 1e-3 : 1e-4);
+    gb_free(&b);
+    ref_backend = &cpu_ref_backend_ops;
+}
+
+static void test_linear_q8x(void) {
+    struct linear_case cases[] = {
+        {IR_DTYPE_Q8_0, 256, 48, 0, IR_OP_INPUT},
+        {IR_DTYPE_Q8_0, 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+        {IR_DTYPE_Q8_0, 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+        {IR_DTYPE_Q8_0, 4096, 9, 0, IR_OP_INPUT},
+        {IR_DTYPE_Q8_0, 256, 4100, IR_LINEAR_BIAS, IR_OP_INPUT},
+        {IR_DTYPE_Q8_0, 3072, 1030, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+    };
+    const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+    for (int m = -1; m <= 1; m += 2) {
+        cu_matvec_q8_x(m);
+        linear_small_tol = TOL_HALF;
+        for (int c = 0; c < n_cases; c++) run_linear_case(&cases[c], false);
+        /* a row too long for shared memory keeps f32 x in both modes (f32 sums of 45056
+         * products alone differ by ~1e-5) */
+        linear_small_tol = 5e-5;
+        struct linear_case wide = {IR_DTYPE_Q8_0, 45056, 9, 0, IR_OP_INPUT};
+        run_linear_case(&wide, false);
+        linear_small_tol = 0;
+        for (int c = 0; c < 2 * n_cases; c++) /* each case plain, then after an rms_norm (the prologue) */
+            q8x_vs_cpu(&cases[c % n_cases], c >= n_cases, 3);
+        ref_backend = &cpu_backend_ops;
+        fusion_tol = 2e-2;
+        fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+        fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, false);
+        fusion_tol = 0;
+        ref_backend = &cpu_ref_backend_ops;
+    }
+    cu_matvec_q8_x(-1);
 }
 
 /* kernels_linear.cu: the one-row matvec's launch shape (C linkage, cuda_kernels.cuh) */
@@ -849,6 +927,7 @@ static void test_matvec_shapes(void) {
     enum ir_dtype types[] = {IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_F32};
     for (size_t t = 0; t < sizeof tunes / sizeof tunes[0]; t++) {
         cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
+        cu_matvec_q8_x(0);
         for (int d = 0; d < 3; d++) {
             struct linear_case cases[] = {
                 {types[d], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
@@ -860,8 +939,18 @@ static void test_matvec_shapes(void) {
         }
         fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false, false);
         fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+        /* int8 x at this shape: one-row steps against the CPU's q8_0 kernels */
+        struct linear_case q8x[] = {{IR_DTYPE_Q8_0, 1024, 130, 0, IR_OP_INPUT}, {IR_DTYPE_Q8_0, 256, 4100, 0, IR_OP_INPUT}};
+        cu_matvec_q8_x(1);
+        for (int c = 0; c < 4; c++) q8x_vs_cpu(&q8x[c % 2], c >= 2, 2);
+        ref_backend = &cpu_backend_ops;
+        fusion_tol = 2e-2;
+        fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+        fusion_tol = 0;
+        ref_backend = &cpu_ref_backend_ops;
     }
     cu_matvec_tune(0, 0, 0);
+    cu_matvec_q8_x(-1);
 }
 
 static void test_short_conv(void) {
@@ -1108,9 +1197,9 @@ int main(void) {
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_attention,
-                           test_decode_fusion, test_matvec_shapes, test_short_conv, test_stories_greedy, test_goldens};
+                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_short_conv, test_stories_greedy, test_goldens};
     const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
-                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "matvec_shapes", "short_conv",
+                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "short_conv",
                            "stories_greedy",
                            "goldens"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");

@@ -1404,7 +1404,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
         const struct ir_node *n = &g->nodes[i];
         bool kernel = !(n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE);
         s->kernels_per_step += kernel && s->pf_fuse[i].kind != FUSE_SKIP;
-        s->kernels_per_step_fused += kernel && s->fuse[i].kind != FUSE_SKIP;
+        /* fused steps (<= CUDA_MATVEC_MAX_ROWS tokens) run the prologue norms inside the matvecs */
+        s->kernels_per_step_fused += kernel && s->fuse[i].kind != FUSE_SKIP && !s->norm_into_matvec[i];
     }
     return compute_constants(s, err);
 }

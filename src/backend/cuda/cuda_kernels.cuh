@@ -73,6 +73,16 @@ bool cu_matvec_ok(const struct cu_weight *w);
  * warps a launch aims at when it splits K (128..2^20). 0 or out of range: the default.
  * Until the first call: $LLMOPT_CUDA_MV_NR, $LLMOPT_CUDA_MV_LIF, $LLMOPT_CUDA_MV_WARPS. */
 extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps); /* C: tests/unit/test_cuda.c */
+/* How one-row q8_0 matvecs read x, process-wide: 0 f32 (exact f32 arithmetic); 1 int8
+ * wherever the row fits (K <= 43680); -1 (or out of range) the default: int8 for the
+ * launches with the rms_norm prologue or a SwiGLU pair and for plain ones with K <=
+ * 4096 below 16384 rows, f32 for the others (faster there in the kernel lab). int8 x:
+ * the block first quantizes the row (after the prologue) into shared memory as q8_0
+ * blocks of 32, as the CPU's q8_0 kernels quantize activations (f32 d = amax / 127, q
+ * = nearbyint(x / d)), and takes dp4a products: x rounded to 8 bits, ~4e-3 relative;
+ * int8 launches have their own default launch shape. Until the first call:
+ * $LLMOPT_CUDA_Q8_X. */
+extern "C" void cu_matvec_q8_x(int mode); /* C: tests/unit/test_cuda.c */
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep);
 /* Several products of one x in one launch (decode: q/k/v, or a SwiGLU gate/up pair).

@@ -124,6 +124,66 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, uint16_t sc, float 
     }
 }
 
+/* How a one-row matvec reads x (XM): f32; or, q8_0 only, MV_X_Q8: the block first
+ * quantizes the row into shared memory as q8_0 blocks of 32, int8 with the f32 scale d
+ * = amax / 127 of each block, q = nearbyint(x / d) (the CPU's activation quantization,
+ * backend/cpu isa_scalar.c; the same int8 for finite x), and the products are dp4a. */
+enum { MV_X_F32 = 0, MV_X_Q8 = 1 };
+
+/* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
+ * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */
+static __device__ __forceinline__ uint32_t mv_q8_pack4(float a, float b, float c, float d, float id) {
+    const uint32_t qa = __float_as_uint(__fadd_rn(__fmul_rn(a, id), 12582912.0f));
+    const uint32_t qb = __float_as_uint(__fadd_rn(__fmul_rn(b, id), 12582912.0f));
+    const uint32_t qc = __float_as_uint(__fadd_rn(__fmul_rn(c, id), 12582912.0f));
+    const uint32_t qd = __float_as_uint(__fadd_rn(__fmul_rn(d, id), 12582912.0f));
+    return __byte_perm(__byte_perm(qa, qb, 0x0040u), __byte_perm(qc, qd, 0x0040u), 0x5410u);
+}
+
+/* d and 1 / d of a block whose largest magnitude is amax */
+static __device__ __forceinline__ float mv_q8_scale(float amax, float *id) {
+    const float d = amax / 127.0f;
+    *id = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+
+/* MV_X_Q8: x (times sc * nw, the rms_norm prologue, when nw is set) -> K int8 in
+ * q and K / 32 scales in d, by `threads` threads of the block: a thread converts 4
+ * consecutive elements, 8 neighbouring lanes a block (K % 32 == 0, so the 8 lanes of a
+ * block are all in range or all out). */
+static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict__ x, const float *__restrict__ nw,
+                                                        float sc, int64_t K, int threads, uint32_t *q, float *d) {
+    for (int64_t f0 = 0; f0 < K / 4; f0 += threads) { /* uniform bound: whole warps shuffle */
+        const int64_t f = f0 + threadIdx.x;
+        const bool in = f < K / 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (in) {
+            v = __ldg((const float4 *)x + f);
+            if (nw) {
+                const float4 w = __ldg((const float4 *)nw + f);
+                v = make_float4(v.x * sc * w.x, v.y * sc * w.y, v.z * sc * w.z, v.w * sc * w.w);
+            }
+        }
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+        float id;
+        const float db = mv_q8_scale(amax, &id);
+        if (!in) continue;
+        q[f] = mv_q8_pack4(v.x, v.y, v.z, v.w, id);
+        if (threadIdx.x % 8 == 0) d[f / 8] = db;
+    }
+}
+
+/* sum of 16 int8 products (a 16-byte chunk of q8_0 weights and of x) */
+static __device__ __forceinline__ int mv_dot16(uint4 w, const uint32_t xq[4]) {
+    int dot = __dp4a((int)w.x, (int)xq[0], 0);
+    dot = __dp4a((int)w.y, (int)xq[1], dot);
+    dot = __dp4a((int)w.z, (int)xq[2], dot);
+    return __dp4a((int)w.w, (int)xq[3], dot);
+}
+
 /* What one matvec launch computes: up to CU_MV_MAX_SEGS products sharing x (their
  * output rows are laid end to end: group g of NR rows belongs to the segment whose
  * [g_begin, g_end) holds it), or, with `up` set, one SwiGLU pair (segment 0's weight
@@ -142,10 +202,11 @@ struct mv_job {
  * weight rows: x traffic through L1 per weight byte drops NW times (a q8_0 chunk of 16
  * bytes needs 64 bytes of x). With several x rows (RMAX > 1, NR = 1) each weight chunk
  * serves every row. */
-template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF>
+template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF, int XM = MV_X_F32>
 __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit) {
     constexpr int E = mv_traits<DT>::E;
+    static_assert(XM == MV_X_F32 || (DT == CU_Q8_0 && RMAX == 1), "int8 x: q8_0 weights, one x row");
     constexpr int NW = PAIR ? 2 * NR : NR;         /* weight rows a warp streams */
     constexpr int U = LIF / NW > 1 ? LIF / NW : 1; /* U * NW loads in flight per lane */
     static_assert(RMAX == 1 || NR == 1, "several x rows take one output row per warp");
@@ -219,7 +280,17 @@ __global__ void __launch_bounds__(MV_THREADS)
     extern __shared__ float4 xs_dyn[];
     const float *xs = (const float *)xs_dyn;
     const float *norm_w = job.seg[0].ep.norm_w;
-    if constexpr (NORM) {
+    if constexpr (XM == MV_X_Q8) {
+        float sc = 1.0f;
+        if constexpr (NORM) {
+            float ss = 0.0f;
+            for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) ss += x[k] * x[k];
+            ss = cu_block_sum(ss, red);
+            sc = 1.0f / sqrtf(ss / (float)K + job.seg[0].ep.norm_eps);
+        }
+        mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
+        __syncthreads();
+    } else if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
             float ss = 0.0f;
             for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) ss += x[(size_t)r * K + k] * x[(size_t)r * K + k];
@@ -241,7 +312,14 @@ __global__ void __launch_bounds__(MV_THREADS)
             for (int u = 0; u < U; u++) {
                 int64_t c = c0 + u * step;
                 if (c >= n_chunks) break;
-                if constexpr (RMAX == 1) {
+                if constexpr (XM == MV_X_Q8) { /* 16 int8 of x and its block's scale */
+                    const uint4 xv = ((const uint4 *)xs_dyn)[c];
+                    const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
+                    const float xd = ((const float *)((const uint8_t *)xs_dyn + K))[c / 2];
+#pragma unroll
+                    for (int nr = 0; nr < NW; nr++)
+                        acc[nr][0] += (float)mv_dot16(raw[u][nr], xq) * (cu_f16(scl[u][nr]) * xd);
+                } else if constexpr (RMAX == 1) {
                     float xr[E];
 #pragma unroll
                     for (int i = 0; i < E / 4; i++) {
@@ -344,7 +422,47 @@ static void mv_tune_read(void) {
                        mv_env("LLMOPT_CUDA_MV_WARPS", 128, 1 << 20));
 }
 
-template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF>
+/* The x mode of one-row q8_0 matvecs (cu_matvec_q8_x): MV_X_F32 or MV_X_Q8 forced, or
+ * -1, the default (mv_q8_shape); -2: $LLMOPT_CUDA_Q8_X not read yet. int8 x takes K
+ * int8 and K / 32 f32 scales of dynamic shared memory, within the default 48 KiB. */
+static int mv_x_mode = -2;
+
+extern "C" void cu_matvec_q8_x(int mode) {
+    mv_x_mode = mode == MV_X_F32 || mode == MV_X_Q8 ? mode : -1;
+}
+
+static size_t mv_xq_smem(int64_t K) {
+    return (size_t)K + (size_t)(K / 32) * sizeof(float);
+}
+
+/* Whether a one-row q8_0 launch over rows of K (`streamed` weight rows, prologue
+ * `norm`, SwiGLU `pair`) takes int8 x, and then its launch shape (output rows a warp
+ * *nr, loads in flight *lif). The default, from the kernel lab's sweep on an H200
+ * (bench/results/cuda-q8-2026-11-30.md): int8 x for the launches with the rms_norm
+ * prologue or a pair, and for plain ones with K <= 4096 below 16384 rows (attn_o,
+ * 0.6B ffn_down); f32 x for long rows (8B ffn_down: the block would stage 14336
+ * elements before its loop) and lm_head-sized products (not measured with int8). */
+static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *nr, int *lif) {
+    if (mv_x_mode == -2) {
+        const char *e = getenv("LLMOPT_CUDA_Q8_X");
+        cu_matvec_q8_x(e && *e ? atoi(e) : -1);
+    }
+    if (mv_xq_smem(K) > (48 << 10) || mv_x_mode == MV_X_F32) return false;
+    if (mv_x_mode < 0 && !norm && !pair && (K > 4096 || streamed >= 16384)) return false;
+    if (pair) { /* 2 row pairs, 8 loads */
+        *nr = 2;
+        *lif = 8;
+    } else if (norm) { /* q/k/v: 1 row and 4 loads from 6144 rows (8B), else 2 and 4 (0.6B) */
+        *nr = streamed >= 6144 ? 1 : 2;
+        *lif = 4;
+    } else {
+        *nr = 1;
+        *lif = 8;
+    }
+    return true;
+}
+
+template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF, int XM = MV_X_F32>
 static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int rows) {
     int64_t n_chunks = job.seg[0].w.cols / mv_traits<DT>::E, groups = 0;
     for (int k = 0; k < job.n_seg; k++) {
@@ -353,19 +471,20 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
     }
     const int ksplit = cu_matvec_ksplit(groups, n_chunks, MV_WARPS, mv_tune.warps ? mv_tune.warps : 4096);
     unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
-    size_t smem = NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
-    cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x,
+    const size_t smem = XM == MV_X_Q8 ? mv_xq_smem(job.seg[0].w.cols)
+                           : NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
+    cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF, XM>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x,
                   rows, ksplit);
 }
 
 /* Loads in flight: bf16 and q8_0 (the decode types) have 4, 8 and 16; the others 4. */
-template <int DT, int NR, bool NORM, bool PAIR>
+template <int DT, int NR, bool NORM, bool PAIR, int XM>
 static void mv_launch_lif(cudaStream_t st, const struct mv_job &job, const float *x, int lif) {
     if constexpr (DT == CU_BF16 || DT == CU_Q8_0) {
-        if (lif == 16) return mv_launch_nr<DT, 1, NR, NORM, PAIR, 16>(st, job, x, 1);
-        if (lif == 8) return mv_launch_nr<DT, 1, NR, NORM, PAIR, 8>(st, job, x, 1);
+        if (lif == 16) return mv_launch_nr<DT, 1, NR, NORM, PAIR, 16, XM>(st, job, x, 1);
+        if (lif == 8) return mv_launch_nr<DT, 1, NR, NORM, PAIR, 8, XM>(st, job, x, 1);
     }
-    mv_launch_nr<DT, 1, NR, NORM, PAIR, MV_LIF>(st, job, x, 1);
+    mv_launch_nr<DT, 1, NR, NORM, PAIR, MV_LIF, XM>(st, job, x, 1);
 }
 
 /* Default launch shape of a one-row matvec (bench/results/cuda-matvec-2026-11-29.md:
@@ -396,8 +515,19 @@ static void mv_default_shape(int64_t streamed, int *nr, int *lif) {
     }
 }
 
-/* One x row: the launch shape of cu_matvec_tune, or the default above; several rows: 1
- * output row a warp (every weight chunk serves each x row). */
+template <int DT, bool NORM, bool PAIR, int XM>
+static void mv_launch_shape(cudaStream_t st, const struct mv_job &job, const float *x, int nr, int lif) {
+    if constexpr (!PAIR)
+        if (nr == 4) return mv_launch_lif<DT, 4, NORM, PAIR, XM>(st, job, x, lif);
+    if (nr >= 2)
+        mv_launch_lif<DT, 2, NORM, PAIR, XM>(st, job, x, lif);
+    else
+        mv_launch_lif<DT, 1, NORM, PAIR, XM>(st, job, x, lif);
+}
+
+/* One x row: the launch shape of cu_matvec_tune, or the default above (q8_0 with int8
+ * x: mv_q8_shape's); several rows: f32 x, 1 output row a warp (every weight chunk
+ * serves each x row). */
 template <int DT, bool NORM, bool PAIR>
 static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
     mv_tune_read();
@@ -407,14 +537,13 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
     if (PAIR) streamed *= 2;
     int nr, lif;
     mv_default_shape<DT, NORM, PAIR>(streamed, &nr, &lif);
+    bool xq = false;
+    if constexpr (DT == CU_Q8_0) xq = mv_q8_shape(job.seg[0].w.cols, streamed, NORM, PAIR, &nr, &lif);
     if (mv_tune.nr) nr = PAIR && mv_tune.nr == 4 ? 2 : mv_tune.nr;
     if (mv_tune.lif) lif = mv_tune.lif;
-    if constexpr (!PAIR)
-        if (nr == 4) return mv_launch_lif<DT, 4, NORM, PAIR>(st, job, x, lif);
-    if (nr >= 2)
-        mv_launch_lif<DT, 2, NORM, PAIR>(st, job, x, lif);
-    else
-        mv_launch_lif<DT, 1, NORM, PAIR>(st, job, x, lif);
+    if constexpr (DT == CU_Q8_0)
+        if (xq) return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8>(st, job, x, nr, lif);
+    mv_launch_shape<DT, NORM, PAIR, MV_X_F32>(st, job, x, nr, lif);
 }
 
 template <int DT>
