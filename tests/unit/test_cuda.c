@@ -359,7 +359,9 @@ static void run_linear_case(const struct linear_case *lc, bool no_blas) {
     bool half_small = (lc->wt == IR_DTYPE_F16 || lc->wt == IR_DTYPE_BF16) && !no_blas && lc->k % 8;
     if (no_blas) setenv("LLMOPT_CUDA_NO_BLAS", "1", 1);
     compare_graph(what, &b, y, small, 3, 64, linear_small_tol > 0 ? linear_small_tol : half_small ? TOL_HALF : TOL_F32);
-    compare_graph(what, &b, y, big, 3, 64, half ? TOL_HALF : TOL_F32);
+    /* the last step (3 rows) is a matvec again: the small batches' tolerance too */
+    double big_tol = half ? TOL_HALF : TOL_F32;
+    compare_graph(what, &b, y, big, 3, 64, linear_small_tol > big_tol ? linear_small_tol : big_tol);
     unsetenv("LLMOPT_CUDA_NO_BLAS");
     gb_free(&b);
 }
