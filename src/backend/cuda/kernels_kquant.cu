@@ -8,9 +8,10 @@
  * with q an unsigned quant. The matvec factors that per group,
  *     sum(value * x) = sc * sum(q * x) - mn * sum(x),
  * so each element costs a byte-to-float (prmt into the 2^23 mantissa, one subtract)
- * and one FMA per weight row, and sum(x) is shared by the rows of a warp. By default
- * the arithmetic is f32 with x as given; the int8 x mode (KQ_X_Q8) trades 8-bit x for
- * dp4a products. */
+ * and one FMA per weight row, and sum(x) is shared by the rows of a warp. That older
+ * kernel serves q5_K and the f32 x modes; the default for q4_K/q6_K is the int8-x
+ * kernel further down (cu_matvec_kq_multi: x rounded to 8 bits, dp4a products, also
+ * the fused decode launches). */
 #include "backend/cuda/cuda_device.cuh"
 
 #include <string.h>
@@ -123,11 +124,12 @@ static __device__ __forceinline__ void kq_group(const kq_raw &r, int ub, uint32_
 /* How the matvec reads its one x row (cu_kq_set_x_mode):
  *   KQ_X_GLOBAL  f32 from global memory (L2), 4 float4 loads a group of 16;
  *   KQ_X_SHARED  f32, the block first copies x into shared memory (K * 4 bytes);
- *   KQ_X_Q8      the block quantizes x into shared memory, int8 per group of 16 with
- *                its scale d and the f32 sum of the group (K * 1.5 bytes), and the dot
- *                products are dp4a: sc * d * sum(q * qx) - mn * sum(x). Not exact: x is
- *                rounded to 8 bits (relative error ~1e-3), as the CPU's K-quant
- *                kernels do with q8 activations. */
+ *   KQ_X_Q8      (the default) q4_K/q6_K: cu_matvec_kq_multi below; q5_K: the block
+ *                quantizes x into shared memory, int8 per group of 16 with its scale d
+ *                and the f32 sum of the group (K * 1.5 bytes), and the dot products
+ *                are dp4a: sc * d * sum(q * qx) - mn * sum(x). Not exact: x is rounded
+ *                to 8 bits (relative error ~1e-3), as the CPU's K-quant kernels do
+ *                with q8 activations. */
 enum { KQ_X_GLOBAL = 0, KQ_X_SHARED = 1, KQ_X_Q8 = 2 };
 #define KQ_X_DEFAULT KQ_X_Q8
 static int kq_x_mode = KQ_X_DEFAULT;
