@@ -267,7 +267,8 @@ static double bench_matvec(int dtype, struct shape sh, int rows, double copy_gbs
     }
     const bool took8 = x8 && worst8 < worst; /* the launch quantized x */
     if (took8) worst = worst8;
-    *ok = worst < (xs == 2 ? 1e-2 : 1e-5); /* K-quant int8 x (rounded, compared with f32 x): ~1e-3 */
+    /* x rounded to int8 (K-quant mode 2, their default), compared with f32 x: ~1e-3 */
+    *ok = worst < (xs == 2 || (xs < 0 && cu_dtype_kquant(dtype)) ? 1e-2 : 1e-5);
     int per = std::max(copies, 8);
     double sec = time_median(3, 20, [&] {
                      for (int i = 0; i < per; i++) CHECK_CUDA(launch(&w[i % copies]));
@@ -435,18 +436,23 @@ struct mv_job_shape {
     bool pair, norm;
 };
 
-static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs, int q8x) {
+/* q8x: the q8_0 x mode (cu_matvec_q8_x; 1: the reference rounds x as the kernel does).
+ * tys: each segment's type (K-quants may mix), or NULL: all dtype. K-quant jobs
+ * (cu_matvec_kq_multi, int8 x) go through the cu_kq_tune shapes instead, 1e-2. */
+static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs, int q8x, const int *tys = NULL) {
     cu_matvec_q8_x(q8x);
     const int n_w = js.pair ? 2 : js.n_seg;
+    auto ty = [&](int i) { return tys && !js.pair ? tys[i % n_w] : dtype; };
+    const bool kq = cu_dtype_kquant(dtype);
     size_t set_bytes = 0;
     for (int i = 0; i < n_w; i++)
-        set_bytes += cu_weight_data_bytes(dtype, js.rows[js.pair ? 0 : i], js.k) +
-                     cu_weight_scale_bytes(dtype, js.rows[js.pair ? 0 : i], js.k);
+        set_bytes += cu_weight_data_bytes(ty(i), js.rows[js.pair ? 0 : i], js.k) +
+                     cu_weight_scale_bytes(ty(i), js.rows[js.pair ? 0 : i], js.k);
     const int copies = (int)std::min<size_t>(16, ((size_t)512 << 20) / set_bytes + 1);
     std::vector<cu_weight> w((size_t)(copies * n_w));
     std::vector<void *> mem(w.size());
     for (size_t i = 0; i < w.size(); i++)
-        mem[i] = random_weight(dtype, js.rows[js.pair ? 0 : i % n_w], js.k, (uint32_t)(31 + i), &w[i]);
+        mem[i] = random_weight(ty((int)(i % n_w)), js.rows[js.pair ? 0 : i % n_w], js.k, (uint32_t)(31 + i), &w[i]);
     int64_t n_out = 0;
     for (int s = 0; s < js.n_seg; s++) n_out += js.rows[s];
     float *x, *y, *nw;
@@ -473,8 +479,8 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     std::vector<std::vector<uint8_t>> hw((size_t)n_w);
     for (int i = 0; i < n_w; i++) {
         const cu_weight &wi = w[(size_t)i];
-        size_t data = cu_weight_data_bytes(dtype, wi.rows, js.k), off = (data + 255) & ~(size_t)255;
-        hw[(size_t)i].resize(off + cu_weight_scale_bytes(dtype, wi.rows, js.k));
+        size_t data = cu_weight_data_bytes(wi.dtype, wi.rows, js.k), off = (data + 255) & ~(size_t)255;
+        hw[(size_t)i].resize(off + cu_weight_scale_bytes(wi.dtype, wi.rows, js.k));
         CHECK_CUDA(cudaMemcpy(hw[(size_t)i].data(), mem[(size_t)i], hw[(size_t)i].size(), cudaMemcpyDeviceToHost));
     }
     std::vector<float> hx((size_t)js.k), hn((size_t)js.k), hy((size_t)n_out);
@@ -493,26 +499,35 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     }
     auto host_dot = [&](int i, int64_t j, double *mag) {
         const cu_weight &wi = w[(size_t)i];
-        size_t off = (cu_weight_data_bytes(dtype, wi.rows, js.k) + 255) & ~(size_t)255;
+        size_t off = (cu_weight_data_bytes(wi.dtype, wi.rows, js.k) + 255) & ~(size_t)255;
         const uint16_t *sc = wi.scales ? (const uint16_t *)(hw[(size_t)i].data() + off) : NULL;
         double d = 0;
         *mag = 0;
+        std::vector<float> row(kq ? (size_t)js.k : 0);
+        if (kq) host_kq_row(wi.dtype, hw[(size_t)i].data(), sc, j, js.k, row.data());
         for (int64_t c = 0; c < js.k; c++) {
-            double p = host_elem(dtype, hw[(size_t)i].data(), sc, j, c, js.k) * xn[(size_t)c];
+            double p = (kq ? row[(size_t)c] : host_elem(dtype, hw[(size_t)i].data(), sc, j, c, js.k)) * xn[(size_t)c];
             d += p;
             *mag += fabs(p);
         }
         return d;
     };
-    const int tunes[][3] = {{0, 0, 0},  {1, 4, 0},  {1, 8, 0},  {1, 16, 0}, {2, 4, 0},  {2, 8, 0},
-                            {2, 16, 0}, {4, 4, 0},  {4, 8, 0},  {4, 16, 0}, {1, 8, 16384}, {2, 8, 16384},
-                            {1, 16, 16384}, {2, 16, 16384}, {4, 8, 16384}};
+    const int mv_tunes[][3] = {{0, 0, 0},  {1, 4, 0},  {1, 8, 0},  {1, 16, 0}, {2, 4, 0},  {2, 8, 0},
+                               {2, 16, 0}, {4, 4, 0},  {4, 8, 0},  {4, 16, 0}, {1, 8, 16384}, {2, 8, 16384},
+                               {1, 16, 16384}, {2, 16, 16384}, {4, 8, 16384}};
+    /* K-quants: rows a warp (0 the default), next loads in flight (1 yes, 2 no), blocks an SM (0 as many as fit) */
+    const int kq_tunes[][3] = {{0, 0, 0}, {1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}};
+    const int(*tunes)[3] = kq ? kq_tunes : mv_tunes;
+    const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0] : sizeof mv_tunes / sizeof mv_tunes[0];
     bool all_ok = true;
     double best = 0;
     int best_t = 0;
-    for (size_t t = 0; t < sizeof tunes / sizeof tunes[0]; t++) {
+    for (size_t t = 0; t < n_tunes; t++) {
         if (js.pair && tunes[t][0] == 4) continue;
-        cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
+        if (kq)
+            cu_kq_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
+        else
+            cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4)); /* NaN: every output must be written */
         CHECK_CUDA(launch(0));
         CHECK_CUDA(cudaDeviceSynchronize());
@@ -534,7 +549,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
             }
             base += js.rows[s];
         }
-        bool ok = worst < 1e-5;
+        bool ok = worst < (kq ? 1e-2 : 1e-5); /* K-quants: x rounded to int8 */
         all_ok = all_ok && ok;
         int per = std::max(copies, 8);
         double sec = time_median(3, 15, [&] {
@@ -551,6 +566,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
            tunes[best_t][0], tunes[best_t][1], tunes[best_t][2], 100 * best / copy_gbs);
     cu_matvec_q8_x(-1);
     cu_matvec_tune(0, 0, 0);
+    cu_kq_tune(0, 0, 0);
     for (void *m : mem) CHECK_CUDA(cudaFree(m));
     CHECK_CUDA(cudaFree(x));
     CHECK_CUDA(cudaFree(y));
@@ -634,13 +650,21 @@ int main(int argc, char **argv) {
     printf("\n");
     int kq_types[] = {CU_Q4_K, CU_Q6_K, CU_Q5_K};
     for (int t = 0; t < (quick ? 2 : 3); t++) {
-        for (int s = 0; s < 3; s++)
-            for (int nr = 1; nr <= 4; nr *= 2)
-                for (int xs = 0; xs <= 2; xs++) {
-                    bool ok = true;
-                    bench_matvec(kq_types[t], shapes[s], 1, copy_gbs, &ok, nr, xs);
-                    all_ok = all_ok && ok;
-                }
+        for (int s = 0; s < 3; s++) {
+            /* the older kernel's best f32 shapes, then the int8-x kernel (q4_K/q6_K:
+             * cu_matvec_kq_multi at 1 and 2 rows a warp, with the next item's loads in
+             * flight (16 warps an SM) or not (24)) */
+            for (int v = 0; v < 6; v++) {
+                static const int var[][3] = {{4, 1, 0}, {2, 1, 0}, {1, 2, 1}, {2, 2, 1}, {1, 2, 2}, {2, 2, 2}};
+                if (kq_types[t] == CU_Q5_K && var[v][2] == 2) continue;
+                cu_kq_tune(0, var[v][2], 0);
+                bool ok = true;
+                bench_matvec(kq_types[t], shapes[s], 1, copy_gbs, &ok, var[v][0], var[v][1]);
+                if (var[v][2] == 2) printf("  (above: no prefetch, 24 warps an SM)\n");
+                all_ok = all_ok && ok;
+            }
+            cu_kq_tune(0, 0, 0);
+        }
         for (const struct shape &sh : shapes) {
             bool ok = true;
             double g = bench_matvec(kq_types[t], sh, 1, copy_gbs, &ok);
@@ -652,6 +676,16 @@ int main(int argc, char **argv) {
         all_ok = all_ok && ok && bench_kq_dequant(kq_types[t], 14336, 4096, copy_gbs);
         printf("\n");
     }
+    /* the fused 8B decode launches with K-quant weights (Q4_K_M: q6_K v in some layers) */
+    static const int qkv_mixed[] = {CU_Q4_K, CU_Q4_K, CU_Q6_K};
+    const struct mv_job_shape kq_jobs[] = {
+        {"q/k/v (4096+1024+1024)x4096 +norm", 3, {4096, 1024, 1024}, 4096, false, true},
+        {"gate/up pair 2x14336x4096 +norm", 1, {14336}, 4096, true, true},
+    };
+    all_ok = sweep_job(CU_Q4_K, kq_jobs[0], copy_gbs, 0) && all_ok;
+    all_ok = sweep_job(CU_Q4_K, kq_jobs[0], copy_gbs, 0, qkv_mixed) && all_ok;
+    printf("  (above: q4_K q/k, q6_K v)\n");
+    all_ok = sweep_job(CU_Q4_K, kq_jobs[1], copy_gbs, 0) && all_ok;
     printf("\nsummary: copy %.0f GB/s; best matvec %.0f GB/s (%.0f%%); checks %s\n", copy_gbs, best,
            100 * best / copy_gbs, all_ok ? "ok" : "FAILED");
     return all_ok ? 0 : 1;

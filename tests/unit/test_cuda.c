@@ -28,6 +28,11 @@
 
 #define TOL_F32 1e-5
 #define TOL_HALF 1e-2
+/* K-quant products with x rounded to int8 (the CUDA default, as the CPU backend's own
+ * K-quant kernels round x to q8_K): each x to 8 bits per group of 32, so outputs that
+ * cancel to near zero carry up to ~1.5e-2 of the largest output (seen over the random
+ * cases below on the H200); a wrong scale or index is off by far more */
+#define TOL_INT8 3e-2
 
 /* ---- random inputs ------------------------------------------------------------------- */
 
@@ -360,7 +365,9 @@ static void run_linear_case(const struct linear_case *lc, bool no_blas) {
     bool half_small = (lc->wt == IR_DTYPE_F16 || lc->wt == IR_DTYPE_BF16) && !no_blas && lc->k % 8;
     if (no_blas) setenv("LLMOPT_CUDA_NO_BLAS", "1", 1);
     compare_graph(what, &b, y, small, 3, 64, linear_small_tol > 0 ? linear_small_tol : half_small ? TOL_HALF : TOL_F32);
-    compare_graph(what, &b, y, big, 3, 64, half ? TOL_HALF : TOL_F32);
+    /* the last step (3 rows) is a matvec again: the small batches' tolerance too */
+    double big_tol = half ? TOL_HALF : TOL_F32;
+    compare_graph(what, &b, y, big, 3, 64, linear_small_tol > big_tol ? linear_small_tol : big_tol);
     unsetenv("LLMOPT_CUDA_NO_BLAS");
     gb_free(&b);
 }
@@ -386,37 +393,55 @@ static void test_linear(void) {
     cu_matvec_q8_x(-1);
 }
 
+/* kernels_kquant.cu: cu_matvec_kq_multi's output rows a warp and blocks an SM (C linkage) */
+void cu_kq_tune(int nr, int prefetch, int blocks_per_sm);
 
-/* K-quants (rows of 256-element super-blocks): every matvec variant (1, 2 and 4 output
- * rows a warp from 2048 / 8192 rows, with a tail; split K from 8192 (Q4_K/Q5_K) or
- * 16384 (Q6_K) columns; several x rows) in each x mode ($LLMOPT_CUDA_KQ_X: 1 the
- * default, f32 staged in shared memory; 0 f32 from global memory, also what K = 32768
- * takes; 2 int8 x and dp4a, within 1e-2), the tiled kernel and bf16 + cuBLAS. */
+/* K-quants (rows of 256-element super-blocks), in each x mode ($LLMOPT_CUDA_KQ_X):
+ * unset, the default 2: x quantized to int8 per group of 32 and dp4a products (q4_K and
+ * q6_K through cu_matvec_kq_multi: 1 or 2 output rows a warp, persistent warps, 1 and 8
+ * x rows; q5_K the older kernel, int8 per 16). The reference here is exact f32, so that
+ * mode is held to TOL_INT8: x rounded to 8 bits is ~1e-3 relative, the same rounding
+ * the CPU backend's own K-quant dot products make (they quantize x to q8_K, per 256
+ * rather than this kernel's 32): TOL_INT8. 1: f32 x
+ * staged in shared memory, 0: f32 from global memory (also what K = 32768 takes there),
+ * every variant of the older kernel (1, 2 and 4 output rows a warp from 2048 / 8192
+ * rows, with a tail; split K from 8192 (q4_K/q5_K) or 16384 (q6_K) columns; several x
+ * rows), exact to f32 rounding. Then the tiled kernel and bf16 + cuBLAS. */
 static void test_linear_kquant(void) {
     enum ir_dtype types[] = {IR_DTYPE_Q4_K, IR_DTYPE_Q5_K, IR_DTYPE_Q6_K};
-    static const char *const modes[] = {"1", "0", "2"};
-    for (int m = 0; m < 3; m++) {
-        setenv("LLMOPT_CUDA_KQ_X", modes[m], 1);
-        for (int t = 0; t < 3; t++) {
-            struct linear_case cases[] = {
-                {types[t], 256, 48, 0, IR_OP_INPUT},
-                {types[t], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
-                {types[t], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
-                {types[t], 256, 2051, 0, IR_OP_INPUT},
-                {types[t], 256, 8195, IR_LINEAR_BIAS, IR_OP_INPUT},
-                {types[t], t == 2 ? 16384 : 8192, 40, 0, IR_OP_INPUT},
-                {types[t], 32768, 3, 0, IR_OP_INPUT},
-            };
-            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-                if (m > 0 && c == 2) continue; /* the other modes: the matvec shapes */
-                /* f32 sums of 32768 products in the reference's order alone differ by
-                 * ~1e-5 relative (sqrt(K) * 2^-24): that case gets 5e-5 */
-                linear_small_tol = m == 2 ? TOL_HALF : cases[c].k > 16384 ? 5e-5 : 0;
-                run_linear_case(&cases[c], false);
-                if (c == 1 && m == 0) run_linear_case(&cases[c], true);
+    static const char *const modes[] = {NULL, "1", "0"};
+    /* int8 mode launch shapes: the default; 1 row a warp without the next item's loads
+     * in flight; 2 rows a warp with them and one block an SM (each warp takes many row
+     * groups) */
+    static const int tunes[][3] = {{0, 0, 0}, {1, 2, 0}, {2, 1, 1}};
+    for (int m = 0; m < 3; m++)
+        for (int tu = 0; tu < (m == 0 ? 3 : 1); tu++) {
+            if (modes[m])
+                setenv("LLMOPT_CUDA_KQ_X", modes[m], 1);
+            else
+                unsetenv("LLMOPT_CUDA_KQ_X");
+            cu_kq_tune(tunes[tu][0], tunes[tu][1], tunes[tu][2]);
+            for (int t = 0; t < 3; t++) {
+                struct linear_case cases[] = {
+                    {types[t], 256, 48, 0, IR_OP_INPUT},
+                    {types[t], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+                    {types[t], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+                    {types[t], 256, 2051, 0, IR_OP_INPUT},
+                    {types[t], 256, 8195, IR_LINEAR_BIAS, IR_OP_INPUT},
+                    {types[t], t == 2 ? 16384 : 8192, 40, 0, IR_OP_INPUT},
+                    {types[t], 32768, 3, 0, IR_OP_INPUT},
+                };
+                for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                    if ((m > 0 || tu > 0) && c == 2) continue; /* the other modes: the matvec shapes */
+                    /* f32 sums of 32768 products in the reference's order alone differ by
+                     * ~1e-5 relative (sqrt(K) * 2^-24): that case gets 5e-5 */
+                    linear_small_tol = m == 0 ? TOL_INT8 : cases[c].k > 16384 ? 5e-5 : 0;
+                    run_linear_case(&cases[c], false);
+                    if (c == 1 && m == 2) run_linear_case(&cases[c], true);
+                }
             }
         }
-    }
+    cu_kq_tune(0, 0, 0);
     unsetenv("LLMOPT_CUDA_KQ_X");
     linear_small_tol = 0;
 }
@@ -533,11 +558,11 @@ static void test_norms_rope(void) {
     }
     /* rms_norm feeding only linears (x used again later): up to 8 rows the matvecs
      * compute the norm themselves (the backend skips the norm kernel) */
-    static const enum ir_dtype wts[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0};
+    static const enum ir_dtype wts[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0, IR_DTYPE_Q4_K, IR_DTYPE_Q6_K};
     static const struct batch_spec small[] = {{1, 1, 1}, {3, 1, 1}, {8, 2, 1}, {1, 1, 1}};
     setenv("LLMOPT_CUDA_FUSE_NORM", "1", 1); /* opt-in, read at prepare */
     cu_matvec_q8_x(0); /* q8_0 with f32 x: exact (test_linear_q8x: the int8 default) */
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
         struct gb b;
         gb_init(&b);
         int64_t d = k == 3 ? 4096 : 512;
@@ -554,7 +579,7 @@ static void test_norms_rope(void) {
         int32_t y = gb_op2(&b, IR_OP_ADD, gb_op2(&b, IR_OP_ADD, y1, y2), x);
         char what[64];
         snprintf(what, sizeof what, "rms_norm d=%lld into %s matvec", (long long)d, ir_dtype_name(wts[k]));
-        compare_graph(what, &b, y, small, 4, 64, TOL_F32);
+        compare_graph(what, &b, y, small, 4, 64, k >= 4 ? TOL_INT8 : TOL_F32); /* K-quants: int8 x */
         gb_free(&b);
     }
     cu_matvec_q8_x(-1);
@@ -762,9 +787,12 @@ static int32_t gb_heads_of(struct gb *b, int32_t x, int64_t h, int64_t dh, bool 
  * (one launch for q/k/v with v written head-major, one for both ropes, one for
  * gate/up); the 20-token batch runs unfused in the same session. */
 static double fusion_tol; /* when not 0: fusion_case's tolerance (int8 x) */
+static int fusion_tv = -1; /* when >= 0: the type of v and ffn_down (as Q4_K_M files mix q4_K and q6_K) */
 
 static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int64_t dh, int64_t ff, bool qk_norm,
                         bool v_bias, bool with_prefill, bool norm_prologue) {
+    const enum ir_dtype tv = fusion_tv >= 0 ? (enum ir_dtype)fusion_tv : t;
+    const bool kq = t == IR_DTYPE_Q4_K || t == IR_DTYPE_Q5_K || t == IR_DTYPE_Q6_K; /* int8 x: TOL_INT8 */
     struct gb b;
     gb_init(&b);
     b.vocab = 200;
@@ -775,7 +803,7 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
         int32_t hn = gb_norm(&b, x, dm);
         int32_t q = gb_linear(&b, hn, t, h * dh, dm, 0, IR_OP_INPUT, -1);
         int32_t k = gb_linear(&b, hn, t, hkv * dh, dm, 0, IR_OP_INPUT, -1);
-        int32_t v = gb_linear(&b, hn, t, hkv * dh, dm, v_bias ? IR_LINEAR_BIAS : 0, IR_OP_INPUT,
+        int32_t v = gb_linear(&b, hn, tv, hkv * dh, dm, v_bias ? IR_LINEAR_BIAS : 0, IR_OP_INPUT,
                               v_bias ? gb_param(&b, IR_DTYPE_F32, 0, hkv * dh, 1.0f) : -1);
         int32_t in[5] = {gb_heads_of(&b, q, h, dh, qk_norm, cs, sn), gb_heads_of(&b, k, hkv, dh, qk_norm, cs, sn),
                          gb_heads_of(&b, v, hkv, dh, false, -1, -1), b.g.inputs[IR_INPUT_POSITIONS],
@@ -792,7 +820,7 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
         int32_t h2 = gb_norm(&b, o, dm);
         int32_t u = gb_linear(&b, h2, t, ff, dm, 0, IR_OP_INPUT, -1);
         int32_t gt = gb_linear(&b, h2, t, ff, dm, IR_LINEAR_GATE, IR_OP_SILU, u);
-        x = gb_linear(&b, gt, t, dm, ff, IR_LINEAR_RESIDUAL, IR_OP_INPUT, o);
+        x = gb_linear(&b, gt, tv, dm, ff, IR_LINEAR_RESIDUAL, IR_OP_INPUT, o);
     }
     static const struct batch_spec small[] = {{4, 1, 1}, {1, 1, 1}, {1, 1, 1}, {3, 2, 2}, {8, 2, 2}, {1, 1, 1}, {1, 1, 1}};
     static const struct batch_spec mixed[] = {{4, 1, 1}, {1, 1, 1}, {20, 2, 2}, {1, 1, 1}, {3, 3, 3}, {1, 1, 1}};
@@ -800,12 +828,14 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
     uint64_t kernels[2] = {0, 0};
     /* the 20-token step's f16/bf16 products run through cuBLAS with x rounded to f16/bf16 */
     double tol = fusion_tol > 0                                                   ? fusion_tol
+                 : kq                                                          ? TOL_INT8
                  : with_prefill && (t == IR_DTYPE_F16 || t == IR_DTYPE_BF16) ? TOL_HALF
                                                                              : TOL_F32;
     for (int unfused = 0; unfused < 2; unfused++) { /* the fused schedule, then the A/B switch off */
-        snprintf(what, sizeof what, "%s %s H%lld/%lld Dh%lld%s%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
-                 (long long)h, (long long)hkv, (long long)dh, qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "",
-                 with_prefill ? " +20 tokens" : "", norm_prologue ? " norm prologue" : "");
+        snprintf(what, sizeof what, "%s %s%s%s H%lld/%lld Dh%lld%s%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
+                 tv != t ? "/" : "", tv != t ? ir_dtype_name(tv) : "", (long long)h, (long long)hkv, (long long)dh,
+                 qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "", with_prefill ? " +20 tokens" : "",
+                 norm_prologue ? " norm prologue" : "");
         if (unfused) setenv("LLMOPT_CUDA_FUSE", "0", 1);
         setenv("LLMOPT_CUDA_ATT_MMA", "0", 1); /* f32 attention in the 20-token batch: the f32 bound */
         setenv("LLMOPT_CUDA_FUSE_NORM", norm_prologue ? "1" : "0", 1); /* the block norms inside the matvecs, or not */
@@ -851,6 +881,19 @@ static void test_decode_fusion(void) {
     fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
     fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, true, false);
     fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, true, false);
+    /* K-quants (cu_matvec_kq_multi): one type, then q4_K with a q6_K v and ffn_down (a
+     * q/k/v launch of mixed segments), with and without the rms_norm prologue, launch
+     * shapes (rows a warp, next loads in flight or not, one block an SM) */
+    fusion_case(IR_DTYPE_Q4_K, 512, 8, 4, 64, 768, true, false, false, true);
+    fusion_case(IR_DTYPE_Q6_K, 512, 4, 2, 128, 512, false, true, true, false);
+    fusion_tv = IR_DTYPE_Q6_K;
+    fusion_case(IR_DTYPE_Q4_K, 512, 8, 4, 64, 768, true, false, false, true);
+    cu_kq_tune(1, 2, 0);
+    fusion_case(IR_DTYPE_Q4_K, 1024, 8, 2, 128, 1536, true, false, true, false);
+    cu_kq_tune(2, 1, 1);
+    fusion_case(IR_DTYPE_Q6_K, 512, 8, 4, 64, 768, true, false, false, true);
+    cu_kq_tune(0, 0, 0);
+    fusion_tv = -1;
     cu_matvec_q8_x(-1);
 }
 

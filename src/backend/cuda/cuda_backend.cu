@@ -292,8 +292,9 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
     const struct ir_node *norm = s->norm_into_matvec[xi] ? &s->g->nodes[xi] : NULL;
     const float *x = node_f32(s, norm ? norm->in[0] : xi);
     if (f->kind == FUSE_MV_PAIR) {
-        static const char *const tag[] = {"linear.matvec pair f32", "linear.matvec pair f16", "linear.matvec pair bf16",
-                                          "linear.matvec pair q8_0", "linear.matvec pair q4_0"};
+        static const char *const tag[] = {"linear.matvec pair f32",  "linear.matvec pair f16",  "linear.matvec pair bf16",
+                                          "linear.matvec pair q8_0", "linear.matvec pair q4_0", "",
+                                          "linear.matvec pair q4_k", "linear.matvec pair q5_k", "linear.matvec pair q6_k"};
         s->prof_tag = tag[w->dtype];
         seg[0].w = *w;
         seg[0].y = node_f32(s, i);
@@ -306,8 +307,9 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
         CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, 1, &s->weight[s->g->nodes[f->m[0]].in[1]]));
         return LLMOPT_OK;
     }
-    static const char *const tag[] = {"linear.matvec multi f32", "linear.matvec multi f16", "linear.matvec multi bf16",
-                                      "linear.matvec multi q8_0", "linear.matvec multi q4_0"};
+    static const char *const tag[] = {"linear.matvec multi f32",  "linear.matvec multi f16",  "linear.matvec multi bf16",
+                                      "linear.matvec multi q8_0", "linear.matvec multi q4_0", "",
+                                      "linear.matvec multi q4_k", "linear.matvec multi q5_k", "linear.matvec multi q6_k"};
     s->prof_tag = tag[w->dtype];
     for (int k = 0; k < f->n; k++) {
         const struct ir_node *l = &s->g->nodes[f->m[k]];
@@ -404,9 +406,11 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     if (rows <= 0) return LLMOPT_OK;
     if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[n->in[0]]) {
         const struct ir_node *nn = &s->g->nodes[n->in[0]]; /* the rms_norm, not run: x is its input */
-        static const char *const nmv_tag[] = {"linear.matvec+rms_norm f32", "linear.matvec+rms_norm f16",
+        static const char *const nmv_tag[] = {"linear.matvec+rms_norm f32",  "linear.matvec+rms_norm f16",
                                               "linear.matvec+rms_norm bf16", "linear.matvec+rms_norm q8_0",
-                                              "linear.matvec+rms_norm q4_0"};
+                                              "linear.matvec+rms_norm q4_0", "",
+                                              "linear.matvec+rms_norm q4_k", "linear.matvec+rms_norm q5_k",
+                                              "linear.matvec+rms_norm q6_k"};
         ep.norm_w = node_f32(s, nn->in[1]);
         ep.norm_eps = (float)nn->attrs.value;
         s->prof_tag = nmv_tag[w->dtype];
@@ -884,7 +888,8 @@ static enum llmopt_status plan_norm_fusion(struct cuda_state *s, struct llmopt_e
             used[src] = true;
             bool ok = n->op == IR_OP_LINEAR && k == 0 && cu_matvec_ok(&s->weight[n->in[1]]) &&
                       s->weight[n->in[1]].cols <= CU_MATVEC_NORM_MAX_K &&
-                      !cu_dtype_kquant(s->weight[n->in[1]].dtype) && /* no norm prologue there */
+                      /* K-quants: the prologue of cu_matvec_kq_multi (q4_K/q6_K, int8 x) */
+                      (!cu_dtype_kquant(s->weight[n->in[1]].dtype) || cu_kq_multi_ok(&s->weight[n->in[1]])) &&
                       s->weight[n->in[1]].cols == g->nodes[src].shape.dims[g->nodes[src].shape.rank - 1].coef;
             for (int k2 = 1; k2 < n->n_in; k2++) ok = ok && n->in[k2] != src;
             if (!ok) s->norm_into_matvec[src] = false;
@@ -937,8 +942,14 @@ static bool fuse_linear_ok(const struct fuse_ctx *c, int32_t i) {
     const struct ir_node *n = &c->s->g->nodes[i];
     if (n->op != IR_OP_LINEAR || n->n_in < 2 || n->constant || c->claimed[i] || i == c->s->g->output) return false;
     const struct cu_weight *w = &c->s->weight[n->in[1]];
-    /* the K-quant matvec (kernels_kquant.cu) has no multi-segment or pair form */
-    return cu_matvec_ok(w) && !cu_dtype_kquant(w->dtype) && fuse_x_ok(c, n->in[0], w->cols);
+    /* K-quants: q4_K/q6_K through cu_matvec_kq_multi (int8 x), q5_K unfused */
+    return cu_matvec_ok(w) && (!cu_dtype_kquant(w->dtype) || cu_kq_multi_ok(w)) && fuse_x_ok(c, n->in[0], w->cols);
+}
+
+/* Segments of one launch: one type, or K-quants mixed (cu_matvec_kq_multi: q4_K q/k
+ * with a q6_K v, as Q4_K_M files have) */
+static bool fuse_types_ok(int a, int b) {
+    return a == b || (cu_dtype_kquant(a) && cu_dtype_kquant(b));
 }
 
 /* Node x can be read at position t of the fused schedule: computed before t, and its
@@ -1074,7 +1085,8 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
         struct cuda_fuse f = {FUSE_MV_MULTI, 1, {i, 0, 0}, {i, 0, 0}, {0, 0, 0}};
         for (int32_t j = i + 1; j < n && f.n < CUDA_FUSE_MAX; j++) {
             const struct ir_node *l = &g->nodes[j];
-            if (!fuse_linear_ok(&c, j) || l->in[0] != l0->in[0] || s->weight[l->in[1]].dtype != w0->dtype ||
+            if (!fuse_linear_ok(&c, j) || l->in[0] != l0->in[0] ||
+                !fuse_types_ok(s->weight[l->in[1]].dtype, w0->dtype) ||
                 s->weight[l->in[1]].cols != w0->cols || !fuse_inputs_before(&c, early, j, 2, i))
                 continue;
             f.m[f.n] = f.out[f.n] = j;
@@ -1375,6 +1387,11 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     s->att_tiled_f32 = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_KQ_X"); /* the K-quant matvec's x mode (A/B, tests) */
     cu_kq_set_x_mode(e && *e ? atoi(e) : -1);
+    e = getenv("LLMOPT_CUDA_KQ_TUNE"); /* "nr,prefetch,blocks_per_sm" of cu_kq_tune (A/B) */
+    if (e && *e) {
+        int t[3] = {0, 0, 0};
+        if (sscanf(e, "%d,%d,%d", &t[0], &t[1], &t[2]) >= 1) cu_kq_tune(t[0], t[1], t[2]);
+    }
     e = getenv("LLMOPT_CUDA_NO_BLAS"); /* tests: send every product through the tiled kernel */
     s->use_blas = !(e && *e && strcmp(e, "0"));
     CU_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

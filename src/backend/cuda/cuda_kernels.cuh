@@ -102,15 +102,31 @@ struct cu_mv_seg {
 cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
                             const struct cu_weight *up);
 /* The K-quant matvec behind cu_matvec (kernels_kquant.cu) with its knobs open for the
- * kernel lab: output rows per warp nr (1, 2 or 4; 0: by the matrix's rows) and how one
- * x row is read, xm: 0 f32 from global memory, 1 f32 staged in shared memory, 2 int8
- * in shared memory with dp4a products (x rounded to 8 bits per group of 16); < 0: the
- * mode of cu_kq_set_x_mode, or 0 where x does not fit (64 KiB). No rms_norm prologue
- * (ep->norm_w must be NULL). */
+ * kernel lab: output rows per warp nr (0: the default; int8 mode on q4_K/q6_K: 1 or 2,
+ * 4 taken as 2; otherwise 1, 2 or 4) and how x is read, xm: 0 f32 from global memory,
+ * 1 f32 staged in shared memory, 2 int8 in shared memory with dp4a products (x rounded
+ * to 8 bits per group of 32, q5_K per 16); < 0: the mode of cu_kq_set_x_mode, or 0
+ * where x does not fit (64 KiB). q4_K/q6_K in mode 2 go through cu_matvec_kq_multi
+ * (every x row, and the rms_norm prologue); elsewhere several x rows are f32 from
+ * global memory and ep->norm_w must be NULL. */
 cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
                          const struct cu_epilogue *ep, int nr, int xm);
+/* cu_matvec_multi for q4_K/q6_K segments (the types may differ between segments; a
+ * SwiGLU pair's two weights share one): x quantized to int8 per group of 32 in shared
+ * memory (after the rms_norm prologue when segs[0].ep.norm_w is set), dp4a products,
+ * persistent warps. nr: output rows a warp for one x row (1 or 2; 0: the default). */
+cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
+                               const struct cu_weight *up, int nr);
+/* Whether a decode fusion (or the rms_norm prologue) may put this weight into
+ * cu_matvec_kq_multi: q4_K or q6_K, x of its K fits shared memory, int8 x mode on. */
+bool cu_kq_multi_ok(const struct cu_weight *w);
+/* Launch shape of later cu_matvec_kq_multi calls, process-wide (kernel lab, tests):
+ * output rows a warp for one x row when the call's nr is 0 (1 or 2; else the default,
+ * 2), the next item's loads in flight (1) or not (2; else the default: in flight
+ * where K > 4096) and blocks an SM at most (1..16; else as many as fit). */
+extern "C" void cu_kq_tune(int nr, int prefetch, int blocks_per_sm); /* C: tests/unit/test_cuda.c */
 /* The x mode of later K-quant matvecs, process-wide (< 0 or out of range: the default,
- * 1); the backend sets it from $LLMOPT_CUDA_KQ_X when a session is prepared. */
+ * 2); the backend sets it from $LLMOPT_CUDA_KQ_X when a session is prepared. */
 void cu_kq_set_x_mode(int mode);
 /* K-quant weight -> bf16 [rows, cols] (cu_weight_to_bf16 for those types). */
 cudaError_t cu_kq_to_bf16(cudaStream_t st, const struct cu_weight *w, void *out);

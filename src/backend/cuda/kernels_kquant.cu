@@ -8,13 +8,15 @@
  * with q an unsigned quant. The matvec factors that per group,
  *     sum(value * x) = sc * sum(q * x) - mn * sum(x),
  * so each element costs a byte-to-float (prmt into the 2^23 mantissa, one subtract)
- * and one FMA per weight row, and sum(x) is shared by the rows of a warp. By default
- * the arithmetic is f32 with x as given; the int8 x mode (KQ_X_Q8) trades 8-bit x for
- * dp4a products. */
+ * and one FMA per weight row, and sum(x) is shared by the rows of a warp. That older
+ * kernel serves q5_K and the f32 x modes; the default for q4_K/q6_K is the int8-x
+ * kernel further down (cu_matvec_kq_multi: x rounded to 8 bits, dp4a products, also
+ * the fused decode launches). */
 #include "backend/cuda/cuda_device.cuh"
 
 #include <string.h>
 
+#include <algorithm>
 #include <type_traits>
 
 template <int DT> struct kq_traits;
@@ -122,13 +124,14 @@ static __device__ __forceinline__ void kq_group(const kq_raw &r, int ub, uint32_
 /* How the matvec reads its one x row (cu_kq_set_x_mode):
  *   KQ_X_GLOBAL  f32 from global memory (L2), 4 float4 loads a group of 16;
  *   KQ_X_SHARED  f32, the block first copies x into shared memory (K * 4 bytes);
- *   KQ_X_Q8      the block quantizes x into shared memory, int8 per group of 16 with
- *                its scale d and the f32 sum of the group (K * 1.5 bytes), and the dot
- *                products are dp4a: sc * d * sum(q * qx) - mn * sum(x). Not exact: x is
- *                rounded to 8 bits (relative error ~1e-3), as the CPU's K-quant
- *                kernels do with q8 activations. */
+ *   KQ_X_Q8      (the default) q4_K/q6_K: cu_matvec_kq_multi below; q5_K: the block
+ *                quantizes x into shared memory, int8 per group of 16 with its scale d
+ *                and the f32 sum of the group (K * 1.5 bytes), and the dot products
+ *                are dp4a: sc * d * sum(q * qx) - mn * sum(x). Not exact: x is rounded
+ *                to 8 bits (relative error ~1e-3), as the CPU's K-quant kernels do
+ *                with q8 activations. */
 enum { KQ_X_GLOBAL = 0, KQ_X_SHARED = 1, KQ_X_Q8 = 2 };
-#define KQ_X_DEFAULT KQ_X_SHARED
+#define KQ_X_DEFAULT KQ_X_Q8
 static int kq_x_mode = KQ_X_DEFAULT;
 
 void cu_kq_set_x_mode(int mode) {
@@ -370,17 +373,29 @@ static void kq_launch_rows(cudaStream_t st, const struct cu_weight *w, const flo
         kq_launch_nr<DT, KQ_X_GLOBAL>(st, w, x, rows, y, ep, nr);
 }
 
+static bool km_type_ok(int t);
+
 cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
                          const struct cu_epilogue *ep, int nr, int xm) {
-    if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || ep->norm_w || w->cols % 256 || w->rows < 1 || nr > 4 ||
-        xm > KQ_X_Q8)
+    if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || w->cols % 256 || w->rows < 1 || nr > 4 || xm > KQ_X_Q8)
         return cudaErrorInvalidValue;
-    if (nr <= 0) nr = w->rows >= 8192 ? 4 : w->rows >= 2048 ? 2 : 1;
     if (xm < 0) { /* the mode, where x fits in shared memory */
         xm = kq_x_mode;
         if (kq_x_smem(xm, w->cols) > KQ_XS_MAX_BYTES) xm = KQ_X_GLOBAL;
     } else if (kq_x_smem(xm, w->cols) > KQ_XS_MAX_BYTES)
         return cudaErrorInvalidValue;
+    /* the int8-x kernel below, any rows; also whatever the mode when the rms_norm
+     * prologue was planned (cu_kq_multi_ok) under another session's mode */
+    if ((xm == KQ_X_Q8 || ep->norm_w) && km_type_ok(w->dtype)) {
+        struct cu_mv_seg seg;
+        memset(&seg, 0, sizeof seg);
+        seg.w = *w;
+        seg.y = y;
+        seg.ep = *ep;
+        return cu_matvec_kq_multi(st, x, rows, &seg, 1, NULL, nr);
+    }
+    if (ep->norm_w) return cudaErrorInvalidValue; /* no rms_norm prologue here */
+    if (nr <= 0) nr = w->rows >= 8192 ? 4 : w->rows >= 2048 ? 2 : 1;
     switch (w->dtype) {
     case CU_Q4_K: kq_launch_rows<CU_Q4_K>(st, w, x, (int)rows, y, ep, nr, xm); break;
     case CU_Q5_K: kq_launch_rows<CU_Q5_K>(st, w, x, (int)rows, y, ep, nr, xm); break;
@@ -388,6 +403,515 @@ cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
+}
+
+/* ---- int8-x matvec: one launch for up to three products of x ----------------------
+ *
+ * The decode form (cu_matvec_kq_multi; cu_matvec_kq's int8 mode for q4_K/q6_K). A
+ * block first writes its x rows into shared memory quantized to int8 per group of 32
+ * (scale d = max|x| / 127 and the f32 sum of the group beside them; with the rms_norm
+ * prologue x * inv_rms * norm_w is what gets quantized), then its warps stream weight
+ * rows: an item is NR rows (PAIR: NR gate and NR up rows) by KM_SB super-blocks, four
+ * lanes a super-block, each lane 64 weights a row (q4_K: the 16-byte scale header and
+ * two 16-byte qs slices; q6_K: two ql slices, one qh slice and 8 scales) in 16-byte
+ * loads, dp4a against the int8 x, one float multiply-add per 16 or 32 weights. The
+ * loads of the next item are in flight while an item is computed. The grid is what
+ * fits the device at once (persistent warps: warp w takes row groups w, w + W, ...),
+ * so each block quantizes x once for many rows. Segments may differ in type (q4_K
+ * q/k with a q6_K v): the type is uniform over a row group, so a warp branches on it
+ * per item. Not exact: x is rounded to 8 bits (~1e-3 relative), as the CPU's K-quant
+ * dot products round x to q8_K. */
+
+#define KM_THREADS 256
+#define KM_WARPS (KM_THREADS / CU_WARP)
+#define KM_SB 8 /* super-blocks of a row per item: 32 lanes x 64 weights */
+
+static bool km_type_ok(int t) { return t == CU_Q4_K || t == CU_Q6_K; }
+
+/* Shared memory of `rows` quantized x rows of K: int8 chunks, then d and sum per 32. */
+static __host__ __device__ __forceinline__ size_t km_row_bytes(int64_t K) { return (size_t)K + (size_t)K / 32 * 8; }
+
+struct km_job {
+    struct cu_mv_seg seg[CU_MV_MAX_SEGS];
+    int64_t g_end[CU_MV_MAX_SEGS]; /* row groups of NR rows, segments end to end */
+    int n_seg;
+    struct cu_weight up; /* PAIR: the up weight beside segment 0 */
+    int r0, rows_total;  /* the launch's x rows are r0.. of rows_total (output offsets) */
+};
+
+/* 16-byte chunk c of a quantized x row -> its slot: q4_K lanes read chunks 4 apart, q6_K
+ * lanes 1, 8 and 16 apart; XOR-ing bits 0 and 2 with bit 3 and bit 1 with bit 4 puts
+ * the 8 lanes of each quarter warp on distinct banks for both (a permutation inside
+ * each aligned run of 32 chunks). */
+static __device__ __forceinline__ int64_t km_slot(int64_t c) {
+    return c ^ (((c >> 3) & 1) * 5) ^ (((c >> 4) & 1) << 1);
+}
+
+struct km_raw {
+    uint4 a, b, c;
+    uint2 s;
+    float d;
+};
+
+/* Lane part c (0..3) of a super-block at bp (q6_K: its scale at dp): q4_K a = header,
+ * b/c = qs bytes 32c..32c+31; q6_K (h = c / 2, s = c % 2) a/b = ql slices, c = qh
+ * slice, s = the 8 scales of half h, d = the super-block scale. */
+template <int DT>
+static __device__ __forceinline__ void km_load(const uint8_t *bp, const uint16_t *dp, int c, km_raw &r) {
+    if constexpr (DT == CU_Q4_K) {
+        r.a = __ldg((const uint4 *)bp);
+        r.b = __ldg((const uint4 *)(bp + 16 + 32 * c));
+        r.c = __ldg((const uint4 *)(bp + 32 + 32 * c));
+    } else {
+        const int h = c >> 1, s = c & 1;
+        r.a = __ldg((const uint4 *)(bp + 64 * h + 16 * s));
+        r.b = __ldg((const uint4 *)(bp + 64 * h + 32 + 16 * s));
+        r.c = __ldg((const uint4 *)(bp + 128 + 32 * h + 16 * s));
+        r.s = __ldg((const uint2 *)(bp + 192 + 8 * h));
+        r.d = cu_f16(__ldg(dp));
+    }
+}
+
+/* The x operands of a lane's 64 weights: 4 int8 chunks, their group scales (q4_K: 2
+ * groups of 32, q6_K: 4), q4_K the groups' f32 sums, and the int sums of the quantized
+ * x of each group (q4_K) or chunk (q6_K). */
+struct km_xv {
+    uint4 q[4];
+    float4 d;
+    float2 s;
+    int qs[4];
+};
+
+template <int DT>
+static __device__ __forceinline__ void km_x_load(const uint8_t *xr, int64_t K, int64_t sb, int c, km_xv &v) {
+    const uint4 *xq = (const uint4 *)xr;
+    const float *xd = (const float *)(xr + K), *xs = xd + K / 32;
+    if constexpr (DT == CU_Q4_K) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) v.q[i] = xq[km_slot(16 * sb + 4 * c + i)];
+        const float2 d = *(const float2 *)(xd + 8 * sb + 2 * c);
+        v.d = make_float4(d.x, d.y, 0.0f, 0.0f);
+        v.s = *(const float2 *)(xs + 8 * sb + 2 * c);
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            int t = 0;
+#pragma unroll
+            for (int i = 2 * g; i < 2 * g + 2; i++) {
+                t = __dp4a((int)v.q[i].x, 0x01010101, t);
+                t = __dp4a((int)v.q[i].y, 0x01010101, t);
+                t = __dp4a((int)v.q[i].z, 0x01010101, t);
+                t = __dp4a((int)v.q[i].w, 0x01010101, t);
+            }
+            v.qs[g] = t;
+        }
+    } else {
+        const int h = c >> 1, s = c & 1;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            v.q[g] = xq[km_slot(16 * sb + 8 * h + 2 * g + s)];
+            int t = __dp4a((int)v.q[g].x, 0x01010101, 0);
+            t = __dp4a((int)v.q[g].y, 0x01010101, t);
+            t = __dp4a((int)v.q[g].z, 0x01010101, t);
+            v.qs[g] = __dp4a((int)v.q[g].w, 0x01010101, t);
+        }
+        v.d = *(const float4 *)(xd + 8 * sb + 4 * h);
+    }
+}
+
+/* One row's contribution of a lane's 64 weights, the quants centred so that x's
+ * rounding error is not carried by their offset: q4_K per sub-block of 32 d sc Σ(q -
+ * 8)·x + (8 d sc - dmin mn) Σx (Σx exact in f32); q6_K per 16 d sc Σ(q - 32)·x; the
+ * integer sums Σ(q - c)·qx = Σq·qx - c Σqx. */
+template <int DT>
+static __device__ __forceinline__ float km_dot(const km_raw &r, const km_xv &v, int c) {
+    const uint32_t a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, b[4] = {r.b.x, r.b.y, r.b.z, r.b.w},
+                   h[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
+    if constexpr (DT == CU_Q4_K) {
+        const uint32_t x0[4] = {v.q[0].x, v.q[0].y, v.q[0].z, v.q[0].w}, x1[4] = {v.q[1].x, v.q[1].y, v.q[1].z, v.q[1].w},
+                       x2[4] = {v.q[2].x, v.q[2].y, v.q[2].z, v.q[2].w}, x3[4] = {v.q[3].x, v.q[3].y, v.q[3].z, v.q[3].w};
+        int lo = 0, hi = 0; /* quants < 16: signed dp4a is exact */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo = __dp4a((int)(b[i] & 0x0f0f0f0fu), (int)x0[i], lo);
+            lo = __dp4a((int)(h[i] & 0x0f0f0f0fu), (int)x1[i], lo);
+            hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)x2[i], hi);
+            hi = __dp4a((int)((h[i] >> 4) & 0x0f0f0f0fu), (int)x3[i], hi);
+        }
+        int s0, m0, s1, m1;
+        kq_scale_min(r.a, 2 * c, s0, m0);
+        kq_scale_min(r.a, 2 * c + 1, s1, m1);
+        const float d = cu_f16((uint16_t)(r.a.x & 0xffffu)), dmin = cu_f16((uint16_t)(r.a.x >> 16));
+        return d * ((float)(s0 * (lo - 8 * v.qs[0])) * v.d.x + (float)(s1 * (hi - 8 * v.qs[1])) * v.d.y) +
+               (8.0f * d * (float)s0 - dmin * (float)m0) * v.s.x + (8.0f * d * (float)s1 - dmin * (float)m1) * v.s.y;
+    } else {
+        const int s = c & 1;
+        const float dx[4] = {v.d.x, v.d.y, v.d.z, v.d.w};
+        float t = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t xw[4] = {v.q[g].x, v.q[g].y, v.q[g].z, v.q[g].w};
+            int dot = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t lo = g == 0 ? a[i] : g == 1 ? b[i] : g == 2 ? a[i] >> 4 : b[i] >> 4;
+                const uint32_t hb = g == 0 ? h[i] << 4 : g == 1 ? h[i] << 2 : g == 2 ? h[i] : h[i] >> 2;
+                dot = __dp4a((int)((lo & 0x0f0f0f0fu) | (hb & 0x30303030u)), (int)xw[i], dot);
+            }
+            const int k = 2 * g + s; /* scales[8h + k] */
+            const int sc = (int8_t)(((k < 4 ? r.s.x : r.s.y) >> (8 * (k & 3))) & 0xffu);
+            t += (float)(sc * (dot - 32 * v.qs[g])) * dx[g];
+        }
+        return r.d * t;
+    }
+}
+
+/* x rows (rows of K) -> shared memory (km_row_bytes each), by the whole block; with
+ * NORM each row becomes x * inv_rms * norm_w first (cu_norm's expressions). */
+template <bool NORM>
+static __device__ __forceinline__ void km_stage_x(const float *__restrict__ x, int64_t K, int rows,
+                                                  const float *__restrict__ norm_w, float eps, uint8_t *sm) {
+    __shared__ float red[32];
+    for (int r = 0; r < rows; r++) {
+        const float4 *xr = (const float4 *)(x + (size_t)r * K);
+        uint8_t *out = sm + (size_t)r * km_row_bytes(K);
+        float *xd = (float *)(out + K), *xs = xd + K / 32;
+        float inv = 1.0f;
+        if constexpr (NORM) {
+            float ss = 0.0f;
+            for (int64_t f = threadIdx.x; f < K / 4; f += KM_THREADS) {
+                const float4 v = __ldg(xr + f);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = cu_block_sum(ss, red);
+            inv = 1.0f / sqrtf(ss / (float)K + eps);
+        }
+        /* K % 256 == 0: every warp's 32 float4 are 4 whole groups, all lanes active */
+        for (int64_t f = threadIdx.x; f < K / 4; f += KM_THREADS) {
+            float4 v = __ldg(xr + f);
+            if constexpr (NORM) {
+                const float4 g = __ldg((const float4 *)norm_w + f);
+                v = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+            }
+            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+            float sum = (v.x + v.y) + (v.z + v.w);
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) {
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            }
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const uint32_t w = (uint32_t)(__float2int_rn(v.x * id) & 0xff) | (uint32_t)(__float2int_rn(v.y * id) & 0xff) << 8 |
+                               (uint32_t)(__float2int_rn(v.z * id) & 0xff) << 16 |
+                               (uint32_t)(__float2int_rn(v.w * id) & 0xff) << 24;
+            ((uint32_t *)out)[km_slot(f / 4) * 4 + f % 4] = w;
+            if ((f & 7) == 0) {
+                xd[f / 8] = amax / 127.0f;
+                xs[f / 8] = sum;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* DT: every segment's type, or 0 (q4_K and q6_K segments mixed: per item). RM: the x
+ * rows a launch takes at most (`rows` of them, each in shared memory); several rows
+ * take one output row a warp. */
+/* A warp's position in its sequence of items: row group g (segment seg, first row j0)
+ * and stage st (super-blocks st KM_SB ..), advanced without divisions. */
+struct km_cur {
+    int64_t g, j0;
+    int st, seg;
+};
+
+/* DT: every segment's type, or 0 (q4_K and q6_K segments mixed: per item). RM: the x
+ * rows a launch takes at most (`rows` of them, each in shared memory); several rows
+ * take one output row a warp. PF: the next item's loads go out before an item is
+ * computed (two register buffers; 16 warps an SM), else 24 warps an SM hide latency
+ * (one x row). */
+template <int DT, int NR, int RM, bool NORM, bool PAIR, bool PF>
+__global__ void __launch_bounds__(KM_THREADS, PF || RM > 1 ? 2 : 3)
+    km_kernel(struct km_job job, const float *__restrict__ x, int rows) {
+    static_assert(RM == 1 || NR == 1, "several x rows take one output row a warp");
+    static_assert(CU_MV_MAX_SEGS == 3, "the segment choice below names each segment");
+    constexpr int NW = PAIR ? 2 * NR : NR;
+    extern __shared__ uint4 km_sm[];
+    cu_pdl_trigger();
+    const int lane = threadIdx.x % CU_WARP, c = lane & 3;
+    const int64_t K = job.seg[0].w.cols, nb = K / 256;
+    const int S = (int)((nb + KM_SB - 1) / KM_SB);
+    const int64_t G = job.n_seg > 2 ? job.g_end[2] : job.n_seg > 1 ? job.g_end[1] : job.g_end[0];
+    const int64_t W = (int64_t)gridDim.x * KM_WARPS, gw = (int64_t)blockIdx.x * KM_WARPS + threadIdx.x / CU_WARP;
+    const int64_t T = gw < G ? ((G - 1 - gw) / W + 1) * S : 0; /* this warp's items */
+    auto locate = [&](km_cur &q) {
+        if (job.n_seg > 2 && q.g >= job.g_end[1]) {
+            q.seg = 2;
+            q.j0 = (q.g - job.g_end[1]) * NR;
+        } else if (job.n_seg > 1 && q.g >= job.g_end[0]) {
+            q.seg = 1;
+            q.j0 = (q.g - job.g_end[0]) * NR;
+        } else {
+            q.seg = 0;
+            q.j0 = q.g * NR;
+        }
+    };
+    auto advance = [&](km_cur &q) {
+        if (++q.st == S) {
+            q.st = 0;
+            q.g += W;
+            if (q.g < G) locate(q);
+        }
+    };
+    auto weight = [&](int seg) {
+        struct cu_weight w = job.seg[0].w;
+        if (seg == 1) w = job.seg[1].w;
+        if (seg == 2) w = job.seg[2].w;
+        return w;
+    };
+    /* the loading side: its item, and the rows of its group (from the group's first) */
+    km_cur lc = {gw, 0, 0, 0};
+    locate(lc);
+    const uint8_t *rp[NW];
+    const uint16_t *dp[NW];
+    int l_dt = CU_Q4_K;
+    auto rows_of = [&]() {
+        const struct cu_weight w = weight(lc.seg);
+        l_dt = w.dtype;
+        const int bytes = w.dtype == CU_Q4_K ? 144 : 208;
+#pragma unroll
+        for (int nr = 0; nr < NW; nr++) {
+            /* rows past the end repeat the last one; their sums are dropped */
+            const int64_t row = lc.j0 + nr % NR < w.rows ? lc.j0 + nr % NR : w.rows - 1;
+            const struct cu_weight &ws = PAIR && nr >= NR ? job.up : w;
+            rp[nr] = (const uint8_t *)ws.data + (size_t)(row * nb) * bytes + (size_t)(lane >> 2) * bytes;
+            dp[nr] = ws.scales ? ws.scales + row * nb + (lane >> 2) : NULL;
+        }
+    };
+    if (T > 0) rows_of();
+    auto load = [&](km_raw *R) {
+        const int64_t sb = (int64_t)lc.st * KM_SB + (lane >> 2);
+        if (sb < nb) {
+            const int64_t o = (int64_t)lc.st * KM_SB;
+#pragma unroll
+            for (int nr = 0; nr < NW; nr++) {
+                if constexpr (DT == 0) {
+                    if (l_dt == CU_Q4_K)
+                        km_load<CU_Q4_K>(rp[nr] + o * 144, NULL, c, R[nr]);
+                    else
+                        km_load<CU_Q6_K>(rp[nr] + o * 208, dp[nr] + o, c, R[nr]);
+                } else {
+                    km_load<DT>(rp[nr] + o * (DT == CU_Q4_K ? 144 : 208), DT == CU_Q4_K ? NULL : dp[nr] + o, c, R[nr]);
+                }
+            }
+        }
+        const int64_t g0 = lc.g;
+        advance(lc);
+        if (lc.g != g0 && lc.g < G) rows_of();
+    };
+    float acc[NW][RM];
+#pragma unroll
+    for (int nr = 0; nr < NW; nr++)
+#pragma unroll
+        for (int r = 0; r < RM; r++) acc[nr][r] = 0.0f;
+    const uint8_t *sm = (const uint8_t *)km_sm;
+    auto dots = [&](auto dc, const km_raw *R, int64_t sb) {
+        constexpr int D = decltype(dc)::value;
+#pragma unroll
+        for (int r = 0; r < RM; r++) {
+            if (r >= rows) break;
+            km_xv v;
+            km_x_load<D>(sm + (size_t)r * km_row_bytes(K), K, sb, c, v);
+#pragma unroll
+            for (int nr = 0; nr < NW; nr++) acc[nr][r] += km_dot<D>(R[nr], v, c);
+        }
+    };
+    km_cur cc = lc; /* the computing side */
+    auto compute = [&](const km_raw *R) {
+        const int64_t sb = (int64_t)cc.st * KM_SB + (lane >> 2);
+        if (sb < nb) {
+            if constexpr (DT == 0) {
+                if (weight(cc.seg).dtype == CU_Q4_K)
+                    dots(std::integral_constant<int, CU_Q4_K>(), R, sb);
+                else
+                    dots(std::integral_constant<int, CU_Q6_K>(), R, sb);
+            } else {
+                dots(std::integral_constant<int, DT>(), R, sb);
+            }
+        }
+        if (cc.st == S - 1) {
+            /* the group's last item: sums to lane 0, which writes act(sum + bias) * (up
+             * or gate) + residual (cu_matvec_finish's epilogue) */
+#pragma unroll
+            for (int nr = 0; nr < NW; nr++)
+#pragma unroll
+                for (int r = 0; r < RM; r++) acc[nr][r] = cu_warp_sum(acc[nr][r]);
+            if (lane == 0) {
+                struct cu_mv_seg sg = job.seg[0];
+                if (cc.seg == 1) sg = job.seg[1];
+                if (cc.seg == 2) sg = job.seg[2];
+                const int64_t n_out = sg.w.rows, hd = sg.head_dim;
+#pragma unroll
+                for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+                    for (int r = 0; r < RM; r++) {
+                        const int64_t j = cc.j0 + nr, rr = job.r0 + r;
+                        if (j >= n_out || r >= rows) continue;
+                        float y = acc[nr][r] + (sg.ep.bias ? sg.ep.bias[j] : 0.0f);
+                        if (sg.ep.act >= 0) y = cu_unary_apply(sg.ep.act, y);
+                        const size_t o = (size_t)(rr * n_out + j);
+                        if constexpr (PAIR)
+                            y *= acc[NR + nr][r];
+                        else if (sg.ep.gate)
+                            y *= sg.ep.gate[o];
+                        if (sg.ep.residual) y += sg.ep.residual[o];
+                        sg.y[hd > 0 ? (size_t)(((j / hd) * job.rows_total + rr) * hd + j % hd) : o] = y;
+                    }
+            }
+#pragma unroll
+            for (int nr = 0; nr < NW; nr++)
+#pragma unroll
+                for (int r = 0; r < RM; r++) acc[nr][r] = 0.0f;
+        }
+        advance(cc);
+    };
+    km_raw R0[NW] = {}, R1[PF ? NW : 1] = {};
+    if (T > 0) load(R0);
+    cu_pdl_wait();
+    km_stage_x<NORM>(x, K, rows, job.seg[0].ep.norm_w, job.seg[0].ep.norm_eps, (uint8_t *)km_sm);
+    if constexpr (PF) {
+        for (int64_t t = 0; t < T; t += 2) {
+            if (t + 1 < T) load(R1);
+            compute(R0);
+            if (t + 1 >= T) break;
+            if (t + 2 < T) load(R0);
+            compute(R1);
+        }
+    } else {
+        for (int64_t t = 0; t < T; t++) {
+            if (t > 0) load(R0);
+            compute(R0);
+        }
+    }
+}
+
+static int km_sms(void) {
+    static int n = 0;
+    if (n <= 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+            n = 1;
+    }
+    return n;
+}
+
+static int km_bps_cap = 0, km_nr = 0, km_pf = 0; /* cu_kq_tune */
+
+extern "C" void cu_kq_tune(int nr, int prefetch, int blocks_per_sm) {
+    km_nr = nr == 1 || nr == 2 ? nr : 0;
+    km_pf = prefetch == 1 || prefetch == 2 ? prefetch : 0;
+    km_bps_cap = blocks_per_sm >= 1 && blocks_per_sm <= 16 ? blocks_per_sm : 0;
+}
+
+/* One launch: as many blocks as the device holds at once (or the row groups need). */
+template <int DT, int NR, int RM, bool NORM, bool PAIR, bool PF>
+static cudaError_t km_launch(cudaStream_t st, struct km_job job, const float *x, int rows) {
+    auto kern = km_kernel<DT, NR, RM, NORM, PAIR, PF>;
+    const size_t smem = km_row_bytes(job.seg[0].w.cols) * (size_t)rows;
+    static size_t occ_smem = (size_t)-1;
+    static int occ = 1;
+    if (occ_smem != smem) { /* above 48 KiB dynamic shared memory is opt-in */
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, KQ_XS_MAX_BYTES);
+        int n = 0;
+        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, KM_THREADS, smem);
+        if (e != cudaSuccess) return e;
+        occ = n > 0 ? n : 1;
+        occ_smem = smem;
+    }
+    const int bps = km_bps_cap && km_bps_cap < occ ? km_bps_cap : occ;
+    int64_t groups = 0;
+    for (int k = 0; k < job.n_seg; k++) {
+        groups += (job.seg[k].w.rows + NR - 1) / NR;
+        job.g_end[k] = groups;
+    }
+    const int64_t blocks = std::min<int64_t>(cu_blocks(groups, KM_WARPS), (int64_t)bps * km_sms());
+    return cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(KM_THREADS), smem, st, job, x, rows);
+}
+
+/* One x row: nr output rows a warp (1 or 2), with or without the next item's loads in
+ * flight (pf); several: one, x rows in shared memory as many at a time as fit. */
+template <int DT, bool NORM, bool PAIR>
+static cudaError_t km_launch_rows(cudaStream_t st, struct km_job &job, const float *x, int64_t rows, int nr) {
+    const int64_t K = job.seg[0].w.cols;
+    job.rows_total = (int)rows;
+    job.r0 = 0;
+    if (rows == 1) {
+        /* the next item's loads in flight where a row has more than 2 items (K > 4096:
+         * 8B ffn_down 19.1 against 21.7 us); else 24 warps an SM do better (8B ffn_up
+         * 15.9 against 17.5 us, q/k/v with the norm prologue 9.5 against 11.3 us;
+         * bench/results/cuda-kq-2026-11-30.md) */
+        const bool pf = km_pf ? km_pf == 1 : K > 4096;
+        if constexpr (!PAIR) /* a pair streams 2 rows a warp already (more spill) */
+            if (nr >= 2)
+                return pf ? km_launch<DT, 2, 1, NORM, PAIR, true>(st, job, x, 1)
+                          : km_launch<DT, 2, 1, NORM, PAIR, false>(st, job, x, 1);
+        return pf ? km_launch<DT, 1, 1, NORM, PAIR, true>(st, job, x, 1)
+                  : km_launch<DT, 1, 1, NORM, PAIR, false>(st, job, x, 1);
+    }
+    const int64_t fit = std::max<int64_t>(1, std::min<int64_t>(CU_MATVEC_MAX_ROWS, KQ_XS_MAX_BYTES / (int64_t)km_row_bytes(K)));
+    for (int64_t r0 = 0; r0 < rows; r0 += fit) {
+        job.r0 = (int)r0;
+        cudaError_t e = km_launch<DT, 1, CU_MATVEC_MAX_ROWS, NORM, PAIR, false>(st, job, x + r0 * K, (int)std::min(fit, rows - r0));
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+template <int DT>
+static cudaError_t km_launch_ep(cudaStream_t st, struct km_job &job, const float *x, int64_t rows, int nr) {
+    const bool norm = job.seg[0].ep.norm_w != NULL;
+    if constexpr (DT != 0)
+        if (job.up.data)
+            return norm ? km_launch_rows<DT, true, true>(st, job, x, rows, nr)
+                        : km_launch_rows<DT, false, true>(st, job, x, rows, nr);
+    return norm ? km_launch_rows<DT, true, false>(st, job, x, rows, nr)
+                : km_launch_rows<DT, false, false>(st, job, x, rows, nr);
+}
+
+bool cu_kq_multi_ok(const struct cu_weight *w) {
+    return km_type_ok(w->dtype) && w->cols > 0 && w->cols % 256 == 0 && w->rows >= 1 &&
+           km_row_bytes(w->cols) <= KQ_XS_MAX_BYTES && kq_x_mode == KQ_X_Q8;
+}
+
+cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
+                               const struct cu_weight *up, int nr) {
+    if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || n_seg < 1 || n_seg > CU_MV_MAX_SEGS || (up && n_seg != 1) || nr < 0 ||
+        nr > 4)
+        return cudaErrorInvalidValue;
+    const int64_t K = segs[0].w.cols;
+    bool same = true;
+    for (int k = 0; k < n_seg; k++) {
+        const struct cu_weight *w = &segs[k].w;
+        if (!km_type_ok(w->dtype) || w->cols != K || K % 256 || K <= 0 || w->rows < 1 || !w->data ||
+            (w->dtype == CU_Q6_K && !w->scales) || km_row_bytes(K) > KQ_XS_MAX_BYTES || (k > 0 && segs[k].ep.norm_w) ||
+            (segs[k].head_dim > 0 && w->rows % segs[k].head_dim) || !segs[k].y)
+            return cudaErrorInvalidValue;
+        same = same && w->dtype == segs[0].w.dtype;
+    }
+    if (up && (up->dtype != segs[0].w.dtype || up->rows != segs[0].w.rows || up->cols != K || !up->data))
+        return cudaErrorInvalidValue;
+    struct km_job job;
+    memset(&job, 0, sizeof job);
+    job.n_seg = n_seg;
+    for (int k = 0; k < n_seg; k++) job.seg[k] = segs[k];
+    if (up) job.up = *up;
+    if (nr == 0) nr = km_nr ? km_nr : 2;
+    cudaError_t e;
+    if (!same)
+        e = km_launch_ep<0>(st, job, x, rows, nr);
+    else if (segs[0].w.dtype == CU_Q4_K)
+        e = km_launch_ep<CU_Q4_K>(st, job, x, rows, nr);
+    else
+        e = km_launch_ep<CU_Q6_K>(st, job, x, rows, nr);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* ---- dequantization to bf16 (prefill) ------------------------------------------- */

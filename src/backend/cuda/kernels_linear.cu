@@ -562,6 +562,7 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
                             const struct cu_weight *up) {
     if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || n_seg < 1 || n_seg > CU_MV_MAX_SEGS || (up && n_seg != 1))
         return cudaErrorInvalidValue;
+    if (cu_dtype_kquant(segs[0].w.dtype)) return cu_matvec_kq_multi(st, x, rows, segs, n_seg, up, 0); /* kernels_kquant.cu */
     struct mv_job job;
     memset(&job, 0, sizeof job);
     job.n_seg = n_seg;
