@@ -15,20 +15,40 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+/* Workers that handle POST bodies (JSON, chat template, tokenizer, submission) off the
+ * event loop: tokenizing a 3 MB prompt takes ~0.2 s, which on the event-loop thread
+ * would stall every stream's writes that long. */
+#define HTTP_WORKERS 2
+
+struct http_request;
+
 struct http_server {
     struct MHD_Daemon *daemon;
     struct srv_app *app;
     int port;
     MHD_socket quiesced_fd; /* the listening socket after quiesce, closed at stop */
+    pthread_mutex_t mu;     /* guards the job queue, stopping and requests' state */
+    pthread_cond_t cv;
+    struct http_request *jobs, *jobs_tail;
+    bool stopping; /* workers leave once the queue is empty; requests are handled inline */
+    int n_workers;
+    pthread_t workers[HTTP_WORKERS];
 };
 
-/* Per request (MHD's con_cls): the body read so far, then a non-streamed generation
- * waiting for its end. */
+enum http_job { HTTP_JOB_NONE, HTTP_JOB_QUEUED, HTTP_JOB_DONE };
+
+/* Per request (MHD's con_cls): the body read so far, then (handed to a worker) the
+ * reply it made, then a non-streamed generation waiting for its end. */
 struct http_request {
     struct srv_buf body;
     bool too_large;
     bool answered; /* a reply was queued before the body was read */
     struct srv_pending *pending;
+    enum http_job job; /* under http_server.mu */
+    struct MHD_Connection *conn;
+    const char *method, *url; /* MHD's, valid until the request completes */
+    struct srv_reply reply;   /* the worker's */
+    struct http_request *next_job;
 };
 
 /* An SSE reply in flight. */
@@ -192,8 +212,35 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
     }
     if (hr->answered) return MHD_YES;
     if (!hr->pending) {
-        srv_app_handle(h->app, method, url, hr->body.data ? hr->body.data : "", hr->body.len,
-                       hr->too_large, http_fd_gone, http_conn_fd(c), &reply);
+        pthread_mutex_lock(&h->mu);
+        enum http_job job = hr->job;
+        if (job == HTTP_JOB_NONE && !h->stopping && h->n_workers > 0 && !strcmp(method, "POST")) {
+            /* to a worker; the connection sleeps until the worker resumes it (the
+             * suspend happens under mu, which the worker takes before it resumes) */
+            hr->job = HTTP_JOB_QUEUED;
+            hr->conn = c;
+            hr->method = method;
+            hr->url = url;
+            hr->next_job = NULL;
+            if (h->jobs_tail)
+                h->jobs_tail->next_job = hr;
+            else
+                h->jobs = hr;
+            h->jobs_tail = hr;
+            MHD_suspend_connection(c);
+            pthread_cond_signal(&h->cv);
+            pthread_mutex_unlock(&h->mu);
+            return MHD_YES;
+        }
+        pthread_mutex_unlock(&h->mu);
+        if (job == HTTP_JOB_DONE) {
+            reply = hr->reply;
+            memset(&hr->reply, 0, sizeof hr->reply);
+        } else {
+            srv_app_handle(h->app, method, url, hr->body.data ? hr->body.data : "", hr->body.len,
+                           hr->too_large, http_fd_gone, http_conn_fd(c), &reply);
+        }
+        hr->job = HTTP_JOB_NONE;
         srv_buf_free(&hr->body);
         if (!reply.pending) return http_send(c, &reply);
         hr->pending = reply.pending;
@@ -217,9 +264,40 @@ static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cl
     struct http_request *hr = *con_cls;
     if (!hr) return;
     srv_buf_free(&hr->body);
+    srv_reply_clear(&hr->reply);   /* a worker's reply never sent */
     srv_pending_free(hr->pending); /* the connection closed before the reply */
     free(hr);
     *con_cls = NULL;
+}
+
+static void *http_worker(void *arg) {
+    struct http_server *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->jobs && !h->stopping) pthread_cond_wait(&h->cv, &h->mu);
+        struct http_request *hr = h->jobs;
+        if (!hr) break; /* stopping, and nothing left */
+        h->jobs = hr->next_job;
+        if (!h->jobs) h->jobs_tail = NULL;
+        pthread_mutex_unlock(&h->mu);
+        srv_app_handle(h->app, hr->method, hr->url, hr->body.data ? hr->body.data : "", hr->body.len,
+                       hr->too_large, http_fd_gone, http_conn_fd(hr->conn), &hr->reply);
+        pthread_mutex_lock(&h->mu);
+        hr->job = HTTP_JOB_DONE;
+        MHD_resume_connection(hr->conn);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Lets the workers finish the queue and joins them; later requests run inline. */
+static void http_workers_stop(struct http_server *h) {
+    pthread_mutex_lock(&h->mu);
+    h->stopping = true;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < h->n_workers; i++) pthread_join(h->workers[i], NULL);
+    h->n_workers = 0;
 }
 
 enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *app,
@@ -247,6 +325,12 @@ enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *
     }
     h->app = app;
     h->quiesced_fd = MHD_INVALID_SOCKET;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    /* (fewer workers if a thread cannot start: their requests then run inline) */
+    while (h->n_workers < HTTP_WORKERS &&
+           !pthread_create(&h->workers[h->n_workers], NULL, http_worker, h))
+        pthread_setname_np(h->workers[h->n_workers++], "llmopt-http");
     /* One event-loop thread (epoll on Linux) for every connection. */
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
@@ -256,6 +340,9 @@ enum llmopt_status http_server_start(const struct http_opts *o, struct srv_app *
                                  MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
+        http_workers_stop(h);
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
         free(h);
         err->status = LLMOPT_ERR_IO;
         snprintf(err->msg, sizeof err->msg, "serve: cannot listen on %s port %d (in use?)", o->host,
@@ -279,7 +366,10 @@ void http_server_quiesce(struct http_server *h) {
 
 void http_server_stop(struct http_server *h) {
     if (!h) return;
+    http_workers_stop(h); /* every queued request handled and its connection resumed */
     if (h->daemon) MHD_stop_daemon(h->daemon);
     if (h->quiesced_fd != MHD_INVALID_SOCKET) close(h->quiesced_fd);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
     free(h);
 }

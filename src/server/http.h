@@ -1,7 +1,8 @@
 /* The HTTP layer on libmicrohttpd: one event-loop thread serves every connection
  * (a connection waiting for tokens is suspended and the scheduler resumes it), request
- * bodies read into a capped buffer, replies and SSE streams from srv_api.c. Nothing
- * here knows about models. */
+ * bodies read into a capped buffer, POST bodies handled by two worker threads (JSON,
+ * template, tokenizer: never on the event loop), replies and SSE streams from
+ * srv_api.c. Nothing here knows about models. */
 #ifndef LLMOPT_SERVER_HTTP_H
 #define LLMOPT_SERVER_HTTP_H
 
