@@ -366,6 +366,22 @@ async function auth() {
           again.usage.prompt_tokens_details?.cached_tokens === 0, JSON.stringify(again.usage));
     check('auth: right key is served', ok.choices.length === 1);
     check('auth: /health needs no key', await healthy(srv));
+    // Request bodies are handled off the event loop: while four 3 MB prompts are being
+    // tokenized (each then refused as longer than the context), /health still answers
+    // at once, before any of them is done.
+    const words = 'the little girl ran to the park and saw a big dog '.repeat(65000);
+    let firstBig = Infinity, healthAt = Infinity;
+    const t0 = performance.now();
+    const bigs = [0, 1, 2, 3].map(() => fetch(base(srv) + '/v1/completions', {
+      method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: 'Bearer sekrit' },
+      body: JSON.stringify({ prompt: words, max_tokens: 1 }),
+    }).then(async (r) => { await r.text(); firstBig = Math.min(firstBig, performance.now() - t0); return r.status; }));
+    await new Promise((r) => setTimeout(r, 50));
+    const h = await fetch(base(srv) + '/health');
+    healthAt = performance.now() - t0;
+    const statuses = await Promise.all(bigs);
+    check('big prompts: /health answers while they are tokenized', h.status === 200 && healthAt < firstBig &&
+          statuses.every((st) => st === 400), `health at ${healthAt.toFixed(0)} ms, first big reply at ${firstBig.toFixed(0)} ms, ${statuses}`);
   } finally {
     const ex = await stopServer(srv);
     check('auth server: SIGTERM exits 0', ex.code === 0, JSON.stringify(ex));
