@@ -191,6 +191,13 @@ int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_benc
         snprintf(msg, sizeof msg, "%s: %%s", cmd);
         return usage_error(msg, "missing MODEL");
     }
+    if (o->profile && !(o->read_bw = cli_profile_read_bandwidth(o->profile))) {
+        fprintf(stderr,
+                "llmopt: error: %s: %s holds no read bandwidth measurement (write one with "
+                "llmopt probe -o)\n",
+                cmd, o->profile);
+        return 1;
+    }
     return 0;
 }
 

@@ -44,8 +44,10 @@ struct cli_bench_opts {
     long long n_prompt, n_gen, reps, threads; /* the caller sets the defaults */
     enum llmopt_kv_type kv_type;
     bool json;
+    double read_bw; /* GB/s: the --profile's measured read bandwidth; 0 without one */
 };
-/* Parses argv into o for command `cmd`; returns 0, or the usage exit code (printed). */
+/* Parses argv into o for command `cmd` (and reads the --profile's bandwidth, which it
+ * must hold); returns 0, or the exit code (usage or error printed). */
 int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_bench_opts *o);
 /* Loads o->model and a one-slot session for its prompt and generation (prompt chunks of
  * up to 512 tokens), and fills tokens[o->n_prompt] with the prompt both commands feed:

@@ -24,74 +24,71 @@ int cmd_bench(int argc, char **argv) {
     struct cli_bench_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 3};
     int bad = cli_parse_bench_opts("bench", argc, argv, &o);
     if (bad) return bad;
-    const char *model_path = o.model, *profile = o.profile, *backend = o.backend;
-    long long n_prompt = o.n_prompt, n_gen = o.n_gen, reps = o.reps, threads = o.threads;
-    bool as_json = o.json;
     struct llmopt_err err = {0};
     struct llmopt_model *model = NULL;
     struct llmopt_session *s = NULL;
     int rc = 1;
-    double *prefill_s = calloc((size_t)reps, sizeof(double));
-    double *itl = calloc((size_t)(reps * n_gen), sizeof(double));
-    double *decode_s = calloc((size_t)reps, sizeof(double));
-    int32_t *tokens = malloc((size_t)n_prompt * sizeof(int32_t));
+    double *prefill_s = calloc((size_t)o.reps, sizeof(double));
+    double *itl = calloc((size_t)(o.reps * o.n_gen), sizeof(double));
+    double *decode_s = calloc((size_t)o.reps, sizeof(double));
+    int32_t *tokens = malloc((size_t)o.n_prompt * sizeof(int32_t));
     if (!prefill_s || !itl || !decode_s || !tokens) goto done;
     if (cli_bench_setup(&o, &model, &s, tokens, &err)) goto done;
     int n_itl = 0;
     double kernels_per_step = 0; /* launched per decode step, fusion included (last repetition) */
-    for (long long r = 0; r <= reps; r++) { /* r == 0 warms up */
+    for (long long r = 0; r <= o.reps; r++) { /* r == 0 warms up */
         llmopt_session_reset(s, 0);
         double t0 = cli_now_s();
         int32_t tok = 1;
         /* greedy decode: the backend picks the argmax (on the device for cuda) */
-        if (llmopt_session_append_greedy(s, 0, tokens, (int32_t)n_prompt, &tok, &err)) goto done;
+        if (llmopt_session_append_greedy(s, 0, tokens, (int32_t)o.n_prompt, &tok, &err)) goto done;
         double t1 = cli_now_s();
         double prev = t1;
         uint64_t k0 = llmopt_session_kernels_run(s);
-        for (long long g = 0; g < n_gen; g++) {
+        for (long long g = 0; g < o.n_gen; g++) {
             if (llmopt_session_append_greedy(s, 0, &tok, 1, &tok, &err)) goto done;
             double t = cli_now_s();
             if (r > 0) itl[n_itl++] = t - prev;
             prev = t;
         }
-        if (n_gen > 0) kernels_per_step = (double)(llmopt_session_kernels_run(s) - k0) / (double)n_gen;
+        if (o.n_gen > 0) kernels_per_step = (double)(llmopt_session_kernels_run(s) - k0) / (double)o.n_gen;
         if (r > 0) {
             prefill_s[r - 1] = t1 - t0;
             decode_s[r - 1] = prev - t1;
         }
     }
-    qsort(prefill_s, (size_t)reps, sizeof(double), cmp_double);
-    qsort(decode_s, (size_t)reps, sizeof(double), cmp_double);
+    qsort(prefill_s, (size_t)o.reps, sizeof(double), cmp_double);
+    qsort(decode_s, (size_t)o.reps, sizeof(double), cmp_double);
     qsort(itl, (size_t)n_itl, sizeof(double), cmp_double);
-    double pp = n_prompt / prefill_s[reps / 2], tg = n_gen / decode_s[reps / 2];
+    double pp = o.n_prompt / prefill_s[o.reps / 2], tg = o.n_gen / decode_s[o.reps / 2];
     uint64_t bytes = llmopt_model_weight_bytes_per_token(model);
-    double bw = profile ? cli_profile_read_bandwidth(profile) : 0;
+    double bw = o.read_bw;
     double roof = bw > 0 ? bw * 1e9 / (double)bytes : 0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     struct llmopt_compile_stats cs;
     llmopt_model_compile_stats(model, &cs);
-    if (as_json) {
+    if (o.json) {
         printf("{\"model\": \"%s\", \"program\": \"%s\", \"backend\": \"%s\", \"threads\": %lld, \"n_prompt\": %lld, "
                "\"n_gen\": %lld, \"reps\": %lld, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
                "\"ttft_ms\": %.3f, \"itl_ms_p50\": %.3f, \"itl_ms_p95\": %.3f, \"itl_ms_p99\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"read_bandwidth_gbps\": %.2f, \"decode_roofline_tok_s\": %.2f, "
                "\"roofline_fraction\": %.3f, \"kernels_per_step\": %.1f, \"graph_kernels\": %d, \"peak_rss_mib\": %.1f, "
                "\"kv_type\": \"%s\", \"kv_bytes\": %llu}\n",
-               model_path, llmopt_model_program(model), backend ? backend : "cpu", threads, n_prompt, n_gen, reps,
-               pp, tg, prefill_s[reps / 2] * 1e3, percentile(itl, n_itl, 50) * 1e3,
+               o.model, llmopt_model_program(model), o.backend ? o.backend : "cpu", o.threads, o.n_prompt,
+               o.n_gen, o.reps, pp, tg, prefill_s[o.reps / 2] * 1e3, percentile(itl, n_itl, 50) * 1e3,
                percentile(itl, n_itl, 95) * 1e3, percentile(itl, n_itl, 99) * 1e3, (unsigned long long)bytes, bw,
                roof, roof > 0 ? tg / roof : 0, kernels_per_step, cs.kernels_compiled, ru.ru_maxrss / 1024.0,
                llmopt_kv_type_name(llmopt_session_kv_type(s)), (unsigned long long)llmopt_session_kv_bytes(s));
     } else {
         char thr[32];
-        snprintf(thr, sizeof thr, threads ? "%lld" : "auto", threads);
-        printf("model           %s (program %s, backend %s, threads %s)\n", model_path, llmopt_model_program(model),
-               backend ? backend : "cpu", thr);
-        printf("prefill         %lld tokens: %.1f tok/s (median of %lld; time to first token %.1f ms)\n", n_prompt,
-               pp, reps, prefill_s[reps / 2] * 1e3);
+        snprintf(thr, sizeof thr, o.threads ? "%lld" : "auto", o.threads);
+        printf("model           %s (program %s, backend %s, threads %s)\n", o.model, llmopt_model_program(model),
+               o.backend ? o.backend : "cpu", thr);
+        printf("prefill         %lld tokens: %.1f tok/s (median of %lld; time to first token %.1f ms)\n", o.n_prompt,
+               pp, o.reps, prefill_s[o.reps / 2] * 1e3);
         printf("decode          %lld tokens: %.1f tok/s; inter-token latency p50 %.2f / p95 %.2f / p99 %.2f ms\n",
-               n_gen, tg, percentile(itl, n_itl, 50) * 1e3, percentile(itl, n_itl, 95) * 1e3,
+               o.n_gen, tg, percentile(itl, n_itl, 50) * 1e3, percentile(itl, n_itl, 95) * 1e3,
                percentile(itl, n_itl, 99) * 1e3);
         printf("bytes per token %.1f MB of weights (KV reads extra); kernels per decode step %.1f launched "
                "(%d in the compiled graph)\n",
@@ -100,7 +97,7 @@ int cmd_bench(int argc, char **argv) {
             printf("roofline        %.1f GB/s measured read bandwidth -> ceiling %.1f tok/s; decode at %.0f%%\n", bw,
                    roof, 100.0 * tg / roof);
         printf("kv cache        %s, %.1f MiB for %lld positions\n", llmopt_kv_type_name(llmopt_session_kv_type(s)),
-               (double)llmopt_session_kv_bytes(s) / (1024.0 * 1024.0), n_prompt + n_gen + 1);
+               (double)llmopt_session_kv_bytes(s) / (1024.0 * 1024.0), o.n_prompt + o.n_gen + 1);
         printf("peak RSS        %.1f MiB\n", ru.ru_maxrss / 1024.0);
     }
     rc = 0;
