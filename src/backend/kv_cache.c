@@ -196,13 +196,13 @@ static void prefix_uncache(struct kv_cache *kv, int32_t b) {
     p->n_cached--;
 }
 
-/* The cached block after (parent, parent_gen) holding tokens[0, block_size), or -1. */
-static int32_t prefix_find(const struct kv_cache *kv, int32_t parent, uint32_t parent_gen,
+/* The cached block after (parent, parent_gen) holding tokens[0, block_size), or -1;
+ * h: their prefix_hash (the caller keeps it to insert a block there). */
+static int32_t prefix_find(const struct kv_cache *kv, uint32_t h, int32_t parent, uint32_t parent_gen,
                            const int32_t *tokens) {
     const struct kv_prefix *p = kv->prefix;
     const size_t bytes = (size_t)kv->block_size * sizeof *tokens;
-    for (int32_t b = p->bucket[prefix_hash(p, parent, parent_gen, tokens, kv->block_size)]; b >= 0;
-         b = p->next[b])
+    for (int32_t b = p->bucket[h]; b >= 0; b = p->next[b])
         if (p->parent[b] == parent && p->parent_gen[b] == parent_gen &&
             !memcmp(p->tokens + (int64_t)b * kv->block_size, tokens, bytes))
             return b;
@@ -248,7 +248,8 @@ int32_t kv_cache_prefix_attach(struct kv_cache *kv, int32_t slot, const int32_t 
     int32_t parent = -1, nb = 0;
     uint32_t parent_gen = 0;
     for (; (int64_t)(nb + 1) * bs <= n - 1 && nb < kv->max_blocks_per_slot; nb++) {
-        int32_t b = prefix_find(kv, parent, parent_gen, tokens + (int64_t)nb * bs);
+        const int32_t *tok = tokens + (int64_t)nb * bs;
+        int32_t b = prefix_find(kv, prefix_hash(p, parent, parent_gen, tok, bs), parent, parent_gen, tok);
         if (b < 0) break;
         if (kv->refs[b]++ == 0) lru_unlink(p, b);
         table[nb] = b;
@@ -274,7 +275,8 @@ void kv_cache_prefix_publish(struct kv_cache *kv, int32_t slot, const int32_t *t
         if (!p->cached[b]) {
             /* an equal block already cached (two sequences computed the same prefix):
              * chain on from that one, leave this one private */
-            int32_t twin = prefix_find(kv, parent, parent_gen, tok);
+            uint32_t h = prefix_hash(p, parent, parent_gen, tok, bs);
+            int32_t twin = prefix_find(kv, h, parent, parent_gen, tok);
             if (twin >= 0) {
                 b = twin;
             } else {
@@ -282,7 +284,6 @@ void kv_cache_prefix_publish(struct kv_cache *kv, int32_t slot, const int32_t *t
                 p->parent[b] = parent;
                 p->parent_gen[b] = parent_gen;
                 p->gen[b]++;
-                uint32_t h = prefix_hash(p, parent, parent_gen, tok, bs);
                 p->next[b] = p->bucket[h];
                 p->bucket[h] = b;
                 p->cached[b] = true;
