@@ -127,6 +127,13 @@ static void http_stream_free(void *cls) {
     free(hs);
 }
 
+/* The app's answer to hr's whole body (inline, or on a worker while c sleeps). */
+static void http_handle(struct http_server *h, struct http_request *hr, struct MHD_Connection *c,
+                        const char *method, const char *url, struct srv_reply *out) {
+    srv_app_handle(h->app, method, url, hr->body.data ? hr->body.data : "", hr->body.len,
+                   hr->too_large, http_fd_gone, http_conn_fd(c), out);
+}
+
 /* Queues r on c; r's body and stream pass to MHD. */
 static enum MHD_Result http_send(struct MHD_Connection *c, struct srv_reply *r) {
     if (r->status == 0) {
@@ -237,8 +244,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
             reply = hr->reply;
             memset(&hr->reply, 0, sizeof hr->reply);
         } else {
-            srv_app_handle(h->app, method, url, hr->body.data ? hr->body.data : "", hr->body.len,
-                           hr->too_large, http_fd_gone, http_conn_fd(c), &reply);
+            http_handle(h, hr, c, method, url, &reply);
         }
         hr->job = HTTP_JOB_NONE;
         srv_buf_free(&hr->body);
@@ -280,8 +286,7 @@ static void *http_worker(void *arg) {
         h->jobs = hr->next_job;
         if (!h->jobs) h->jobs_tail = NULL;
         pthread_mutex_unlock(&h->mu);
-        srv_app_handle(h->app, hr->method, hr->url, hr->body.data ? hr->body.data : "", hr->body.len,
-                       hr->too_large, http_fd_gone, http_conn_fd(hr->conn), &hr->reply);
+        http_handle(h, hr, hr->conn, hr->method, hr->url, &hr->reply);
         pthread_mutex_lock(&h->mu);
         hr->job = HTTP_JOB_DONE;
         MHD_resume_connection(hr->conn);
