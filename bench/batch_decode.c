@@ -8,7 +8,11 @@
  * machine inflate least (its speedup is the one to read there). Both include the
  * greedy pick over each row's logits; "fwd cpu" is the forward calls' CPU time alone.
  *
- *   bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS]
+ * -P 1 adds, per batch size, one more repetition with the session's per-node profile
+ * on and prints each op family's microseconds per generated token (where a batched
+ * step's time goes).
+ *
+ *   bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS] [-P 1]
  */
 #include "llmopt.h"
 
@@ -71,12 +75,37 @@ static int run_batch(struct llmopt_session *s, int32_t n_vocab, int32_t B, int32
     return rc;
 }
 
+/* One more repetition with the per-node profile on: each op family's us per token. */
+static int print_profile(struct llmopt_session *s, int32_t n_vocab, int32_t B, int32_t steps) {
+    struct llmopt_err err = {0};
+    struct llmopt_profile p;
+    double w, c, f;
+    if (llmopt_session_profile_start(s, &err)) {
+        fprintf(stderr, "bench_batch_decode: %s\n", err.msg);
+        return 1;
+    }
+    int rc = run_batch(s, n_vocab, B, steps, &w, &c, &f);
+    llmopt_session_profile_read(s, &p);
+    llmopt_session_profile_stop(s);
+    if (rc) return rc;
+    double per = 1e6 / ((double)steps * B), fam = 0;
+    printf("       profile us/token:");
+    for (int i = 0; i < LLMOPT_OPS_COUNT; i++) {
+        /* the profile also counts the prompts' forwards: scale to the decode steps */
+        double sec = p.family[i].seconds * (f / p.forward_seconds);
+        fam += sec;
+        printf(" %s %.2f", llmopt_op_family_name((enum llmopt_op_family)i), sec * per);
+    }
+    printf(" | loop %.2f\n", (f - fam) * per);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS]\n");
+        fprintf(stderr, "usage: bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS] [-P 1]\n");
         return 2;
     }
-    int32_t threads = 1, min_b = 1, max_b = 32, steps = 64, reps = 5;
+    int32_t threads = 1, min_b = 1, max_b = 32, steps = 64, reps = 5, prof = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         int32_t v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "-t")) threads = v;
@@ -84,6 +113,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-m")) min_b = v;
         else if (!strcmp(argv[i], "-n")) steps = v;
         else if (!strcmp(argv[i], "-r")) reps = v;
+        else if (!strcmp(argv[i], "-P")) prof = v;
         else {
             fprintf(stderr, "bench_batch_decode: unknown option '%s'\n", argv[i]);
             return 2;
@@ -133,6 +163,7 @@ int main(int argc, char **argv) {
         }
         printf("%6d %14.2f %14.2f %12.2fx %12.2fx %14.2f %10.2fx\n", B, us, usc, base / us, base_cpu / usc, usf,
                base_fwd / usf);
+        if (prof && !rc) rc = print_profile(s, n_vocab, B, steps);
     }
     llmopt_session_free(s);
     llmopt_model_free(m);

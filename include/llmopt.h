@@ -58,6 +58,9 @@ void llmopt_model_free(struct llmopt_model *m);
 const char *llmopt_model_program(const struct llmopt_model *m); /* "llama" */
 int32_t llmopt_model_n_vocab(const struct llmopt_model *m);
 int32_t llmopt_model_ctx_train(const struct llmopt_model *m);   /* positions it was trained for */
+/* Threads a CPU session with n_threads 0 runs its kernels on: every CPU this process may
+ * use, at most one per 16 MiB of weights read per token (tiny models: 1). */
+int32_t llmopt_model_cpu_threads(const struct llmopt_model *m);
 /* Prints a GGUF file's metadata and tensor table (llmopt inspect). */
 enum llmopt_status llmopt_inspect_gguf(const char *path, FILE *out, struct llmopt_err *err);
 void llmopt_model_compile_stats(const struct llmopt_model *m, struct llmopt_compile_stats *out);
@@ -346,6 +349,8 @@ size_t llmopt_token_piece(const struct llmopt_model *m, int32_t id, char *buf, s
 const char *llmopt_token_text(const struct llmopt_model *m, int32_t id, size_t *len);
 /* Positions per sequence the session was created with (its resolved n_ctx). */
 int32_t llmopt_session_n_ctx(const struct llmopt_session *s);
+/* Threads the session's CPU kernels run on (its resolved n_threads); 0 on other backends. */
+int32_t llmopt_session_n_threads(const struct llmopt_session *s);
 
 #ifdef __cplusplus
 }

@@ -33,7 +33,7 @@ const char cli_usage_text[] =
     "  inspect FILE.gguf                  print metadata and the tensor table\n"
     "  serve MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel N] [--ctx TOKENS]\n"
     "        [--chat-template FILE] [--max-body BYTES] [--queue N] [--prefill-chunk N] [-t N]\n"
-    "        [--kv-type f16|q8_0|f32] [--stream-batch N] [--no-prefix-cache] [-v]\n"
+    "        [--engines N] [--kv-type f16|q8_0|f32] [--stream-batch N] [--no-prefix-cache] [-v]\n"
     "      OpenAI-compatible HTTP server with continuous batching (docs/server.md)\n"
     "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--kv-type T] [--dump-ir] [--no-passes]\n"
     "      bind the stock program, run the passes, plan memory, write ENGINE_DIR/model.llmopt\n"

@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include "server/server.h"
+#include "server/srv_sched.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -71,6 +72,10 @@ int cmd_serve(int argc, char **argv) {
             if (!parse_long(v, 1, SRV_STREAM_BATCH_MAX, &n))
                 return usage_error("serve: --stream-batch needs 1..14, got '%s'", v);
             o.stream_batch = (int32_t)n;
+        } else if (!strcmp(arg, "--engines")) {
+            if (!parse_long(v, 0, SRV_MAX_ENGINES, &n))
+                return usage_error("serve: --engines needs 0..16 (0: auto), got '%s'", v);
+            o.n_engines = (int32_t)n;
         } else if (!strcmp(arg, "--threads") || !strcmp(arg, "-t")) {
             if (!parse_long(v, 0, 4096, &n))
                 return usage_error("serve: --threads needs 0..4096 (0: auto), got '%s'", v);

@@ -36,6 +36,7 @@ struct llmopt_session {
     void *plan;               /* backend state */
     struct kv_cache *kv;
     int32_t n_ctx, n_batch, n_slots;
+    int32_t n_threads;        /* the CPU backend's kernel threads; 0 on other backends */
     int32_t *next_pos;        /* (n_slots) scratch for batch validation */
     int32_t *chunk_pos;       /* (n_batch) */
     int32_t *chunk_slot;      /* (n_batch) */
@@ -105,6 +106,12 @@ static void conv_state_dims(const struct ir_graph *g, int32_t n_conv, int32_t *r
     }
 }
 
+int32_t llmopt_model_cpu_threads(const struct llmopt_model *m) {
+    uint64_t enough = ir_weight_bytes_per_token(&m->ir) / SESSION_BYTES_PER_THREAD;
+    int cpus = cpu_features_get()->usable_cpus;
+    return enough < 1 ? 1 : enough < (uint64_t)cpus ? (int32_t)enough : cpus;
+}
+
 enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
                                          const struct llmopt_session_opts *opts,
                                          struct llmopt_session **out, struct llmopt_err *err) {
@@ -166,11 +173,8 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
         if (st) goto fail;
     }
     if (o.prefix_cache && !n_conv && (st = kv_cache_prefix_enable(s->kv, err))) goto fail;
-    if (!o.n_threads && backend == &cpu_backend_ops) {
-        uint64_t enough = ir_weight_bytes_per_token(&m->ir) / SESSION_BYTES_PER_THREAD;
-        int cpus = cpu_features_get()->usable_cpus;
-        o.n_threads = enough < 1 ? 1 : enough < (uint64_t)cpus ? (int32_t)enough : cpus;
-    }
+    if (!o.n_threads && backend == &cpu_backend_ops) o.n_threads = llmopt_model_cpu_threads(m);
+    s->n_threads = backend == &cpu_backend_ops ? o.n_threads : 0;
     /* A Model Program carries the plan for its batch size; other sizes plan again. */
     const struct mem_plan *plan = m->plan && m->plan->n_max == o.n_batch ? m->plan : NULL;
     st = s->backend->prepare(&m->ir, o.n_batch, o.n_ctx, plan, o.n_threads, &s->plan, err);
@@ -449,3 +453,7 @@ enum llmopt_status llmopt_model_memory(const struct llmopt_model *m, const struc
 
 int32_t session_n_ctx(const struct llmopt_session *s) { return s->n_ctx; }
 const struct llmopt_model *session_model(const struct llmopt_session *s) { return s->model; }
+
+int32_t llmopt_session_n_threads(const struct llmopt_session *s) {
+    return s->n_threads;
+}

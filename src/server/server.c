@@ -115,7 +115,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
                                 .stream_batch = o->stream_batch,
                                 .n_threads = o->n_threads,
                                 .kv_type = o->kv_type,
-                                .prefix_cache = o->prefix_cache};
+                                .prefix_cache = o->prefix_cache,
+                                .n_engines = o->n_engines};
     if ((st = srv_sched_create(model, &so, metrics, &sched, err))) goto done;
     model_id_of(o->model_path, model_id, sizeof model_id);
     struct srv_app_opts ao = {.model_id = model_id,
@@ -134,14 +135,19 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
                            .idle_timeout_s = 120};
     if ((st = http_server_start(&ho, app, &http, err))) goto done;
 
-    int32_t n_ctx = srv_sched_n_ctx(sched);
-    const struct llmopt_session *sess = srv_sched_session(sched);
+    int32_t n_ctx = srv_sched_n_ctx(sched), n_eng = srv_sched_n_engines(sched);
+    const struct llmopt_session *sess = srv_sched_session(sched, 0);
+    uint64_t kv_bytes = 0;
+    for (int32_t i = 0; i < n_eng; i++) kv_bytes += llmopt_session_kv_bytes(srv_sched_session(sched, i));
     fprintf(stderr,
             "llmopt serve: model %s (program %s, vocab %d); %d slots x %d positions = KV "
-            "capacity %lld tokens (%s, %.1f MiB); prefill chunk %d; queue %d; prefix cache %s\n",
+            "capacity %lld tokens (%s, %.1f MiB); %d engine%s x %d thread%s; prefill chunk %d; queue %d; "
+            "prefix cache %s\n",
             model_id, llmopt_model_program(model), llmopt_model_n_vocab(model), o->n_slots, n_ctx,
             (long long)o->n_slots * n_ctx, llmopt_kv_type_name(llmopt_session_kv_type(sess)),
-            (double)llmopt_session_kv_bytes(sess) / (1024.0 * 1024.0), o->prefill_chunk, o->queue_cap,
+            (double)kv_bytes / (1024.0 * 1024.0), n_eng, n_eng > 1 ? "s" : "",
+            llmopt_session_n_threads(sess), llmopt_session_n_threads(sess) > 1 ? "s" : "", o->prefill_chunk,
+            o->queue_cap,
             llmopt_session_prefix_cache_on(sess) ? "on" : o->prefix_cache ? "off (state not per position)" : "off");
     if (!tmpl)
         fprintf(stderr, "llmopt serve: no chat template: %s; /v1/chat/completions answers 400\n",

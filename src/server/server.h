@@ -26,7 +26,8 @@ struct srv_opts {
     int32_t prefill_chunk;          /* prompt tokens per step */
     int32_t queue_cap;              /* requests waiting for a slot */
     int32_t stream_batch;           /* tokens per reader wake-up while streams share steps */
-    int32_t n_threads;              /* CPU threads for kernels; 0: every CPU */
+    int32_t n_threads;              /* CPU threads for each engine's kernels; 0: automatic */
+    int32_t n_engines;              /* sessions with a scheduler thread each (--engines); 0: automatic */
     enum llmopt_kv_type kv_type;    /* KV cache element type; DEFAULT: the model's / f16 */
     size_t max_body;                /* bytes of a request body */
     bool prefix_cache;              /* reuse the KV blocks of prompt prefixes seen before */

@@ -29,8 +29,10 @@ void srv_metrics_request(struct srv_metrics *m, enum srv_endpoint ep, int status
 void srv_metrics_tokens(struct srv_metrics *m, int64_t prompt, int64_t cached, int64_t generated);
 void srv_metrics_ttft(struct srv_metrics *m, double seconds);
 void srv_metrics_itl(struct srv_metrics *m, double seconds);
-/* Gauges, published by the scheduler after each step. */
-void srv_metrics_gauges(struct srv_metrics *m, int64_t queue_depth, int64_t running,
+/* Gauges, published by each engine's scheduler after each step (engine <
+ * SRV_METRICS_MAX_ENGINES); /metrics shows their sums. */
+#define SRV_METRICS_MAX_ENGINES 16
+void srv_metrics_gauges(struct srv_metrics *m, int engine, int64_t queue_depth, int64_t running,
                         int64_t kv_blocks_in_use, int64_t kv_blocks_cached);
 void srv_metrics_cancelled(struct srv_metrics *m);
 

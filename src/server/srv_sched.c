@@ -7,12 +7,14 @@
  *   per row: sample, detokenize, match stop sequences, post an event
  *   retire finished or cancelled requests: reset their slot, drop their reference
  *
- * Locks: s->mu guards the wait queue and the wake counter; r->mu guards a request's
- * event ring and finish state. Neither is held across a forward. Order: s->mu before
- * r->mu (admission checks waiters under s->mu); HTTP threads drop r->mu before they
- * take s->mu to wake the scheduler. */
+ * Locks: e->mu guards the wait queue and the wake counter; r->mu guards a request's
+ * event ring and finish state. Neither is held across a forward. Order: e->mu before
+ * r->mu (admission checks waiters under e->mu); HTTP threads drop r->mu before they
+ * take e->mu to wake the scheduler. */
 #define _GNU_SOURCE /* memmem */
 #include "server/srv_sched.h"
+
+#include "base/cpu_features.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,7 +26,7 @@
 #include <time.h>
 
 struct srv_req {
-    struct srv_sched *sched;
+    struct srv_engine *eng; /* the engine it was submitted to */
     atomic_int refs; /* the HTTP side and the scheduler */
 
     /* Set by submit, read-only afterwards. */
@@ -69,7 +71,9 @@ struct srv_req {
     int32_t wake_events; /* SRV_EVENT_CAP - 2 for a whole-result reader, else 1 */
 };
 
-struct srv_sched {
+/* One engine: a session, its scheduler thread and its wait queue. */
+struct srv_engine {
+    int32_t index; /* in the set, for the metrics' per-engine gauges */
     const struct llmopt_model *model;
     struct llmopt_session *session;
     struct srv_metrics *metrics;
@@ -112,10 +116,10 @@ static double now_seconds(void) {
 }
 
 /* Ends the scheduler's current phase, charging its time to p. */
-static void sched_lap(struct srv_sched *s, enum srv_phase p) {
+static void sched_lap(struct srv_engine *e, enum srv_phase p) {
     double t = now_seconds();
-    s->lap[p] += t - s->lap_t;
-    s->lap_t = t;
+    e->lap[p] += t - e->lap_t;
+    e->lap_t = t;
 }
 
 void srv_event_clear(struct srv_event *ev) {
@@ -143,20 +147,20 @@ static void req_unref(struct srv_req *r) {
     if (atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
 }
 
-static void sched_wake(struct srv_sched *s) {
-    pthread_mutex_lock(&s->mu);
-    s->wake_seq++;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+static void sched_wake(struct srv_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->wake_seq++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
-enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec *spec,
+static enum srv_submit engine_submit(struct srv_engine *e, const struct srv_req_spec *spec,
                                  struct srv_req **out, struct llmopt_err *err) {
     *out = NULL;
-    if (spec->n_prompt < 1 || spec->n_prompt >= s->n_ctx || spec->n_stop > SRV_MAX_STOP ||
+    if (spec->n_prompt < 1 || spec->n_prompt >= e->n_ctx || spec->n_stop > SRV_MAX_STOP ||
         spec->logprobs > SRV_MAX_TOP_LOGPROBS) {
         snprintf(err->msg, sizeof err->msg, "submit: prompt of %d tokens, context %d",
-                 spec->n_prompt, s->n_ctx);
+                 spec->n_prompt, e->n_ctx);
         err->status = LLMOPT_ERR_INVALID_ARG;
         return SRV_SUBMIT_ERROR;
     }
@@ -165,10 +169,10 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->refs, 2);
-    r->sched = s;
+    r->eng = e;
     r->slot = -1;
     r->n_prompt = spec->n_prompt;
-    int64_t room = s->n_ctx - spec->n_prompt;
+    int64_t room = e->n_ctx - spec->n_prompt;
     r->max_new =
         (int32_t)(spec->max_tokens >= 0 && spec->max_tokens < room ? spec->max_tokens : room);
     r->logprobs = spec->logprobs;
@@ -185,26 +189,26 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
     r->gone = spec->gone;
     r->gone_arg = spec->gone_arg;
     r->wake_events = spec->whole ? SRV_EVENT_CAP - 2 : 1;
-    if (llmopt_detok_create(s->model, &r->detok, err)) {
+    if (llmopt_detok_create(e->model, &r->detok, err)) {
         req_free(r);
         return SRV_SUBMIT_ERROR;
     }
     for (int32_t i = 0; i < r->n_prompt; i++) llmopt_detok_push(r->detok, r->tokens[i]);
     r->t_submit = now_seconds();
 
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&e->mu);
     /* Requests that a free slot will take at the next step do not count against the
      * wait queue. */
-    int32_t free_slots = s->n_slots - atomic_load(&s->n_running);
-    enum srv_submit res = s->stopping                               ? SRV_SUBMIT_STOPPING
-                          : s->q_count >= s->queue_cap + free_slots ? SRV_SUBMIT_FULL
+    int32_t free_slots = e->n_slots - atomic_load(&e->n_running);
+    enum srv_submit res = e->stopping                               ? SRV_SUBMIT_STOPPING
+                          : e->q_count >= e->queue_cap + free_slots ? SRV_SUBMIT_FULL
                                                                     : SRV_SUBMIT_OK;
     if (res == SRV_SUBMIT_OK) {
-        s->queue[(s->q_head + s->q_count++) % s->q_size] = r;
-        s->wake_seq++;
-        pthread_cond_signal(&s->cv);
+        e->queue[(e->q_head + e->q_count++) % e->q_size] = r;
+        e->wake_seq++;
+        pthread_cond_signal(&e->cv);
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&e->mu);
     if (res != SRV_SUBMIT_OK) {
         req_free(r);
         return res;
@@ -247,7 +251,7 @@ enum srv_next srv_req_next(struct srv_req *r, struct srv_event *ev, int timeout_
         res = SRV_NEXT_END;
     }
     pthread_mutex_unlock(&r->mu);
-    if (was_full) sched_wake(r->sched); /* the scheduler skipped r for want of room */
+    if (was_full) sched_wake(r->eng); /* the scheduler skipped r for want of room */
     return res;
 }
 
@@ -281,7 +285,7 @@ void srv_req_release(struct srv_req *r) {
     r->reader_wake = NULL; /* the reader and its client are gone */
     r->gone = NULL;
     pthread_mutex_unlock(&r->mu);
-    if (running) sched_wake(r->sched);
+    if (running) sched_wake(r->eng);
     req_unref(r);
 }
 
@@ -365,12 +369,12 @@ static void req_set_finish(struct srv_req *r, enum srv_finish f, const char *err
 }
 
 /* Frees r's slot and hands r back: the reader sees SRV_NEXT_END after its events. */
-static void sched_retire(struct srv_sched *s, struct srv_req *r) {
+static void sched_retire(struct srv_engine *e, struct srv_req *r) {
     if (r->slot >= 0) {
-        llmopt_session_reset(s->session, r->slot);
-        s->slot_busy[r->slot] = false;
+        llmopt_session_reset(e->session, r->slot);
+        e->slot_busy[r->slot] = false;
         r->slot = -1;
-        atomic_fetch_sub(&s->n_running, 1);
+        atomic_fetch_sub(&e->n_running, 1);
     }
     pthread_mutex_lock(&r->mu);
     if (r->finish == SRV_FINISH_NONE)
@@ -378,8 +382,8 @@ static void sched_retire(struct srv_sched *s, struct srv_req *r) {
     enum srv_finish f = r->finish;
     pthread_mutex_unlock(&r->mu);
     req_notify(r, true);
-    if (f == SRV_FINISH_CANCEL) srv_metrics_cancelled(s->metrics);
-    srv_metrics_tokens(s->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_cached, r->n_gen);
+    if (f == SRV_FINISH_CANCEL) srv_metrics_cancelled(e->metrics);
+    srv_metrics_tokens(e->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_cached, r->n_gen);
     req_unref(r);
 }
 
@@ -473,20 +477,20 @@ static void req_release_text(struct srv_req *r, size_t n, bool final, const stru
 }
 
 /* Samples the next token of r from its logits row and posts the result. */
-static void req_sample(struct srv_sched *s, struct srv_req *r, const float *row) {
-    memcpy(s->scratch, row, (size_t)s->n_vocab * sizeof *s->scratch);
-    int32_t id = llmopt_sampler_sample(r->sampler, s->scratch, r->tokens,
+static void req_sample(struct srv_engine *e, struct srv_req *r, const float *row) {
+    memcpy(e->scratch, row, (size_t)e->n_vocab * sizeof *e->scratch);
+    int32_t id = llmopt_sampler_sample(r->sampler, e->scratch, r->tokens,
                                        (size_t)(r->n_prompt + r->n_gen), NULL);
     double t = now_seconds();
     if (r->n_gen == 0)
-        srv_metrics_ttft(s->metrics, t - r->t_submit);
+        srv_metrics_ttft(e->metrics, t - r->t_submit);
     else
-        srv_metrics_itl(s->metrics, t - r->t_last);
+        srv_metrics_itl(e->metrics, t - r->t_last);
     r->t_last = t;
 
     size_t n = 0;
     bool ok = piece_add(r, &n, r->held, r->held_len);
-    if (llmopt_token_is_eog(s->model, id)) { /* not posted, not counted */
+    if (llmopt_token_is_eog(e->model, id)) { /* not posted, not counted */
         const char *tail = llmopt_detok_flush(r->detok);
         if (ok && piece_add(r, &n, tail, strlen(tail))) {
             req_release_text(r, n, true, NULL);
@@ -495,7 +499,7 @@ static void req_sample(struct srv_sched *s, struct srv_req *r, const float *row)
         }
     } else {
         struct srv_event tok = {.token = id};
-        if (r->logprobs >= 0) logprobs_fill(row, s->n_vocab, id, r->logprobs, &tok);
+        if (r->logprobs >= 0) logprobs_fill(row, e->n_vocab, id, r->logprobs, &tok);
         r->tokens[r->n_prompt + r->n_gen++] = id;
         bool last = r->n_gen >= r->max_new;
         const char *text = llmopt_detok_push(r->detok, id);
@@ -515,101 +519,101 @@ static void req_sample(struct srv_sched *s, struct srv_req *r, const float *row)
 
 /* ---- the loop ---- */
 
-/* Under s->mu: drops cancelled waiters, then fills free slots in arrival order. */
-static void sched_admit_locked(struct srv_sched *s) {
+/* Under e->mu: drops cancelled waiters, then fills free slots in arrival order. */
+static void sched_admit_locked(struct srv_engine *e) {
     int32_t kept = 0;
-    for (int32_t i = 0; i < s->q_count; i++) {
-        struct srv_req *r = s->queue[(s->q_head + i) % s->q_size];
+    for (int32_t i = 0; i < e->q_count; i++) {
+        struct srv_req *r = e->queue[(e->q_head + i) % e->q_size];
         if (req_cancelled(r))
-            sched_retire(s, r);
+            sched_retire(e, r);
         else
-            s->queue[(s->q_head + kept++) % s->q_size] = r;
+            e->queue[(e->q_head + kept++) % e->q_size] = r;
     }
-    s->q_count = kept;
-    while (s->q_count > 0 && s->n_active < s->n_slots) {
-        struct srv_req *r = s->queue[s->q_head];
-        s->q_head = (s->q_head + 1) % s->q_size;
-        s->q_count--;
+    e->q_count = kept;
+    while (e->q_count > 0 && e->n_active < e->n_slots) {
+        struct srv_req *r = e->queue[e->q_head];
+        e->q_head = (e->q_head + 1) % e->q_size;
+        e->q_count--;
         int32_t slot = 0;
-        while (s->slot_busy[slot]) slot++;
-        s->slot_busy[slot] = true;
+        while (e->slot_busy[slot]) slot++;
+        e->slot_busy[slot] = true;
         r->slot = slot;
-        r->n_fed = r->n_cached = llmopt_session_prefix_attach(s->session, slot, r->tokens, r->n_prompt);
-        atomic_fetch_add(&s->n_running, 1);
-        s->active[s->n_active++] = r;
+        r->n_fed = r->n_cached = llmopt_session_prefix_attach(e->session, slot, r->tokens, r->n_prompt);
+        atomic_fetch_add(&e->n_running, 1);
+        e->active[e->n_active++] = r;
     }
 }
 
 /* Builds and runs one step. Returns false when no request could make progress. */
-static bool sched_step(struct srv_sched *s) {
+static bool sched_step(struct srv_engine *e) {
     int32_t n = 0, n_out = 0;
     bool progressed = false;
     /* Cancelled requests leave first; newly admitted ones get their sampler. */
     int32_t kept = 0;
-    for (int32_t i = 0; i < s->n_active; i++) {
-        struct srv_req *r = s->active[i];
+    for (int32_t i = 0; i < e->n_active; i++) {
+        struct srv_req *r = e->active[i];
         struct llmopt_err err = {0};
         if (!req_cancelled(r) &&
-            (r->sampler || !llmopt_sampler_create(&r->sampling, s->n_vocab, &r->sampler, &err))) {
-            s->active[kept++] = r;
+            (r->sampler || !llmopt_sampler_create(&r->sampling, e->n_vocab, &r->sampler, &err))) {
+            e->active[kept++] = r;
             continue;
         }
         if (!r->sampler && !req_cancelled(r)) req_set_finish(r, SRV_FINISH_ERROR, err.msg);
-        sched_retire(s, r);
+        sched_retire(e, r);
         progressed = true;
     }
-    s->n_active = kept;
+    e->n_active = kept;
     /* Decode tokens: the last sampled token of each generating request. */
-    for (int32_t i = 0; i < s->n_active; i++) {
-        struct srv_req *r = s->active[i];
+    for (int32_t i = 0; i < e->n_active; i++) {
+        struct srv_req *r = e->active[i];
         r->n_step = 0;
         if (r->n_fed < r->n_prompt || !req_has_room(r)) continue;
-        s->tokens[n] = r->tokens[r->n_fed];
-        s->positions[n] = r->n_fed;
-        s->slots[n] = r->slot;
-        s->out_rows[n_out] = n;
-        s->out_req[n_out++] = r;
+        e->tokens[n] = r->tokens[r->n_fed];
+        e->positions[n] = r->n_fed;
+        e->slots[n] = r->slot;
+        e->out_rows[n_out] = n;
+        e->out_req[n_out++] = r;
         r->n_step = 1;
         n++;
     }
     /* Prompt chunks, oldest request first. */
-    int32_t budget = s->prefill_chunk;
-    for (int32_t i = 0; i < s->n_active && budget > 0 && n < s->n_batch; i++) {
-        struct srv_req *r = s->active[i];
+    int32_t budget = e->prefill_chunk;
+    for (int32_t i = 0; i < e->n_active && budget > 0 && n < e->n_batch; i++) {
+        struct srv_req *r = e->active[i];
         if (r->n_fed >= r->n_prompt) continue;
         int32_t chunk = r->n_prompt - r->n_fed;
         if (chunk > budget) chunk = budget;
-        if (chunk > s->n_batch - n) chunk = s->n_batch - n;
+        if (chunk > e->n_batch - n) chunk = e->n_batch - n;
         for (int32_t t = 0; t < chunk; t++) {
-            s->tokens[n + t] = r->tokens[r->n_fed + t];
-            s->positions[n + t] = r->n_fed + t;
-            s->slots[n + t] = r->slot;
+            e->tokens[n + t] = r->tokens[r->n_fed + t];
+            e->positions[n + t] = r->n_fed + t;
+            e->slots[n + t] = r->slot;
         }
         n += chunk;
         budget -= chunk;
         r->n_step = chunk;
         if (r->n_fed + chunk == r->n_prompt) {
-            s->out_rows[n_out] = n - 1;
-            s->out_req[n_out++] = r;
+            e->out_rows[n_out] = n - 1;
+            e->out_req[n_out++] = r;
         }
     }
-    sched_lap(s, SRV_PHASE_BATCH);
+    sched_lap(e, SRV_PHASE_BATCH);
     if (n == 0) return progressed;
 
     /* The session returns at least one row; a step of prompt chunks only ignores it. */
     int32_t n_rows = n_out;
-    if (n_rows == 0) s->out_rows[n_rows++] = n - 1;
+    if (n_rows == 0) e->out_rows[n_rows++] = n - 1;
     const float *logits = NULL;
     struct llmopt_err err = {0};
     const double forward_t0 = now_seconds();
-    enum llmopt_status st = llmopt_session_forward(s->session, n, s->tokens, s->positions, s->slots,
-                                                   n_rows, s->out_rows, &logits, &err);
-    sched_lap(s, SRV_PHASE_FORWARD);
-    s->lap_tokens += n;
-    s->lap_rows += n_out;
+    enum llmopt_status st = llmopt_session_forward(e->session, n, e->tokens, e->positions, e->slots,
+                                                   n_rows, e->out_rows, &logits, &err);
+    sched_lap(e, SRV_PHASE_FORWARD);
+    e->lap_tokens += n;
+    e->lap_rows += n_out;
     if (st) fprintf(stderr, "llmopt serve: forward failed: %s\n", err.msg);
-    for (int32_t i = 0; i < s->n_active; i++) {
-        struct srv_req *r = s->active[i];
+    for (int32_t i = 0; i < e->n_active; i++) {
+        struct srv_req *r = e->active[i];
         if (!r->n_step) continue;
         if (st) {
             req_set_finish(r, SRV_FINISH_ERROR, err.msg);
@@ -623,11 +627,11 @@ static bool sched_step(struct srv_sched *s) {
          * and new sequences would take cold blocks instead (stories260K's server
          * forwards ran ~40% slower so). The next turn of a chat reuses its previous
          * prompt and computes the answer again. */
-        if (prompt_done) llmopt_session_prefix_publish(s->session, r->slot, r->tokens, r->n_prompt);
+        if (prompt_done) llmopt_session_prefix_publish(e->session, r->slot, r->tokens, r->n_prompt);
     }
     if (!st)
         for (int32_t j = 0; j < n_out; j++)
-            req_sample(s, s->out_req[j], logits + (size_t)j * (size_t)s->n_vocab);
+            req_sample(e, e->out_req[j], logits + (size_t)j * (size_t)e->n_vocab);
     /* Readers are woken only now: a woken HTTP thread can take the core from the
      * scheduler, and waking them one row at a time let that happen up to once a row. The
      * event was queued under r->mu, so a reader either saw it or already waits. While
@@ -641,65 +645,65 @@ static bool sched_step(struct srv_sched *s) {
      * real model's tokens are never held a whole step. A reader that wants the whole
      * result only (a non-streamed reply) is woken once SRV_EVENT_CAP - 2 events wait, so
      * that the request never sits out a step for want of room, or at the end. */
-    const bool short_step = s->lap_t - forward_t0 < SRV_STREAM_BATCH_MAX_STEP_S;
-    int32_t batch = s->n_active > 1 && short_step ? s->stream_batch : 1;
+    const bool short_step = e->lap_t - forward_t0 < SRV_STREAM_BATCH_MAX_STEP_S;
+    int32_t batch = e->n_active > 1 && short_step ? e->stream_batch : 1;
     for (int32_t j = 0; j < n_out; j++) {
-        struct srv_req *r = s->out_req[j];
+        struct srv_req *r = e->out_req[j];
         int32_t want = r->wake_events > batch ? r->wake_events : batch;
         if (!r->wake || (r->pending < want && r->finish == SRV_FINISH_NONE)) continue;
         r->wake = false;
         req_notify(r, false);
     }
-    sched_lap(s, SRV_PHASE_SAMPLE);
+    sched_lap(e, SRV_PHASE_SAMPLE);
     /* Retire what finished. */
     kept = 0;
-    for (int32_t i = 0; i < s->n_active; i++) {
-        struct srv_req *r = s->active[i];
+    for (int32_t i = 0; i < e->n_active; i++) {
+        struct srv_req *r = e->active[i];
         pthread_mutex_lock(&r->mu);
         bool finished = r->finish != SRV_FINISH_NONE;
         pthread_mutex_unlock(&r->mu);
         if (finished)
-            sched_retire(s, r);
+            sched_retire(e, r);
         else
-            s->active[kept++] = r;
+            e->active[kept++] = r;
     }
-    s->n_active = kept;
+    e->n_active = kept;
     return true;
 }
 
-static void sched_publish(struct srv_sched *s, int32_t queued) {
-    srv_metrics_gauges(s->metrics, queued, s->n_active,
-                       llmopt_session_kv_blocks_in_use(s->session),
-                       llmopt_session_kv_blocks_cached(s->session));
-    sched_lap(s, SRV_PHASE_RETIRE);
-    srv_metrics_step(s->metrics, s->lap_tokens, s->lap_rows, s->lap);
-    memset(s->lap, 0, sizeof s->lap);
-    s->lap_tokens = s->lap_rows = 0;
+static void sched_publish(struct srv_engine *e, int32_t queued) {
+    srv_metrics_gauges(e->metrics, e->index, queued, e->n_active,
+                       llmopt_session_kv_blocks_in_use(e->session),
+                       llmopt_session_kv_blocks_cached(e->session));
+    sched_lap(e, SRV_PHASE_RETIRE);
+    srv_metrics_step(e->metrics, e->lap_tokens, e->lap_rows, e->lap);
+    memset(e->lap, 0, sizeof e->lap);
+    e->lap_tokens = e->lap_rows = 0;
 }
 
 static void *sched_main(void *arg) {
-    struct srv_sched *s = arg;
-    s->lap_t = now_seconds();
-    pthread_mutex_lock(&s->mu);
-    while (!s->stopping) {
-        sched_lap(s, SRV_PHASE_IDLE);
-        if (s->lap_t - s->t_watch >= SRV_WATCH_MS * 1e-3) { /* clients that went away */
-            s->t_watch = s->lap_t;
-            for (int32_t i = 0; i < s->q_count; i++) req_watch(s->queue[(s->q_head + i) % s->q_size]);
-            for (int32_t i = 0; i < s->n_active; i++) req_watch(s->active[i]);
+    struct srv_engine *e = arg;
+    e->lap_t = now_seconds();
+    pthread_mutex_lock(&e->mu);
+    while (!e->stopping) {
+        sched_lap(e, SRV_PHASE_IDLE);
+        if (e->lap_t - e->t_watch >= SRV_WATCH_MS * 1e-3) { /* clients that went away */
+            e->t_watch = e->lap_t;
+            for (int32_t i = 0; i < e->q_count; i++) req_watch(e->queue[(e->q_head + i) % e->q_size]);
+            for (int32_t i = 0; i < e->n_active; i++) req_watch(e->active[i]);
         }
-        sched_admit_locked(s);
-        uint64_t seq = s->wake_seq;
-        int32_t queued = s->q_count;
-        pthread_mutex_unlock(&s->mu);
-        bool worked = s->n_active > 0 && sched_step(s);
-        sched_publish(s, queued);
-        pthread_mutex_lock(&s->mu);
-        if (worked || s->stopping || s->wake_seq != seq) continue;
+        sched_admit_locked(e);
+        uint64_t seq = e->wake_seq;
+        int32_t queued = e->q_count;
+        pthread_mutex_unlock(&e->mu);
+        bool worked = e->n_active > 0 && sched_step(e);
+        sched_publish(e, queued);
+        pthread_mutex_lock(&e->mu);
+        if (worked || e->stopping || e->wake_seq != seq) continue;
         /* Idle, or every running request waits for its reader: sleep until a submit,
          * a cancel or a reader making room bumps wake_seq. */
-        if (s->n_active == 0) {
-            pthread_cond_wait(&s->cv, &s->mu);
+        if (e->n_active == 0) {
+            pthread_cond_wait(&e->cv, &e->mu);
         } else {
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
@@ -708,30 +712,33 @@ static void *sched_main(void *arg) {
                 until.tv_sec++;
                 until.tv_nsec -= 1000000000L;
             }
-            pthread_cond_timedwait(&s->cv, &s->mu, &until);
+            pthread_cond_timedwait(&e->cv, &e->mu, &until);
         }
     }
     /* Shutting down: everyone still here ends with an error. */
-    while (s->q_count > 0) {
-        struct srv_req *r = s->queue[s->q_head];
-        s->q_head = (s->q_head + 1) % s->q_size;
-        s->q_count--;
+    while (e->q_count > 0) {
+        struct srv_req *r = e->queue[e->q_head];
+        e->q_head = (e->q_head + 1) % e->q_size;
+        e->q_count--;
         req_set_finish(r, SRV_FINISH_ERROR, "the server is shutting down");
-        sched_retire(s, r);
+        sched_retire(e, r);
     }
-    pthread_mutex_unlock(&s->mu);
-    for (int32_t i = 0; i < s->n_active; i++) {
-        req_set_finish(s->active[i], SRV_FINISH_ERROR, "the server is shutting down");
-        sched_retire(s, s->active[i]);
+    pthread_mutex_unlock(&e->mu);
+    for (int32_t i = 0; i < e->n_active; i++) {
+        req_set_finish(e->active[i], SRV_FINISH_ERROR, "the server is shutting down");
+        sched_retire(e, e->active[i]);
     }
-    s->n_active = 0;
-    sched_publish(s, 0);
+    e->n_active = 0;
+    sched_publish(e, 0);
     return NULL;
 }
 
-enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct srv_sched_opts *o,
-                                    struct srv_metrics *metrics, struct srv_sched **out,
-                                    struct llmopt_err *err) {
+static void engine_free(struct srv_engine *e);
+
+/* Engine `index` with its own session of o->n_slots slots and o->n_threads threads. */
+static enum llmopt_status engine_create(const struct llmopt_model *m, const struct srv_sched_opts *o,
+                                        int32_t index, struct srv_metrics *metrics,
+                                        struct srv_engine **out, struct llmopt_err *err) {
     *out = NULL;
     if (o->n_slots < 1 || o->prefill_chunk < 1 || o->queue_cap < 1 || o->n_ctx < 0 ||
         o->stream_batch < 1 || o->stream_batch > SRV_EVENT_CAP - 2) {
@@ -741,52 +748,53 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
                  o->n_slots, o->prefill_chunk, o->queue_cap, o->stream_batch);
         return err->status;
     }
-    struct srv_sched *s = calloc(1, sizeof *s);
-    if (!s) goto nomem;
-    s->model = m;
-    s->metrics = metrics;
-    s->n_slots = o->n_slots;
-    s->prefill_chunk = o->prefill_chunk;
-    s->queue_cap = o->queue_cap;
-    s->stream_batch = o->stream_batch;
-    s->n_vocab = llmopt_model_n_vocab(m);
-    s->n_batch = o->n_slots + o->prefill_chunk;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    struct srv_engine *e = calloc(1, sizeof *e);
+    if (!e) goto nomem;
+    e->index = index;
+    e->model = m;
+    e->metrics = metrics;
+    e->n_slots = o->n_slots;
+    e->prefill_chunk = o->prefill_chunk;
+    e->queue_cap = o->queue_cap;
+    e->stream_batch = o->stream_batch;
+    e->n_vocab = llmopt_model_n_vocab(m);
+    e->n_batch = o->n_slots + o->prefill_chunk;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
     struct llmopt_session_opts so = {
-        .n_ctx = o->n_ctx, .n_batch = s->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads,
+        .n_ctx = o->n_ctx, .n_batch = e->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads,
         .kv_type = o->kv_type, .prefix_cache = o->prefix_cache};
-    enum llmopt_status st = llmopt_session_create(m, &so, &s->session, err);
+    enum llmopt_status st = llmopt_session_create(m, &so, &e->session, err);
     if (st) {
-        srv_sched_free(s);
+        engine_free(e);
         return st;
     }
-    s->n_ctx = llmopt_session_n_ctx(s->session);
-    if (s->n_batch > s->n_ctx * s->n_slots) s->n_batch = s->n_ctx * s->n_slots;
-    s->q_size = s->queue_cap + s->n_slots;
-    s->queue = calloc((size_t)s->q_size, sizeof *s->queue);
-    s->active = calloc((size_t)s->n_slots, sizeof *s->active);
-    s->slot_busy = calloc((size_t)s->n_slots, sizeof *s->slot_busy);
-    s->tokens = calloc((size_t)s->n_batch, sizeof *s->tokens);
-    s->positions = calloc((size_t)s->n_batch, sizeof *s->positions);
-    s->slots = calloc((size_t)s->n_batch, sizeof *s->slots);
-    s->out_rows = calloc((size_t)s->n_batch, sizeof *s->out_rows);
-    s->out_req = calloc((size_t)s->n_batch, sizeof *s->out_req);
-    s->scratch = calloc((size_t)s->n_vocab, sizeof *s->scratch);
-    if (!s->queue || !s->active || !s->slot_busy || !s->tokens || !s->positions || !s->slots ||
-        !s->out_rows || !s->out_req || !s->scratch) {
-        srv_sched_free(s);
+    e->n_ctx = llmopt_session_n_ctx(e->session);
+    if (e->n_batch > e->n_ctx * e->n_slots) e->n_batch = e->n_ctx * e->n_slots;
+    e->q_size = e->queue_cap + e->n_slots;
+    e->queue = calloc((size_t)e->q_size, sizeof *e->queue);
+    e->active = calloc((size_t)e->n_slots, sizeof *e->active);
+    e->slot_busy = calloc((size_t)e->n_slots, sizeof *e->slot_busy);
+    e->tokens = calloc((size_t)e->n_batch, sizeof *e->tokens);
+    e->positions = calloc((size_t)e->n_batch, sizeof *e->positions);
+    e->slots = calloc((size_t)e->n_batch, sizeof *e->slots);
+    e->out_rows = calloc((size_t)e->n_batch, sizeof *e->out_rows);
+    e->out_req = calloc((size_t)e->n_batch, sizeof *e->out_req);
+    e->scratch = calloc((size_t)e->n_vocab, sizeof *e->scratch);
+    if (!e->queue || !e->active || !e->slot_busy || !e->tokens || !e->positions || !e->slots ||
+        !e->out_rows || !e->out_req || !e->scratch) {
+        engine_free(e);
         goto nomem;
     }
-    if (pthread_create(&s->thread, NULL, sched_main, s)) {
-        srv_sched_free(s);
+    if (pthread_create(&e->thread, NULL, sched_main, e)) {
+        engine_free(e);
         err->status = LLMOPT_ERR_NOMEM;
         snprintf(err->msg, sizeof err->msg, "scheduler: cannot start its thread");
         return err->status;
     }
-    s->thread_started = true;
-    pthread_setname_np(s->thread, "llmopt-sched"); /* for top, perf and bench/server_load.mjs */
-    *out = s;
+    e->thread_started = true;
+    pthread_setname_np(e->thread, "llmopt-sched"); /* for top, perf and bench/server_load.mjs */
+    *out = e;
     return LLMOPT_OK;
 nomem:
     err->status = LLMOPT_ERR_NOMEM;
@@ -794,42 +802,138 @@ nomem:
     return err->status;
 }
 
+static void engine_stop(struct srv_engine *e) {
+    if (!e || !e->thread_started) return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->thread_started = false;
+}
+
+static void engine_free(struct srv_engine *e) {
+    if (!e) return;
+    engine_stop(e);
+    llmopt_session_free(e->session);
+    free(e->queue);
+    free(e->active);
+    free(e->slot_busy);
+    free(e->tokens);
+    free(e->positions);
+    free(e->slots);
+    free(e->out_rows);
+    free(e->out_req);
+    free(e->scratch);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+
+/* ---- the set of engines ---- */
+
+struct srv_sched {
+    struct srv_engine *eng[SRV_MAX_ENGINES];
+    int32_t n_eng;
+};
+
+/* Requests an engine holds: running plus waiting. */
+static int32_t engine_load(struct srv_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int32_t load = atomic_load(&e->n_running) + e->q_count;
+    pthread_mutex_unlock(&e->mu);
+    return load;
+}
+
+/* The least loaded engine; among equals the one the prompt's first block names (FNV-1a
+ * of up to 16 tokens), so that a prompt sent again while the server is quiet meets its
+ * own prefix cache. */
+static struct srv_engine *engine_pick(struct srv_sched *s, const struct srv_req_spec *spec) {
+    uint32_t h = 2166136261u;
+    for (int32_t i = 0; i < spec->n_prompt && i < 16; i++) h = (h ^ (uint32_t)spec->prompt[i]) * 16777619u;
+    int32_t first = (int32_t)(h % (uint32_t)s->n_eng), best = first, best_load = engine_load(s->eng[first]);
+    for (int32_t i = 0; i < s->n_eng && best_load > 0; i++) {
+        int32_t load = i == first ? best_load : engine_load(s->eng[i]);
+        if (load < best_load) best = i, best_load = load;
+    }
+    return s->eng[best];
+}
+
+enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec *spec,
+                                 struct srv_req **out, struct llmopt_err *err) {
+    return engine_submit(engine_pick(s, spec), spec, out, err);
+}
+
+/* Engines for o->n_engines = 0: a forward that uses fewer threads than this process has
+ * CPUs (a small model; session.c's rule) leaves CPUs that only another engine can use,
+ * as long as each engine keeps at least 8 slots to batch. */
+static int32_t engines_auto(const struct llmopt_model *m, const struct srv_sched_opts *o) {
+    int32_t threads = o->n_threads ? o->n_threads : llmopt_model_cpu_threads(m);
+    int32_t n = cpu_features_get()->usable_cpus / threads;
+    if (n > o->n_slots / 8) n = o->n_slots / 8;
+    if (n > SRV_MAX_ENGINES) n = SRV_MAX_ENGINES;
+    return n < 1 ? 1 : n;
+}
+
+enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct srv_sched_opts *o,
+                                    struct srv_metrics *metrics, struct srv_sched **out,
+                                    struct llmopt_err *err) {
+    *out = NULL;
+    if (o->n_engines < 0 || o->n_engines > SRV_MAX_ENGINES || o->n_engines > o->n_slots) {
+        err->status = LLMOPT_ERR_INVALID_ARG;
+        snprintf(err->msg, sizeof err->msg, "scheduler: %d engines for %d slots (1..%d, at most one a slot)",
+                 o->n_engines, o->n_slots, SRV_MAX_ENGINES);
+        return err->status;
+    }
+    struct srv_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        err->status = LLMOPT_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "scheduler: out of memory");
+        return err->status;
+    }
+    int32_t n = o->n_engines ? o->n_engines : engines_auto(m, o);
+    enum llmopt_status st = LLMOPT_OK;
+    for (int32_t i = 0; i < n; i++) { /* slots and queue places split as evenly as they go */
+        struct srv_sched_opts eo = *o;
+        eo.n_slots = o->n_slots / n + (i < o->n_slots % n);
+        eo.queue_cap = o->queue_cap / n + (i < o->queue_cap % n);
+        if (eo.queue_cap < 1) eo.queue_cap = 1;
+        if ((st = engine_create(m, &eo, i, metrics, &s->eng[i], err))) goto fail;
+        s->n_eng++;
+    }
+    *out = s;
+    return LLMOPT_OK;
+fail:
+    srv_sched_free(s);
+    return st;
+}
+
 void srv_sched_stop(struct srv_sched *s) {
-    if (!s || !s->thread_started) return;
-    pthread_mutex_lock(&s->mu);
-    s->stopping = true;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
-    s->thread_started = false;
+    if (!s) return;
+    for (int32_t i = 0; i < s->n_eng; i++) engine_stop(s->eng[i]);
 }
 
 void srv_sched_free(struct srv_sched *s) {
     if (!s) return;
-    srv_sched_stop(s);
-    llmopt_session_free(s->session);
-    free(s->queue);
-    free(s->active);
-    free(s->slot_busy);
-    free(s->tokens);
-    free(s->positions);
-    free(s->slots);
-    free(s->out_rows);
-    free(s->out_req);
-    free(s->scratch);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
+    for (int32_t i = 0; i < s->n_eng; i++) engine_free(s->eng[i]);
     free(s);
 }
 
-const struct llmopt_session *srv_sched_session(const struct srv_sched *s) {
-    return s->session;
+int32_t srv_sched_n_engines(const struct srv_sched *s) {
+    return s->n_eng;
+}
+
+const struct llmopt_session *srv_sched_session(const struct srv_sched *s, int32_t engine) {
+    return s->eng[engine]->session;
 }
 
 int32_t srv_sched_n_running(const struct srv_sched *s) {
-    return atomic_load(&((struct srv_sched *)s)->n_running);
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_eng; i++) n += atomic_load(&s->eng[i]->n_running);
+    return n;
 }
 
 int32_t srv_sched_n_ctx(const struct srv_sched *s) {
-    return s->n_ctx;
+    return s->eng[0]->n_ctx;
 }

@@ -1,4 +1,6 @@
-/* Continuous batching: one scheduler thread owns the session. Requests wait in a
+/* Continuous batching: one scheduler thread owns a session (an engine); a server runs
+ * one engine or several, each with its own session, slots and thread (data
+ * parallelism for models whose kernels are too small to split across CPUs). Requests wait in a
  * bounded queue, are admitted into free sequence slots between steps, and each step
  * runs one token-batch forward that mixes the decode tokens of running requests with
  * chunks of new prompts. Results flow back to the HTTP threads through a small
@@ -59,7 +61,12 @@ struct srv_sched_opts {
     int32_t n_threads;     /* CPU threads for the session's kernels; 0: every CPU */
     enum llmopt_kv_type kv_type; /* KV cache element type */
     bool prefix_cache;           /* reuse KV blocks of prompt prefixes computed before */
+    /* Engines (sessions with their own scheduler thread) sharing the n_slots slots and
+     * the queue places; n_threads is each engine's. 0: automatic, one engine per
+     * llmopt_model_cpu_threads CPUs of the process, while each keeps >= 8 slots. */
+    int32_t n_engines;
 };
+#define SRV_MAX_ENGINES 16
 
 struct srv_sched;
 struct srv_req;
@@ -67,14 +74,15 @@ struct srv_req;
 enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct srv_sched_opts *o,
                                     struct srv_metrics *metrics, struct srv_sched **out,
                                     struct llmopt_err *err);
-/* Ends every queued and running request (SRV_FINISH_ERROR) and joins the thread. */
+/* Ends every queued and running request (SRV_FINISH_ERROR) and joins the threads. */
 void srv_sched_stop(struct srv_sched *s);
 /* After srv_sched_stop and after every request was released. */
 void srv_sched_free(struct srv_sched *s);
 int32_t srv_sched_n_ctx(const struct srv_sched *s);
-/* Requests holding a slot now (any thread; a snapshot). */
+/* Requests holding a slot now, in every engine (any thread; a snapshot). */
 int32_t srv_sched_n_running(const struct srv_sched *s);
-const struct llmopt_session *srv_sched_session(const struct srv_sched *s);
+int32_t srv_sched_n_engines(const struct srv_sched *s);
+const struct llmopt_session *srv_sched_session(const struct srv_sched *s, int32_t engine);
 
 /* A check the scheduler runs on a request's client every SRV_WATCH_MS while the
  * request waits or runs: true when the client went away (the request is then
@@ -103,6 +111,7 @@ enum srv_submit {
     SRV_SUBMIT_STOPPING, /* the server is shutting down */
     SRV_SUBMIT_ERROR,    /* err says why (bad sampling parameters, out of memory) */
 };
+/* Queues the request at the least loaded engine (see srv_sched.c). */
 enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec *spec,
                                  struct srv_req **out, struct llmopt_err *err);
 

@@ -5,7 +5,11 @@
  *   - a whole-result reader (non-streamed reply) is woken only when its ring is nearly
  *     full or the request ends, and gets the same greedy text;
  *   - a request whose client went away is cancelled by the watch, running (its reader
- *     never reads, so it would otherwise wait forever) or still queued. */
+ *     never reads, so it would otherwise wait forever) or still queued;
+ *   - with two engines of one slot each, two requests run at once (the second goes to
+ *     the idle engine) and both give the one-engine greedy text; the automatic count
+ *     follows the CPUs and the slots. */
+#include "base/cpu_features.h"
 #include "server/srv_metrics.h"
 #include "server/srv_sched.h"
 #include "test.h"
@@ -59,8 +63,8 @@ static bool wait_wake(struct parking *p) {
     return ok;
 }
 
-static struct srv_sched *start(struct llmopt_model **m, struct srv_metrics **metrics,
-                               int32_t n_slots) {
+static struct srv_sched *start_engines(struct llmopt_model **m, struct srv_metrics **metrics,
+                                       int32_t n_slots, int32_t n_engines) {
     struct llmopt_err err = {0};
     *m = NULL;
     *metrics = srv_metrics_create();
@@ -68,10 +72,15 @@ static struct srv_sched *start(struct llmopt_model **m, struct srv_metrics **met
     if (!*m || !*metrics) return NULL;
     struct srv_sched_opts o = {.n_slots = n_slots, .n_ctx = 256, .prefill_chunk = 64,
                                .queue_cap = 4, .stream_batch = 1, .n_threads = 1,
-                               .kv_type = LLMOPT_KV_F16};
+                               .kv_type = LLMOPT_KV_F16, .n_engines = n_engines};
     struct srv_sched *s = NULL;
     CHECK_MSG(srv_sched_create(*m, &o, *metrics, &s, &err) == LLMOPT_OK, "%s", err.msg);
     return s;
+}
+
+static struct srv_sched *start(struct llmopt_model **m, struct srv_metrics **metrics,
+                               int32_t n_slots) {
+    return start_engines(m, metrics, n_slots, 1);
 }
 
 static void stop(struct srv_sched *s, struct llmopt_model *m, struct srv_metrics *metrics) {
@@ -230,4 +239,62 @@ static void test_watch_cancels(void) {
     stop(s, m, metrics);
 }
 
-TEST_MAIN(test_park_stream_and_whole, test_watch_cancels)
+/* Reads r to its end with blocking srv_req_next; the text into text. */
+static void read_all(struct srv_req *r, char *text, size_t cap) {
+    size_t len = 0;
+    struct srv_event ev;
+    enum srv_next nx;
+    while ((nx = srv_req_next(r, &ev, 10000)) != SRV_NEXT_END) {
+        CHECK_MSG(nx == SRV_NEXT_EVENT, "no event within 10 s");
+        if (nx != SRV_NEXT_EVENT) break;
+        if (ev.text_len && len + ev.text_len < cap) {
+            memcpy(text + len, ev.text, ev.text_len);
+            len += ev.text_len;
+        }
+        srv_event_clear(&ev);
+    }
+    text[len] = 0;
+}
+
+static void test_engines(void) {
+    struct llmopt_model *m;
+    struct srv_metrics *metrics;
+    char alone[4096], text[2][4096];
+    struct srv_sched *s = start(&m, &metrics, 1);
+    if (!s) return;
+    struct srv_req *r = submit(s, 48, false, NULL);
+    if (r) {
+        read_all(r, alone, sizeof alone);
+        srv_req_release(r);
+    }
+    stop(s, m, metrics);
+
+    s = start_engines(&m, &metrics, 2, 2);
+    if (!s) return;
+    CHECK_EQ_INT(srv_sched_n_engines(s), 2);
+    /* a: its reader waits, so it holds its engine's only slot; b must go to the other */
+    struct srv_req *a = submit(s, 48, false, NULL), *b = submit(s, 48, false, NULL);
+    if (!a || !b) return;
+    for (int i = 0; i < 500 && srv_sched_n_running(s) < 2; i++) {
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    CHECK_EQ_INT(srv_sched_n_running(s), 2);
+    read_all(a, text[0], sizeof text[0]);
+    read_all(b, text[1], sizeof text[1]);
+    CHECK(strlen(alone) > 0);
+    CHECK_MSG(!strcmp(text[0], alone), "engine text \"%s\" vs alone \"%s\"", text[0], alone);
+    CHECK_MSG(!strcmp(text[1], alone), "engine text \"%s\" vs alone \"%s\"", text[1], alone);
+    srv_req_release(a);
+    srv_req_release(b);
+    stop(s, m, metrics);
+
+    /* automatic: one engine per CPU (one thread each) while each keeps 8 slots */
+    s = start_engines(&m, &metrics, 16, 0);
+    if (!s) return;
+    int32_t cpus = cpu_features_get()->usable_cpus, want = cpus < 2 ? cpus : 2;
+    CHECK_EQ_INT(srv_sched_n_engines(s), want);
+    stop(s, m, metrics);
+}
+
+TEST_MAIN(test_park_stream_and_whole, test_watch_cancels, test_engines)
