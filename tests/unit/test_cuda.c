@@ -787,6 +787,7 @@ static int32_t gb_heads_of(struct gb *b, int32_t x, int64_t h, int64_t dh, bool 
  * (one launch for q/k/v with v written head-major, one for both ropes, one for
  * gate/up); the 20-token batch runs unfused in the same session. */
 static double fusion_tol; /* when not 0: fusion_case's tolerance (int8 x) */
+static bool fusion_long;  /* fusion_case over 600+ positions (split decode attention, several groups a warp) */
 static int fusion_tv = -1; /* when >= 0: the type of v and ffn_down (as Q4_K_M files mix q4_K and q6_K) */
 
 static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int64_t dh, int64_t ff, bool qk_norm,
@@ -824,6 +825,9 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
     }
     static const struct batch_spec small[] = {{4, 1, 1}, {1, 1, 1}, {1, 1, 1}, {3, 2, 2}, {8, 2, 2}, {1, 1, 1}, {1, 1, 1}};
     static const struct batch_spec mixed[] = {{4, 1, 1}, {1, 1, 1}, {20, 2, 2}, {1, 1, 1}, {3, 3, 3}, {1, 1, 1}};
+    static const struct batch_spec longer[] = {{300, 1, 1}, {300, 1, 1}, {1, 1, 1}, {1, 1, 1}, {3, 1, 1}, {1, 1, 1}};
+    const struct batch_spec *steps = fusion_long ? longer : with_prefill ? mixed : small;
+    const int n_steps = fusion_long || with_prefill ? 6 : 7;
     char what[96];
     uint64_t kernels[2] = {0, 0};
     /* the 20-token step's f16/bf16 products run through cuBLAS with x rounded to f16/bf16 */
@@ -834,20 +838,26 @@ static void fusion_case(enum ir_dtype t, int64_t dm, int64_t h, int64_t hkv, int
     for (int unfused = 0; unfused < 2; unfused++) { /* the fused schedule, then the A/B switch off */
         snprintf(what, sizeof what, "%s %s%s%s H%lld/%lld Dh%lld%s%s%s%s", unfused ? "unfused" : "fused", ir_dtype_name(t),
                  tv != t ? "/" : "", tv != t ? ir_dtype_name(tv) : "", (long long)h, (long long)hkv, (long long)dh,
-                 qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "", with_prefill ? " +20 tokens" : "",
-                 norm_prologue ? " norm prologue" : "");
+                 qk_norm ? " qk_norm" : "", v_bias ? " v_bias" : "",
+                 fusion_long ? " 600+ positions" : with_prefill ? " +20 tokens" : "", norm_prologue ? " norm prologue" : "");
         if (unfused) setenv("LLMOPT_CUDA_FUSE", "0", 1);
         setenv("LLMOPT_CUDA_ATT_MMA", "0", 1); /* f32 attention in the 20-token batch: the f32 bound */
         setenv("LLMOPT_CUDA_FUSE_NORM", norm_prologue ? "1" : "0", 1); /* the block norms inside the matvecs, or not */
-        compare_graph(what, &b, x, with_prefill ? mixed : small, with_prefill ? 6 : 7, 64, tol);
+        compare_graph(what, &b, x, steps, n_steps, fusion_long ? 1024 : 64, tol);
         kernels[unfused] = last_kernels_run;
         unsetenv("LLMOPT_CUDA_FUSE");
         unsetenv("LLMOPT_CUDA_FUSE_NORM");
         unsetenv("LLMOPT_CUDA_ATT_MMA");
     }
     /* per layer and fused step: k and v products, v's permute, the q/k chains (norm,
-     * permute, rope twice -> one launch), the up product */
-    uint64_t fused_steps = with_prefill ? 5 : 7, saved = (uint64_t)(2 * (qk_norm ? 9 : 7)) * fused_steps;
+     * permute, rope twice -> one launch), the up product; and in one-token steps that
+     * launch too (inside the attention kernel; head dims here: multiples of 4, <= 128) */
+    uint64_t fused_steps = 0, one_token = 0;
+    for (int k = 0; k < n_steps; k++) {
+        fused_steps += steps[k].n <= 16;
+        one_token += steps[k].n == 1;
+    }
+    uint64_t saved = (uint64_t)(2 * (qk_norm ? 9 : 7)) * fused_steps + 2 * one_token;
     CHECK_MSG(kernels[0] + saved == kernels[1], "%s: %llu kernels fused, %llu unfused (expected %llu fewer)", what,
               (unsigned long long)kernels[0], (unsigned long long)kernels[1], (unsigned long long)saved);
     if (with_prefill) { /* the 20-token step: each layer's q/k chains as one launch each, v's
@@ -881,6 +891,12 @@ static void test_decode_fusion(void) {
     fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
     fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, true, false);
     fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, true, false);
+    /* one-token steps at 600+ positions: 9 splits of 2 groups a warp, q/k rotated by the
+     * attention kernel; the 3-token step launches the chains apart */
+    fusion_long = true;
+    fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
+    fusion_case(IR_DTYPE_Q8_0, 256, 16, 8, 64, 256, false, false, false, true);
+    fusion_long = false;
     /* K-quants (cu_matvec_kq_multi): one type, then q4_K with a q6_K v and ffn_down (a
      * q/k/v launch of mixed segments), with and without the rms_norm prologue, launch
      * shapes (rows a warp, next loads in flight or not, one block an SM) */

@@ -90,15 +90,13 @@ static __device__ __forceinline__ void att_merge_splits(const struct cu_attentio
 
 /* What a decode block (context split `split`, query head h, token t) works on: its KV
  * head, the token's position and slot, and its positions [begin, end) — whole ATT_CHUNK
- * chunks of the (windowed) context, split as evenly as the chunk count allows. With
- * APPEND the first block of each KV head also writes the token's own K/V row (k_own,
- * v_own: the k/v inputs, [n_kv_heads, n_tok, Dh]) into the cache. */
+ * chunks of the (windowed) context, split as evenly as the chunk count allows; k_own,
+ * v_own: the token's own K/V head rows in the k/v inputs, [n_kv_heads, n_tok, Dh]. */
 struct att_span {
     int kvh, row_elems;
     int32_t p, slot, begin, end;
     const float *k_own, *v_own;
 };
-template <bool APPEND>
 static __device__ __forceinline__ struct att_span att_decode_span(const struct cu_attention &a, int split, int h,
                                                                   int t) {
     struct att_span sp;
@@ -115,15 +113,21 @@ static __device__ __forceinline__ struct att_span att_decode_span(const struct c
     const int64_t own = ((int64_t)sp.kvh * a.n_tok + t) * Dh, own_tm = (int64_t)t * sp.row_elems + (int64_t)sp.kvh * Dh;
     sp.k_own = a.k + (a.k_tok_major ? own_tm : own);
     sp.v_own = a.v + (a.v_tok_major ? own_tm : own);
-    if (APPEND && split == 0 && h % group == 0) {
-        const int64_t row =
-            kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, sp.p) * sp.row_elems + (int64_t)sp.kvh * Dh;
-        for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-            a.k_cache[row + d] = sp.k_own[d];
-            a.v_cache[row + d] = sp.v_own[d];
-        }
-    }
     return sp;
+}
+
+/* APPEND: the first block of each KV head writes the token's own K/V row into the
+ * cache (k_row: the K row to store, the k input's or the block's rotated one). */
+static __device__ __forceinline__ void att_append_own(const struct cu_attention &a, const struct att_span &sp,
+                                                      int split, int h, const float *k_row) {
+    if (split != 0 || h % (a.n_heads / a.n_kv_heads)) return;
+    const int Dh = a.head_dim;
+    const int64_t row =
+        kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, sp.p) * sp.row_elems + (int64_t)sp.kvh * Dh;
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+        a.k_cache[row + d] = k_row[d];
+        a.v_cache[row + d] = sp.v_own[d];
+    }
 }
 
 /* APPEND (one token): the kernel appends the token's K/V itself (a block per KV head
@@ -144,7 +148,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     constexpr int nw = ATT_THREADS / CU_WARP;
-    const struct att_span sp = att_decode_span<APPEND>(a, split, h, t);
+    const struct att_span sp = att_decode_span(a, split, h, t);
+    if (APPEND) att_append_own(a, sp, split, h, sp.k_own);
     const int kvh = sp.kvh, row_elems = sp.row_elems;
     const int32_t p = sp.p, slot = sp.slot, begin = sp.begin, end = sp.end;
     const float *k_own = sp.k_own, *v_own = sp.v_own;
@@ -251,81 +256,145 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
  * most 128: a lane holds 4 dims of a row). One block per (split, head, token), the
  * split's positions as in attention_partial_kernel; warp w takes positions w, w + 4,
  * ... of each group of ATT_WCHUNK: the lanes find 16 rows through the block table at
- * once, load 16 K rows (16 independent 16-byte loads a lane), score them (warp sums),
- * update the warp's own running max / sum / weighted V sum with 16 V rows in flight.
- * The four warps merge at the end; splits merge as in attention_partial_kernel
- * (counters, last block), and APPEND has the same meaning. */
+ * once, load 16 K rows and 16 V rows (32 independent 16-byte loads a lane), score the
+ * K rows (warp sums), update the warp's own running max / sum / weighted V sum. The
+ * four warps merge at the end; splits merge as in attention_partial_kernel (counters,
+ * last block), and APPEND has the same meaning.
+ * kv_before_wait (APPEND only): the positions, slots and block table are step inputs and
+ * the cached rows were written by earlier steps, so the first group's rows are found
+ * and loaded before the PDL wait, while the kernel before (the q/k/v product) runs; the
+ * token's own row comes from the inputs after the wait.
+ * rope_c (APPEND only): q and k are the raw [rms_norm ->] rope inputs; warps 0 and 1 of
+ * every block normalize and rotate the block's q row and the token's k row into shared
+ * memory (cu_norm_rope's arithmetic), and the appended K row is the rotated one. */
 #define ATT_WPOS 16                        /* positions per warp per group */
 #define ATT_WCHUNK (ATT_WPOS * ATT_THREADS / CU_WARP)
+
+/* Lane i < ATT_WPOS of warp `warp` finds the cache offset of the warp's i-th position
+ * of the group at c0 (-1: past the span or the token's own position); the warp's count
+ * of positions in the group. */
+static __device__ __forceinline__ int att_warp_rows(const struct cu_attention &a, const struct att_span &sp, int32_t c0,
+                                                    int warp, int lane, int64_t *off) {
+    constexpr int nw = ATT_THREADS / CU_WARP;
+    const int32_t mine = c0 + warp + nw * lane;
+    *off = -1;
+    if (lane < ATT_WPOS && mine < sp.end && mine != sp.p)
+        *off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, mine) * sp.row_elems +
+               (int64_t)sp.kvh * a.head_dim;
+    return min(ATT_WPOS, max(0, (sp.end - c0 - warp + nw - 1) / nw));
+}
+
+/* The warp's K and V rows of a group (this lane's 4 dims; zeros where there is none,
+ * and at the token's own position, which att_warp_own fills). */
+static __device__ __forceinline__ void att_warp_load(const struct cu_attention &a, int64_t off, int n_mine, bool dl,
+                                                     int lane, float4 *kk, float4 *vv) {
+    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < ATT_WPOS; i++) {
+        const int64_t oi = __shfl_sync(0xffffffffu, off, i);
+        kk[i] = vv[i] = zero4;
+        if (i < n_mine && dl && oi >= 0) {
+            kk[i] = *(const float4 *)(a.k_cache + oi + 4 * lane);
+            vv[i] = *(const float4 *)(a.v_cache + oi + 4 * lane);
+        }
+    }
+}
+
 template <bool APPEND>
 __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
-    cu_pdl_wait();    /* launched as a dependent itself */
+    const bool early = APPEND && a.kv_before_wait;
+    if (!early) cu_pdl_wait(); /* launched as a dependent itself */
     constexpr int nw = ATT_THREADS / CU_WARP;
     __shared__ float wm[nw], wl[nw];
     __shared__ __align__(16) float wacc[nw][128];
+    __shared__ __align__(16) float qk[2][128]; /* rope_c: the rotated q and own k rows */
     __shared__ float ms[CU_ATT_MAX_SPLITS], ws[CU_ATT_MAX_SPLITS];
     __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
-    const struct att_span sp = att_decode_span<APPEND>(a, split, h, t);
-    const int kvh = sp.kvh, row_elems = sp.row_elems;
-    const int32_t p = sp.p, slot = sp.slot, begin = sp.begin, end = sp.end;
-    const float *k_own = sp.k_own, *v_own = sp.v_own;
+    const struct att_span sp = att_decode_span(a, split, h, t);
+    const int32_t p = sp.p, begin = sp.begin, end = sp.end;
     const bool dl = 4 * lane < Dh; /* this lane's 4 dims exist */
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float4 q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
+    float4 kk[ATT_WPOS], vv[ATT_WPOS];
+    int64_t off;
+    int n_mine = att_warp_rows(a, sp, begin, warp, lane, &off);
+    att_warp_load(a, off, n_mine, dl, lane, kk, vv);
+    if (early) cu_pdl_wait(); /* q, k, v of this step, and the scratch of the last attention */
+    const float *k_own = sp.k_own;
+    float4 q;
+    if (APPEND && a.rope_c) {
+        if (warp < 2) {
+            const float *x = warp == 0 ? a.q + (int64_t)h * Dh : sp.k_own; /* one token: [H, Dh] */
+            const float *wn = warp == 0 ? a.q_norm_w : a.k_norm_w;
+            float scale = 1.0f;
+            if (wn) {
+                float ss = 0.0f;
+                for (int k = lane; k < Dh; k += CU_WARP) ss += x[k] * x[k];
+                ss = cu_warp_sum(ss);
+                scale = 1.0f / sqrtf(ss / (float)Dh + (warp == 0 ? a.q_eps : a.k_eps));
+            }
+            const int half = Dh / 2;
+            for (int k = lane; k < half; k += CU_WARP) {
+                float x0 = x[k], x1 = x[k + half];
+                if (wn) {
+                    x0 = x0 * scale * wn[k];
+                    x1 = x1 * scale * wn[k + half];
+                }
+                qk[warp][k] = x0 * a.rope_c[k] - x1 * a.rope_s[k];
+                qk[warp][k + half] = x1 * a.rope_c[k + half] + x0 * a.rope_s[k + half];
+            }
+        }
+        __syncthreads();
+        k_own = qk[1];
+        q = dl ? *(const float4 *)&qk[0][4 * lane] : zero4;
+    } else {
+        q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
+    }
+    if (APPEND) att_append_own(a, sp, split, h, k_own);
     float m = -INFINITY, l = 0.0f;
     float4 acc = zero4;
-    for (int32_t c0 = begin; c0 < end; c0 += ATT_WCHUNK) {
-        /* this warp's positions c0 + warp + nw * i, i < ATT_WPOS; lane i finds row i */
-        const int32_t mine = c0 + warp + nw * lane;
-        int64_t off = -1;
-        if (lane < ATT_WPOS && mine < end && mine != p)
-            off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, mine) * row_elems + (int64_t)kvh * Dh;
-        const int n_mine = min(ATT_WPOS, max(0, (end - c0 - warp + nw - 1) / nw));
-        if (n_mine == 0) continue;
-        float4 kv[ATT_WPOS];
+    for (int32_t c0 = begin; c0 < end;) {
+        if (n_mine > 0) {
 #pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            const int64_t oi = __shfl_sync(0xffffffffu, off, i);
-            const int32_t pi = c0 + warp + nw * i;
-            kv[i] = zero4;
-            if (i < n_mine && dl) kv[i] = *(const float4 *)((pi == p ? k_own : a.k_cache + oi) + 4 * lane);
-        }
-        float sc[ATT_WPOS], cmax = -INFINITY;
+            for (int i = 0; i < ATT_WPOS; i++) /* the token's own row, from the inputs */
+                if (c0 + warp + nw * i == p && dl) {
+                    kk[i] = *(const float4 *)(k_own + 4 * lane);
+                    vv[i] = *(const float4 *)(sp.v_own + 4 * lane);
+                }
+            float sc[ATT_WPOS], cmax = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            float d = q.x * kv[i].x + q.y * kv[i].y + q.z * kv[i].z + q.w * kv[i].w;
-            d = cu_warp_sum(d) * a.scale;
-            sc[i] = i < n_mine ? d : -INFINITY;
-            cmax = fmaxf(cmax, sc[i]);
-        }
+            for (int i = 0; i < ATT_WPOS; i++) {
+                float d = q.x * kk[i].x + q.y * kk[i].y + q.z * kk[i].z + q.w * kk[i].w;
+                d = cu_warp_sum(d) * a.scale;
+                sc[i] = i < n_mine ? d : -INFINITY;
+                cmax = fmaxf(cmax, sc[i]);
+            }
+            const float new_m = fmaxf(m, cmax);
+            const float corr = expf(m - new_m); /* 0 on the warp's first group (m = -inf) */
+            float csum = 0.0f;
+            acc.x *= corr;
+            acc.y *= corr;
+            acc.z *= corr;
+            acc.w *= corr;
 #pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            const int64_t oi = __shfl_sync(0xffffffffu, off, i);
-            const int32_t pi = c0 + warp + nw * i;
-            kv[i] = zero4;
-            if (i < n_mine && dl) kv[i] = *(const float4 *)((pi == p ? v_own : a.v_cache + oi) + 4 * lane);
+            for (int i = 0; i < ATT_WPOS; i++) {
+                const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
+                csum += e;
+                acc.x += e * vv[i].x;
+                acc.y += e * vv[i].y;
+                acc.z += e * vv[i].z;
+                acc.w += e * vv[i].w;
+            }
+            l = l * corr + csum;
+            m = new_m;
         }
-        const float new_m = fmaxf(m, cmax);
-        const float corr = expf(m - new_m); /* 0 on the warp's first group (m = -inf) */
-        float csum = 0.0f;
-        acc.x *= corr;
-        acc.y *= corr;
-        acc.z *= corr;
-        acc.w *= corr;
-#pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
-            csum += e;
-            acc.x += e * kv[i].x;
-            acc.y += e * kv[i].y;
-            acc.z += e * kv[i].z;
-            acc.w += e * kv[i].w;
+        c0 += ATT_WCHUNK;
+        if (c0 < end) {
+            n_mine = att_warp_rows(a, sp, c0, warp, lane, &off);
+            att_warp_load(a, off, n_mine, dl, lane, kk, vv);
         }
-        l = l * corr + csum;
-        m = new_m;
     }
     /* the warps' results, merged by the block */
     if (lane == 0) {
@@ -794,6 +863,10 @@ static cudaError_t fa_launch(dim3 grid, cudaStream_t st, const struct cu_attenti
     return cudaGetLastError();
 }
 
+bool cu_attention_rope_ok(const struct cu_attention *a) {
+    return a->n_tok == 1 && a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position;
+}
+
 bool cu_attention_mma_ok(const struct cu_attention *a) {
     return !a->tiled_f32 && a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->n_kv_heads > 0 &&
            a->n_heads / a->n_kv_heads <= FA_ROWS && (a->head_dim == 64 || a->head_dim == 96 || a->head_dim == 128);
@@ -805,6 +878,7 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
         a->n_heads > 65535 || a->n_tok > 65535 || a->splits < 1 ||
         (a->splits > 1 && (!a->part || !a->counters || (int64_t)a->n_tok * a->n_heads > CU_ATT_COUNTERS)))
         return cudaErrorInvalidValue;
+    if ((a->rope_c || a->kv_before_wait) && !cu_attention_rope_ok(a)) return cudaErrorInvalidValue;
     bool tiled = cu_attention_tiled_ok(a);
     cudaError_t e;
     if (tiled || a->n_tok > 1) { /* one token appends inside the attention kernel */
