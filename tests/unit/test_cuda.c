@@ -895,7 +895,7 @@ static void test_decode_fusion(void) {
      * attention kernel; the 3-token step launches the chains apart */
     fusion_long = true;
     fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
-    fusion_case(IR_DTYPE_Q8_0, 256, 16, 8, 64, 256, false, false, false, true);
+    fusion_case(IR_DTYPE_F32, 256, 16, 8, 64, 256, false, false, false, true);
     fusion_long = false;
     /* K-quants (cu_matvec_kq_multi): one type, then q4_K with a q6_K v and ffn_down (a
      * q/k/v launch of mixed segments), with and without the rms_norm prologue, launch

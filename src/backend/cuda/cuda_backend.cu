@@ -81,6 +81,7 @@ struct cuda_graph_entry {
     bool argmax;              /* the step ends in the device argmax, not the logits copy */
     cudaGraphExec_t exec;
     uint64_t last_used;
+    int32_t extra_kernels;    /* step_extra_kernels of the captured step */
 };
 
 #define CUDA_PROF_ROWS 64
@@ -193,6 +194,9 @@ struct cuda_state {
      * [1, H, N, Dh] permute that prefill steps skip, the kernels reading its source */
     int8_t *pf_tok_major;
     int32_t kernels_per_step_fused;
+    /* launches of the step beyond those counts (chains an ATT_ROPE attention launched
+     * apart), as enqueued or as captured into the replayed graph */
+    int32_t step_extra_kernels;
     /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
      * kind of kernel (prefill and decode apart), printed to stderr at release */
     bool profile;
@@ -381,10 +385,12 @@ static bool att_rope_fold(struct cuda_state *s, const struct cuda_fuse *f, struc
         norm_rope_part(s, f->m[1], f->out[1], &pk) != a->head_dim || pq.c != pk.c || pq.s != pk.s)
         return false;
     const struct cu_norm_rope_part *pp[2] = {&pq, &pk};
-    for (int k = 0; k < 2; k++)
-        if (pp[k]->rows.rank != 3 || pp[k]->rows.sb[1] != a->head_dim || pp[k]->rows.sa[1] != 0 ||
-            pp[k]->rows.sa[0] != pq.rows.sa[0] || pp[k]->rows.sa[2] != pq.rows.sa[2])
+    for (int k = 0; k < 2; k++) { /* rows [1, heads, 1]: the head strides matter where heads > 1 */
+        const struct cu_strided *r = &pp[k]->rows;
+        if (r->rank != 3 || r->dims[0] != 1 || r->dims[2] != 1 ||
+            (r->dims[1] > 1 && (r->sb[1] != a->head_dim || r->sa[1] != 0)))
             return false;
+    }
     a->q = pq.x;
     a->k = pk.x;
     a->rope_c = pq.c;
@@ -538,7 +544,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
         } else { /* the chains' launch (counted here: the step's count has it skipped) */
             enum llmopt_status st = run_norm_rope(s, &s->fuse[i], err);
             if (st) return st;
-            s->stats.kernels_run++;
+            s->step_extra_kernels++;
             s->prof_tag = "attention";
         }
     }
@@ -1723,6 +1729,7 @@ static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_b
 
 static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
                                       struct llmopt_err *err) {
+    s->step_extra_kernels = 0;
     if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, argmax, err);
     struct cuda_graph_entry *hit = NULL, *victim = &s->graphs[0];
     for (int k = 0; k < CUDA_GRAPH_CACHE; k++) {
@@ -1739,8 +1746,10 @@ static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_ba
         victim->n = b->n_tokens;
         victim->m = b->n_out;
         victim->argmax = argmax;
+        victim->extra_kernels = s->step_extra_kernels;
         hit = victim;
     }
+    s->step_extra_kernels = hit->extra_kernels;
     hit->last_used = ++s->graph_clock;
     CU_TRY(cudaGraphLaunch(hit->exec, s->stream));
     return LLMOPT_OK;
@@ -1834,7 +1843,7 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     }
     CU_TRY(cudaStreamSynchronize(s->stream));
     CU_TRY(cudaGetLastError());
-    s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step);
+    s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step) + s->step_extra_kernels;
     s->stats.steps++;
     if (s->profile) profile_collect(s, b->n_tokens > CUDA_GRAPH_MAX_N ? 0 : 1);
     if (ids)
