@@ -12,8 +12,8 @@
  *          every step.
  *
  * The KV cache lives on the device: a mirror of kv_cache.h's layout (per layer
- * (n_blocks * block_size, Hkv * Dh) f32), allocated on the first run that sees a given
- * cache. The session keeps owning block allocation on the host; the device gets a copy
+ * (n_blocks * block_size, Hkv * Dh) f32, or f16 for an f16 cache; a q8_0 cache is held
+ * as f16 on the device), allocated on the first run that sees a given cache. The session keeps owning block allocation on the host; the device gets a copy
  * of the block table only when it changes. Sampling stays on the host for now (the
  * logits rows come back), a later step moves it to the device. */
 extern "C" {
@@ -155,8 +155,9 @@ struct cuda_state {
     int64_t att_part_floats;
     /* KV mirror */
     const struct kv_cache *kv_owner;
-    float *kv_store;              /* device, every layer's K then V */
-    float **kv_k, **kv_v;         /* (kv_layers) device pointers into kv_store */
+    uint8_t *kv_store;            /* device, every layer's K then V */
+    void **kv_k, **kv_v;          /* (kv_layers) device pointers into kv_store */
+    bool kv_f16;                  /* the rows are f16 (the cache is not f32) */
     int32_t kv_layers;
     float **conv_state;           /* (conv_layers) device (n_slots, rows, C) conv state */
     int32_t conv_layers;
@@ -519,6 +520,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: attention layer %d has no KV cache", layer);
     a.k_cache = s->kv_k[layer];
     a.v_cache = s->kv_v[layer];
+    a.kv_f16 = s->kv_f16;
     a.block_table = s->d_block_table;
     a.block_size = s->kv_owner->block_size;
     a.max_blocks_per_slot = s->kv_owner->max_blocks_per_slot;
@@ -1604,21 +1606,24 @@ static enum llmopt_status ensure_kv(struct cuda_state *s, const struct kv_cache 
             CU_TRY(cudaMemsetAsync(s->conv_state[l], 0, bytes, s->stream));
         }
     }
-    size_t per_pos = 0;
-    for (int32_t l = 0; l < kv->n_layers; l++) per_pos += (size_t)kv->row_elems[l];
-    size_t positions = (size_t)kv->n_blocks * (size_t)kv->block_size;
-    s->kv_k = (float **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(float *));
-    s->kv_v = (float **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(float *));
+    /* f16 rows for f16 and q8_0 caches (q8_0 has no device kernels: its rows are kept at
+     * f16 precision, finer than the host's q8_0) */
+    s->kv_f16 = kv->dtype != KV_DTYPE_F32;
+    const size_t elem = s->kv_f16 ? 2 : 4, positions = (size_t)kv->n_blocks * (size_t)kv->block_size;
+    size_t bytes = 0; /* each layer's K and V 256-byte aligned (the kernels' 16-byte loads) */
+    for (int32_t l = 0; l < kv->n_layers; l++) bytes += 2 * ((positions * (size_t)kv->row_elems[l] * elem + 255) & ~(size_t)255);
+    s->kv_k = (void **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(void *));
+    s->kv_v = (void **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(void *));
     if (!s->kv_k || !s->kv_v) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
-    size_t bytes = 2 * positions * per_pos * sizeof(float);
     CU_TRY(cudaMalloc((void **)&s->kv_store, bytes ? bytes : 4));
     CU_TRY(cudaMemsetAsync(s->kv_store, 0, bytes, s->stream));
-    float *p = s->kv_store;
+    uint8_t *p = s->kv_store;
     for (int32_t l = 0; l < kv->n_layers; l++) {
+        size_t layer_bytes = (positions * (size_t)kv->row_elems[l] * elem + 255) & ~(size_t)255;
         s->kv_k[l] = p;
-        p += positions * (size_t)kv->row_elems[l];
+        p += layer_bytes;
         s->kv_v[l] = p;
-        p += positions * (size_t)kv->row_elems[l];
+        p += layer_bytes;
     }
     s->kv_layers = kv->n_layers;
     s->bt_elems = (int64_t)kv->n_slots * kv->max_blocks_per_slot;

@@ -232,7 +232,8 @@ struct cu_attention {
     float *out;             /* [1, N, H, Dh] */
     const int32_t *pos, *slot; /* (N) */
     const int32_t *block_table; /* (n_slots, max_blocks_per_slot) */
-    float *k_cache, *v_cache;   /* this layer: (n_blocks * block_size, Hkv * Dh) */
+    void *k_cache, *v_cache;    /* this layer: (n_blocks * block_size, Hkv * Dh), f32 or f16 */
+    bool kv_f16;                /* the cache rows are f16 (rounded to nearest even on append) */
     int n_tok, n_heads, n_kv_heads, head_dim;
     int block_size, max_blocks_per_slot;
     float scale;
