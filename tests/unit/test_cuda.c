@@ -10,7 +10,8 @@
  * 2. stories260K (F32) greedy for 256 tokens equals expected_greedy.json, with and
  *    without CUDA graphs.
  * 3. The torch goldens (tests/golden/<case>/golden.json) within 1e-4 with an f32 KV
- *    cache and within 5e-3 with the f16 default, as test_golden.c checks the CPU.
+ *    cache (the CUDA default) and within 5e-3 with an f16 one, as test_golden.c checks
+ *    the CPU.
  * Paths: $LLMOPT_STORIES_DIR (default ../shared/models/stories260K), tests/golden. */
 #include "backend/backend.h"
 #include "base/fp16.h"
@@ -915,8 +916,12 @@ static void test_decode_fusion(void) {
     fusion_long = true;
     fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
     fusion_case(IR_DTYPE_F32, 256, 16, 8, 64, 256, false, false, false, true);
-    test_kv = KV_DTYPE_F16; /* the same through f16 caches */
+    /* the same through f16 caches: a last-bit f32 difference in layer 0's output can flip
+     * an f16 rounding of layer 1's K/V rows (seen: 1.5e-5 in the 300-token step) */
+    test_kv = KV_DTYPE_F16;
+    fusion_tol = 1e-4;
     fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
+    fusion_tol = 0;
     test_kv = KV_DTYPE_F32;
     fusion_long = false;
     /* K-quants (cu_matvec_kq_multi): one type, then q4_K with a q6_K v and ffn_down (a
@@ -1157,7 +1162,7 @@ static int read_ints(const json_t *arr, int32_t *out, int cap) {
     return n;
 }
 
-/* kv F32: within 1e-4 of torch and the same argmax; F16 (the CUDA default): within
+/* kv F32 (the CUDA default): within 1e-4 of torch and the same argmax; F16: within
  * 5e-3, argmax not required (test_golden.c's bounds) */
 static void golden_dir(const char *dir, enum llmopt_kv_type kv, int *n_rows_checked) {
     const double tol = kv == LLMOPT_KV_F32 ? 1e-4 : 5e-3;

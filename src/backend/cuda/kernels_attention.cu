@@ -40,7 +40,7 @@ static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int
 
 /* The cache's element type KV (float, or __half when cu_attention's kv_f16): loads
  * widen to f32, stores round to nearest even (the CPU cache's f16 rule), and
- * kv_round4 gives values as the cache would hand them back. */
+ * kv_pack4 (below) gives values as the cache holds them. */
 static __device__ __forceinline__ float4 kv_ld4(const float *p) { return *(const float4 *)p; }
 static __device__ __forceinline__ float4 kv_ld4(const __half *p) {
     const uint2 u = *(const uint2 *)p;
@@ -51,10 +51,23 @@ static __device__ __forceinline__ float kv_ld(const float *p) { return *p; }
 static __device__ __forceinline__ float kv_ld(const __half *p) { return __half2float(*p); }
 static __device__ __forceinline__ void kv_st(float *p, float v) { *p = v; }
 static __device__ __forceinline__ void kv_st(__half *p, float v) { *p = __float2half_rn(v); }
-static __device__ __forceinline__ float4 kv_round4(float4 v, const float *) { return v; }
-static __device__ __forceinline__ float4 kv_round4(float4 v, const __half *) {
-    const float2 lo = __half22float2(__floats2half2_rn(v.x, v.y)), hi = __half22float2(__floats2half2_rn(v.z, v.w));
+/* 4 consecutive cache values as loaded (kv_raw4<KV>::T: float4, or uint2 of 4 halves),
+ * widened only where used, so a warp's loads are all in flight before the first
+ * conversion waits on one; kv_pack4 rounds f32 values to that form. */
+template <typename KV> struct kv_raw4;
+template <> struct kv_raw4<float> { typedef float4 T; };
+template <> struct kv_raw4<__half> { typedef uint2 T; };
+static __device__ __forceinline__ float4 kv_raw_ld4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ uint2 kv_raw_ld4(const __half *p) { return *(const uint2 *)p; }
+static __device__ __forceinline__ float4 kv_widen4(float4 r) { return r; }
+static __device__ __forceinline__ float4 kv_widen4(uint2 u) {
+    const float2 lo = __half22float2(*(const __half2 *)&u.x), hi = __half22float2(*(const __half2 *)&u.y);
     return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+static __device__ __forceinline__ void kv_pack4(float4 v, float4 *r) { *r = v; }
+static __device__ __forceinline__ void kv_pack4(float4 v, uint2 *r) {
+    const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+    *r = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
 }
 
 template <typename KV>
@@ -315,15 +328,16 @@ static __device__ __forceinline__ int att_warp_rows(const struct cu_attention &a
  * and at the token's own position, which att_warp_own fills). */
 template <typename KV>
 static __device__ __forceinline__ void att_warp_load(const struct cu_attention &a, int64_t off, int n_mine, bool dl,
-                                                     int lane, float4 *kk, float4 *vv) {
-    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                                                     int lane, typename kv_raw4<KV>::T *kk,
+                                                     typename kv_raw4<KV>::T *vv) {
 #pragma unroll
     for (int i = 0; i < ATT_WPOS; i++) {
         const int64_t oi = __shfl_sync(0xffffffffu, off, i);
-        kk[i] = vv[i] = zero4;
+        kv_pack4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), &kk[i]);
+        vv[i] = kk[i];
         if (i < n_mine && dl && oi >= 0) {
-            kk[i] = kv_ld4((const KV *)a.k_cache + oi + 4 * lane);
-            vv[i] = kv_ld4((const KV *)a.v_cache + oi + 4 * lane);
+            kk[i] = kv_raw_ld4((const KV *)a.k_cache + oi + 4 * lane);
+            vv[i] = kv_raw_ld4((const KV *)a.v_cache + oi + 4 * lane);
         }
     }
 }
@@ -345,7 +359,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
     const int32_t p = sp.p, begin = sp.begin, end = sp.end;
     const bool dl = 4 * lane < Dh; /* this lane's 4 dims exist */
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float4 kk[ATT_WPOS], vv[ATT_WPOS];
+    typename kv_raw4<KV>::T kk[ATT_WPOS], vv[ATT_WPOS]; /* as cached: widened where used */
     int64_t off;
     int n_mine = att_warp_rows(a, sp, begin, warp, lane, &off);
     att_warp_load<KV>(a, off, n_mine, dl, lane, kk, vv);
@@ -381,7 +395,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
         q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
     }
     if (APPEND) att_append_own<KV>(a, sp, split, h, k_own);
-    const KV *const kv_tag = NULL; /* kv_round4's type */
     float m = -INFINITY, l = 0.0f;
     float4 acc = zero4;
     for (int32_t c0 = begin; c0 < end;) {
@@ -389,13 +402,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
 #pragma unroll
             for (int i = 0; i < ATT_WPOS; i++) /* the token's own row, from the inputs as the cache holds it */
                 if (c0 + warp + nw * i == p && dl) {
-                    kk[i] = kv_round4(*(const float4 *)(k_own + 4 * lane), kv_tag);
-                    vv[i] = kv_round4(*(const float4 *)(sp.v_own + 4 * lane), kv_tag);
+                    kv_pack4(*(const float4 *)(k_own + 4 * lane), &kk[i]);
+                    kv_pack4(*(const float4 *)(sp.v_own + 4 * lane), &vv[i]);
                 }
             float sc[ATT_WPOS], cmax = -INFINITY;
 #pragma unroll
             for (int i = 0; i < ATT_WPOS; i++) {
-                float d = q.x * kk[i].x + q.y * kk[i].y + q.z * kk[i].z + q.w * kk[i].w;
+                const float4 k4 = kv_widen4(kk[i]);
+                float d = q.x * k4.x + q.y * k4.y + q.z * k4.z + q.w * k4.w;
                 d = cu_warp_sum(d) * a.scale;
                 sc[i] = i < n_mine ? d : -INFINITY;
                 cmax = fmaxf(cmax, sc[i]);
@@ -410,11 +424,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
 #pragma unroll
             for (int i = 0; i < ATT_WPOS; i++) {
                 const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
+                const float4 v4 = kv_widen4(vv[i]);
                 csum += e;
-                acc.x += e * vv[i].x;
-                acc.y += e * vv[i].y;
-                acc.z += e * vv[i].z;
-                acc.w += e * vv[i].w;
+                acc.x += e * v4.x;
+                acc.y += e * v4.y;
+                acc.z += e * v4.z;
+                acc.w += e * v4.w;
             }
             l = l * corr + csum;
             m = new_m;
