@@ -12,8 +12,8 @@
  *          every step.
  *
  * The KV cache lives on the device: a mirror of kv_cache.h's layout (per layer
- * (n_blocks * block_size, Hkv * Dh) f32), allocated on the first run that sees a given
- * cache. The session keeps owning block allocation on the host; the device gets a copy
+ * (n_blocks * block_size, Hkv * Dh) f32, or f16 for an f16 cache; a q8_0 cache is held
+ * as f16 on the device), allocated on the first run that sees a given cache. The session keeps owning block allocation on the host; the device gets a copy
  * of the block table only when it changes. Sampling stays on the host for now (the
  * logits rows come back), a later step moves it to the device. */
 extern "C" {
@@ -81,6 +81,7 @@ struct cuda_graph_entry {
     bool argmax;              /* the step ends in the device argmax, not the logits copy */
     cudaGraphExec_t exec;
     uint64_t last_used;
+    int32_t extra_kernels;    /* step_extra_kernels of the captured step */
 };
 
 #define CUDA_PROF_ROWS 64
@@ -104,17 +105,20 @@ struct cuda_upload {
  *                  of the same x used only there: both weights streamed in one launch
  *   FUSE_NORM_ROPE the first node of [rms_norm ->] permute -> rope chains: one launch
  *                  computes every part's rope output
+ *   FUSE_ATT_ROPE  an attention whose q and k are the two parts of one such launch,
+ *                  read by it alone: one-token steps rotate q/k inside the attention
+ *                  kernel (cu_attention's rope_c), other steps launch the chains first
  *   FUSE_SKIP      computed by another node's launch (or not needed at all) */
-enum cuda_fuse_kind { FUSE_NONE = 0, FUSE_SKIP, FUSE_MV_MULTI, FUSE_MV_PAIR, FUSE_NORM_ROPE };
+enum cuda_fuse_kind { FUSE_NONE = 0, FUSE_SKIP, FUSE_MV_MULTI, FUSE_MV_PAIR, FUSE_NORM_ROPE, FUSE_ATT_ROPE };
 #define CUDA_FUSE_MAX 3
 static_assert(CUDA_FUSE_MAX == CU_MV_MAX_SEGS && CUDA_FUSE_MAX == CU_NR_MAX_PARTS, "one member array");
 struct cuda_fuse {
     int8_t kind, n;
     /* MULTI: the linears ([0] this node); PAIR: [0] the gate's linear; NORM_ROPE: the
-     * rope nodes */
+     * rope nodes; ATT_ROPE: the q and k rope nodes */
     int32_t m[CUDA_FUSE_MAX];
     /* MULTI: the node each segment's result is stored as (the linear, or the permute
-     * it fills head-major); NORM_ROPE: the rms_norm of the part, or IR_NONE */
+     * it fills head-major); NORM_ROPE, ATT_ROPE: the rms_norm of the part, or IR_NONE */
     int32_t out[CUDA_FUSE_MAX];
     int64_t head_dim[CUDA_FUSE_MAX]; /* MULTI: > 0 when written head-major */
 };
@@ -146,12 +150,14 @@ struct cuda_state {
     float *att_part;              /* device: split-attention partials */
     unsigned *att_counters;       /* device (CU_ATT_COUNTERS): split merge counters, zero between launches */
     bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
+    bool att_late_kv;             /* $LLMOPT_CUDA_ATT_EARLY=0: no K/V loads before the PDL wait */
     bool att_tiled_f32;           /* $LLMOPT_CUDA_ATT_MMA=0: prefill attention without tensor cores */
     int64_t att_part_floats;
     /* KV mirror */
     const struct kv_cache *kv_owner;
-    float *kv_store;              /* device, every layer's K then V */
-    float **kv_k, **kv_v;         /* (kv_layers) device pointers into kv_store */
+    uint8_t *kv_store;            /* device, every layer's K then V */
+    void **kv_k, **kv_v;          /* (kv_layers) device pointers into kv_store */
+    bool kv_f16;                  /* the rows are f16 (the cache is not f32) */
     int32_t kv_layers;
     float **conv_state;           /* (conv_layers) device (n_slots, rows, C) conv state */
     int32_t conv_layers;
@@ -189,6 +195,9 @@ struct cuda_state {
      * [1, H, N, Dh] permute that prefill steps skip, the kernels reading its source */
     int8_t *pf_tok_major;
     int32_t kernels_per_step_fused;
+    /* launches of the step beyond those counts (chains an ATT_ROPE attention launched
+     * apart), as enqueued or as captured into the replayed graph */
+    int32_t step_extra_kernels;
     /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
      * kind of kernel (prefill and decode apart), printed to stderr at release */
     bool profile;
@@ -326,41 +335,72 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
     return LLMOPT_OK;
 }
 
-/* A NORM_ROPE node of the fused or prefill schedule (f): every part's [rms_norm ->]
- * permute -> rope. */
-static enum llmopt_status run_norm_rope(struct cuda_state *s, const struct cuda_fuse *f, struct llmopt_err *err) {
+/* Part of a cu_norm_rope launch: rope node o_i, its chain's rms_norm (or IR_NONE);
+ * returns the rope's last dim. */
+static int64_t norm_rope_part(struct cuda_state *s, int32_t o_i, int32_t norm_i, struct cu_norm_rope_part *part) {
     const struct ir_graph *g = s->g;
-    struct cu_norm_rope_part part[CUDA_FUSE_MAX];
-    memset(part, 0, sizeof part);
-    int64_t d = 0;
-    for (int k = 0; k < f->n; k++) {
-        const struct ir_node *o = &g->nodes[f->m[k]], *p = &g->nodes[o->in[0]];
-        const struct ir_extent *eo = &s->extent[f->m[k]];
-        d = eo->dims[eo->rank - 1];
-        part[k].n_rows = d ? ir_extent_numel(eo) / d : 0;
-        int32_t pin = p->in[0]; /* the rms_norm (f->out[k]) or the permuted source */
-        part[k].x = node_f32(s, f->out[k] != IR_NONE ? g->nodes[pin].in[0] : pin);
-        if (f->out[k] != IR_NONE) {
-            const struct ir_node *r = &g->nodes[f->out[k]];
-            part[k].norm_w = node_f32(s, r->in[1]);
-            part[k].eps = (float)r->attrs.value;
-        }
-        part[k].c = node_f32(s, o->in[1]);
-        part[k].s = node_f32(s, o->in[2]);
-        part[k].o = node_f32(s, f->m[k]);
-        int64_t cs[IR_MAX_RANK], in_strides[IR_MAX_RANK];
-        broadcast_strides(&s->extent[o->in[1]], eo, cs);
-        contiguous_strides(&s->extent[pin], in_strides);
-        part[k].rows = strided_of(eo);
-        part[k].rows.rank = eo->rank - 1;
-        for (int dd = 0; dd < eo->rank - 1; dd++) {
-            part[k].rows.sa[dd] = cs[dd];
-            part[k].rows.sb[dd] = in_strides[p->attrs.axes[dd]];
-        }
+    const struct ir_node *o = &g->nodes[o_i], *p = &g->nodes[o->in[0]];
+    const struct ir_extent *eo = &s->extent[o_i];
+    int64_t d = eo->dims[eo->rank - 1];
+    memset(part, 0, sizeof *part);
+    part->n_rows = d ? ir_extent_numel(eo) / d : 0;
+    int32_t pin = p->in[0]; /* the rms_norm (norm_i) or the permuted source */
+    part->x = node_f32(s, norm_i != IR_NONE ? g->nodes[pin].in[0] : pin);
+    if (norm_i != IR_NONE) {
+        const struct ir_node *r = &g->nodes[norm_i];
+        part->norm_w = node_f32(s, r->in[1]);
+        part->eps = (float)r->attrs.value;
     }
+    part->c = node_f32(s, o->in[1]);
+    part->s = node_f32(s, o->in[2]);
+    part->o = node_f32(s, o_i);
+    int64_t cs[IR_MAX_RANK], in_strides[IR_MAX_RANK];
+    broadcast_strides(&s->extent[o->in[1]], eo, cs);
+    contiguous_strides(&s->extent[pin], in_strides);
+    part->rows = strided_of(eo);
+    part->rows.rank = eo->rank - 1;
+    for (int dd = 0; dd < eo->rank - 1; dd++) {
+        part->rows.sa[dd] = cs[dd];
+        part->rows.sb[dd] = in_strides[p->attrs.axes[dd]];
+    }
+    return d;
+}
+
+/* A NORM_ROPE node of the fused or prefill schedule (f), or the chains of an ATT_ROPE
+ * attention that runs them apart: every part's [rms_norm ->] permute -> rope. */
+static enum llmopt_status run_norm_rope(struct cuda_state *s, const struct cuda_fuse *f, struct llmopt_err *err) {
+    struct cu_norm_rope_part part[CUDA_FUSE_MAX];
+    int64_t d = 0;
+    for (int k = 0; k < f->n; k++) d = norm_rope_part(s, f->m[k], f->out[k], &part[k]);
     s->prof_tag = f->out[0] != IR_NONE ? "rms_norm+permute+rope" : "permute+rope";
     CU_TRY(cu_norm_rope(s->stream, part, f->n, d));
     return LLMOPT_OK;
+}
+
+/* An ATT_ROPE attention of one token: q and k as the chains' inputs, rotated by the
+ * attention kernel, where the parts are one token's [1, H, 1, Dh] rows of head stride
+ * Dh and cos/sin rows shared by the heads (and by q and k). */
+static bool att_rope_fold(struct cuda_state *s, const struct cuda_fuse *f, struct cu_attention *a) {
+    struct cu_norm_rope_part pq, pk;
+    if (f->n != 2 || !cu_attention_rope_ok(a) || norm_rope_part(s, f->m[0], f->out[0], &pq) != a->head_dim ||
+        norm_rope_part(s, f->m[1], f->out[1], &pk) != a->head_dim || pq.c != pk.c || pq.s != pk.s)
+        return false;
+    const struct cu_norm_rope_part *pp[2] = {&pq, &pk};
+    for (int k = 0; k < 2; k++) { /* rows [1, heads, 1]: the head strides matter where heads > 1 */
+        const struct cu_strided *r = &pp[k]->rows;
+        if (r->rank != 3 || r->dims[0] != 1 || r->dims[2] != 1 ||
+            (r->dims[1] > 1 && (r->sb[1] != a->head_dim || r->sa[1] != 0)))
+            return false;
+    }
+    a->q = pq.x;
+    a->k = pk.x;
+    a->rope_c = pq.c;
+    a->rope_s = pq.s;
+    a->q_norm_w = pq.norm_w;
+    a->k_norm_w = pk.norm_w;
+    a->q_eps = pq.eps;
+    a->k_eps = pk.eps;
+    return true;
 }
 
 /* x (node xi, n floats) to f16/bf16 in s->xh for cuBLAS, unless xh already holds it: a
@@ -480,6 +520,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: attention layer %d has no KV cache", layer);
     a.k_cache = s->kv_k[layer];
     a.v_cache = s->kv_v[layer];
+    a.kv_f16 = s->kv_f16;
     a.block_table = s->d_block_table;
     a.block_size = s->kv_owner->block_size;
     a.max_blocks_per_slot = s->kv_owner->max_blocks_per_slot;
@@ -496,6 +537,19 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     }
     if (cu_attention_part_floats(a.n_tok, a.n_heads, a.head_dim, a.splits) > s->att_part_floats)
         return err_set(err, LLMOPT_ERR_LIMIT, "cuda: attention scratch too small for %d tokens", a.n_tok);
+    const struct ir_graph *g = s->g;
+    a.kv_before_wait = !s->att_late_kv && cu_attention_rope_ok(&a) && g->nodes[n->in[3]].op == IR_OP_INPUT &&
+                       g->nodes[n->in[4]].op == IR_OP_INPUT;
+    if (s->fused && s->fuse[i].kind == FUSE_ATT_ROPE) {
+        if (att_rope_fold(s, &s->fuse[i], &a)) {
+            s->prof_tag = "attention+norm+rope";
+        } else { /* the chains' launch (counted here: the step's count has it skipped) */
+            enum llmopt_status st = run_norm_rope(s, &s->fuse[i], err);
+            if (st) return st;
+            s->step_extra_kernels++;
+            s->prof_tag = "attention";
+        }
+    }
     CU_TRY(cu_attention(s->stream, &a));
     return LLMOPT_OK;
 }
@@ -1150,6 +1204,43 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
         if (norm) s->fuse[p].kind = FUSE_SKIP;
         s->fuse[t0] = f;
     }
+    /* a launch of exactly an attention's q and k chains, read by it alone, moves to the
+     * attention (FUSE_ATT_ROPE): after the chains' inputs, so they are ready there. The
+     * memory plan may give those inputs' storage (the q/k products, cos/sin) to a node
+     * after the chains, the attention's output among them: computed ones get storage
+     * of their own (priv), and step inputs keep the launch where it was. */
+    for (int32_t t0 = 0; t0 < n; t0++) {
+        struct cuda_fuse *f = &s->fuse[t0];
+        if (f->kind != FUSE_NORM_ROPE || f->n != 2 || c.uses[f->m[0]] != 1 || c.uses[f->m[1]] != 1 ||
+            c.user[f->m[0]] != c.user[f->m[1]])
+            continue;
+        int32_t a = c.user[f->m[0]];
+        const struct ir_node *an = &g->nodes[a];
+        if (an->op != IR_OP_ATTENTION || an->n_in < 5 || s->fuse[a].kind != FUSE_NONE) continue;
+        int qk = an->in[0] == f->m[0] && an->in[1] == f->m[1] ? 0 : an->in[0] == f->m[1] && an->in[1] == f->m[0] ? 1 : -1;
+        if (qk < 0) continue;
+        int32_t src[6];
+        bool ok = true;
+        for (int k = 0; k < 2; k++) {
+            const struct ir_node *o = &g->nodes[f->m[k]];
+            int32_t x = g->nodes[o->in[0]].in[0]; /* the permute's source: the norm or the raw rows */
+            src[3 * k] = f->out[k] != IR_NONE ? g->nodes[x].in[0] : x;
+            src[3 * k + 1] = o->in[1]; /* cos, sin */
+            src[3 * k + 2] = o->in[2];
+        }
+        for (int k = 0; k < 6; k++) {
+            src[k] = s->plan.root[src[k]];
+            const struct ir_node *r = &g->nodes[src[k]];
+            ok = ok && r->op != IR_OP_INPUT;
+            if (r->op == IR_OP_PARAM || r->op == IR_OP_CONST || r->op == IR_OP_ROPE_FREQS || r->constant) src[k] = IR_NONE;
+        }
+        if (!ok) continue;
+        for (int k = 0; k < 6; k++)
+            if (src[k] != IR_NONE) early[src[k]] = true;
+        struct cuda_fuse fa = {FUSE_ATT_ROPE, 2, {an->in[0], an->in[1], 0}, {f->out[qk], f->out[1 - qk], 0}, {0, 0, 0}};
+        s->fuse[a] = fa;
+        f->kind = FUSE_SKIP;
+    }
     size_t total = 0, at = 0;
     int64_t nb = s->n_max < CUDA_MATVEC_MAX_ROWS ? s->n_max : CUDA_MATVEC_MAX_ROWS;
     for (int32_t i = 0; i < n; i++)
@@ -1383,6 +1474,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     }
     e = getenv("LLMOPT_CUDA_ATT_WARP");
     s->att_per_position = e && !strcmp(e, "0");
+    e = getenv("LLMOPT_CUDA_ATT_EARLY"); /* A/B: 0 loads the cached K/V rows after the PDL wait */
+    s->att_late_kv = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_ATT_MMA");
     s->att_tiled_f32 = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_KQ_X"); /* the K-quant matvec's x mode (A/B, tests) */
@@ -1513,21 +1606,24 @@ static enum llmopt_status ensure_kv(struct cuda_state *s, const struct kv_cache 
             CU_TRY(cudaMemsetAsync(s->conv_state[l], 0, bytes, s->stream));
         }
     }
-    size_t per_pos = 0;
-    for (int32_t l = 0; l < kv->n_layers; l++) per_pos += (size_t)kv->row_elems[l];
-    size_t positions = (size_t)kv->n_blocks * (size_t)kv->block_size;
-    s->kv_k = (float **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(float *));
-    s->kv_v = (float **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(float *));
+    /* f16 rows for f16 and q8_0 caches (q8_0 has no device kernels: its rows are kept at
+     * f16 precision, finer than the host's q8_0) */
+    s->kv_f16 = kv->dtype != KV_DTYPE_F32;
+    const size_t elem = s->kv_f16 ? 2 : 4, positions = (size_t)kv->n_blocks * (size_t)kv->block_size;
+    size_t bytes = 0; /* each layer's K and V 256-byte aligned (the kernels' 16-byte loads) */
+    for (int32_t l = 0; l < kv->n_layers; l++) bytes += 2 * ((positions * (size_t)kv->row_elems[l] * elem + 255) & ~(size_t)255);
+    s->kv_k = (void **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(void *));
+    s->kv_v = (void **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(void *));
     if (!s->kv_k || !s->kv_v) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
-    size_t bytes = 2 * positions * per_pos * sizeof(float);
     CU_TRY(cudaMalloc((void **)&s->kv_store, bytes ? bytes : 4));
     CU_TRY(cudaMemsetAsync(s->kv_store, 0, bytes, s->stream));
-    float *p = s->kv_store;
+    uint8_t *p = s->kv_store;
     for (int32_t l = 0; l < kv->n_layers; l++) {
+        size_t layer_bytes = (positions * (size_t)kv->row_elems[l] * elem + 255) & ~(size_t)255;
         s->kv_k[l] = p;
-        p += positions * (size_t)kv->row_elems[l];
+        p += layer_bytes;
         s->kv_v[l] = p;
-        p += positions * (size_t)kv->row_elems[l];
+        p += layer_bytes;
     }
     s->kv_layers = kv->n_layers;
     s->bt_elems = (int64_t)kv->n_slots * kv->max_blocks_per_slot;
@@ -1638,6 +1734,7 @@ static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_b
 
 static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
                                       struct llmopt_err *err) {
+    s->step_extra_kernels = 0;
     if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, argmax, err);
     struct cuda_graph_entry *hit = NULL, *victim = &s->graphs[0];
     for (int k = 0; k < CUDA_GRAPH_CACHE; k++) {
@@ -1654,8 +1751,10 @@ static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_ba
         victim->n = b->n_tokens;
         victim->m = b->n_out;
         victim->argmax = argmax;
+        victim->extra_kernels = s->step_extra_kernels;
         hit = victim;
     }
+    s->step_extra_kernels = hit->extra_kernels;
     hit->last_used = ++s->graph_clock;
     CU_TRY(cudaGraphLaunch(hit->exec, s->stream));
     return LLMOPT_OK;
@@ -1749,7 +1848,7 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     }
     CU_TRY(cudaStreamSynchronize(s->stream));
     CU_TRY(cudaGetLastError());
-    s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step);
+    s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step) + s->step_extra_kernels;
     s->stats.steps++;
     if (s->profile) profile_collect(s, b->n_tokens > CUDA_GRAPH_MAX_N ? 0 : 1);
     if (ids)

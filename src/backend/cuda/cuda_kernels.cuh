@@ -232,7 +232,8 @@ struct cu_attention {
     float *out;             /* [1, N, H, Dh] */
     const int32_t *pos, *slot; /* (N) */
     const int32_t *block_table; /* (n_slots, max_blocks_per_slot) */
-    float *k_cache, *v_cache;   /* this layer: (n_blocks * block_size, Hkv * Dh) */
+    void *k_cache, *v_cache;    /* this layer: (n_blocks * block_size, Hkv * Dh), f32 or f16 */
+    bool kv_f16;                /* the cache rows are f16 (rounded to nearest even on append) */
     int n_tok, n_heads, n_kv_heads, head_dim;
     int block_size, max_blocks_per_slot;
     float scale;
@@ -246,6 +247,16 @@ struct cu_attention {
                          * applies (head dim 64/96/128) */
     bool k_tok_major, v_tok_major; /* k / v given as [1, N, Hkv, Dh] (the source of a
                                     * permute that did not run) */
+    /* One token through the warp kernel only (cu_attention_rope_ok): */
+    /* pos, slot and the block table are step inputs, written before the step's kernels:
+     * the cached K/V rows load before the PDL wait, under the kernel before */
+    bool kv_before_wait;
+    /* set: q and k are the [rms_norm ->] rope inputs ([H, Dh], [Hkv, Dh]); every block
+     * normalizes (with q_norm_w / k_norm_w when set) and rotates its q row and the own
+     * k row as cu_norm_rope does, with the position's cos/sin rows rope_c, rope_s (Dh),
+     * and appends the rotated k row: the q/k norm+rope needs no launch of its own */
+    const float *rope_c, *rope_s, *q_norm_w, *k_norm_w;
+    float q_eps, k_eps;
 };
 /* Split attention launches have N * H < 264 (cu_attention_splits): counters enough. */
 #define CU_ATT_COUNTERS 512
@@ -261,6 +272,8 @@ bool cu_attention_tiled_ok(const struct cu_attention *a);
 /* Prefill batches (as above) with head dim 64, 96 or 128 and at most 64 query heads a KV
  * head take the tensor-core kernel (bf16 operands, f32 sums) unless tiled_f32. */
 bool cu_attention_mma_ok(const struct cu_attention *a);
+/* Whether kv_before_wait and rope_c may be set: one token, the warp kernel. */
+bool cu_attention_rope_ok(const struct cu_attention *a);
 /* Appends K/V of every token to its sequence, then attends causally: for one token
  * (decode, head dim <= 512) a single launch. */
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a);

@@ -1,5 +1,6 @@
-/* The runtime-state ops: attention over the paged KV cache (f32 K/V, the block-table
- * layout of kv_cache.h), and short_conv over the conv state.
+/* The runtime-state ops: attention over the paged KV cache (f32 or f16 K/V rows, the
+ * block-table layout of kv_cache.h; every kernel is instantiated for both, loads widen
+ * to f32 and appends round to nearest even), and short_conv over the conv state.
  *
  * 1. kv_append: every token's K and V rows go to its sequence's block.
  * 2. attention_partial: one block per (context split, query head, token). The split's
@@ -37,18 +38,51 @@ static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int
     return (int64_t)block * block_size + pos % block_size;
 }
 
+/* The cache's element type KV (float, or __half when cu_attention's kv_f16): loads
+ * widen to f32, stores round to nearest even (the CPU cache's f16 rule), and
+ * kv_pack4 (below) gives values as the cache holds them. */
+static __device__ __forceinline__ float4 kv_ld4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ float4 kv_ld4(const __half *p) {
+    const uint2 u = *(const uint2 *)p;
+    const float2 lo = __half22float2(*(const __half2 *)&u.x), hi = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+static __device__ __forceinline__ float kv_ld(const float *p) { return *p; }
+static __device__ __forceinline__ float kv_ld(const __half *p) { return __half2float(*p); }
+static __device__ __forceinline__ void kv_st(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void kv_st(__half *p, float v) { *p = __float2half_rn(v); }
+/* 4 consecutive cache values as loaded (kv_raw4<KV>::T: float4, or uint2 of 4 halves),
+ * widened only where used, so a warp's loads are all in flight before the first
+ * conversion waits on one; kv_pack4 rounds f32 values to that form. */
+template <typename KV> struct kv_raw4;
+template <> struct kv_raw4<float> { typedef float4 T; };
+template <> struct kv_raw4<__half> { typedef uint2 T; };
+static __device__ __forceinline__ float4 kv_raw_ld4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ uint2 kv_raw_ld4(const __half *p) { return *(const uint2 *)p; }
+static __device__ __forceinline__ float4 kv_widen4(float4 r) { return r; }
+static __device__ __forceinline__ float4 kv_widen4(uint2 u) {
+    const float2 lo = __half22float2(*(const __half2 *)&u.x), hi = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+static __device__ __forceinline__ void kv_pack4(float4 v, float4 *r) { *r = v; }
+static __device__ __forceinline__ void kv_pack4(float4 v, uint2 *r) {
+    const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+    *r = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+}
+
+template <typename KV>
 __global__ void kv_append_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     cu_pdl_wait();    /* launched as a dependent itself */
     int t = blockIdx.x;
     int row_elems = a.n_kv_heads * a.head_dim;
     int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, a.slot[t], a.pos[t]);
-    float *kr = a.k_cache + row * row_elems, *vr = a.v_cache + row * row_elems;
+    KV *kr = (KV *)a.k_cache + row * row_elems, *vr = (KV *)a.v_cache + row * row_elems;
     for (int e = threadIdx.x; e < row_elems; e += blockDim.x) {
         int h = e / a.head_dim, d = e % a.head_dim;
         int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d, tok = (int64_t)t * row_elems + e;
-        kr[e] = a.k[a.k_tok_major ? tok : src];
-        vr[e] = a.v[a.v_tok_major ? tok : src];
+        kv_st(kr + e, a.k[a.k_tok_major ? tok : src]);
+        kv_st(vr + e, a.v[a.v_tok_major ? tok : src]);
     }
 }
 
@@ -90,15 +124,13 @@ static __device__ __forceinline__ void att_merge_splits(const struct cu_attentio
 
 /* What a decode block (context split `split`, query head h, token t) works on: its KV
  * head, the token's position and slot, and its positions [begin, end) — whole ATT_CHUNK
- * chunks of the (windowed) context, split as evenly as the chunk count allows. With
- * APPEND the first block of each KV head also writes the token's own K/V row (k_own,
- * v_own: the k/v inputs, [n_kv_heads, n_tok, Dh]) into the cache. */
+ * chunks of the (windowed) context, split as evenly as the chunk count allows; k_own,
+ * v_own: the token's own K/V head rows in the k/v inputs, [n_kv_heads, n_tok, Dh]. */
 struct att_span {
     int kvh, row_elems;
     int32_t p, slot, begin, end;
     const float *k_own, *v_own;
 };
-template <bool APPEND>
 static __device__ __forceinline__ struct att_span att_decode_span(const struct cu_attention &a, int split, int h,
                                                                   int t) {
     struct att_span sp;
@@ -115,15 +147,22 @@ static __device__ __forceinline__ struct att_span att_decode_span(const struct c
     const int64_t own = ((int64_t)sp.kvh * a.n_tok + t) * Dh, own_tm = (int64_t)t * sp.row_elems + (int64_t)sp.kvh * Dh;
     sp.k_own = a.k + (a.k_tok_major ? own_tm : own);
     sp.v_own = a.v + (a.v_tok_major ? own_tm : own);
-    if (APPEND && split == 0 && h % group == 0) {
-        const int64_t row =
-            kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, sp.p) * sp.row_elems + (int64_t)sp.kvh * Dh;
-        for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-            a.k_cache[row + d] = sp.k_own[d];
-            a.v_cache[row + d] = sp.v_own[d];
-        }
-    }
     return sp;
+}
+
+/* APPEND: the first block of each KV head writes the token's own K/V row into the
+ * cache (k_row: the K row to store, the k input's or the block's rotated one). */
+template <typename KV>
+static __device__ __forceinline__ void att_append_own(const struct cu_attention &a, const struct att_span &sp,
+                                                      int split, int h, const float *k_row) {
+    if (split != 0 || h % (a.n_heads / a.n_kv_heads)) return;
+    const int Dh = a.head_dim;
+    const int64_t row =
+        kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, sp.p) * sp.row_elems + (int64_t)sp.kvh * Dh;
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+        kv_st((KV *)a.k_cache + row + d, k_row[d]);
+        kv_st((KV *)a.v_cache + row + d, sp.v_own[d]);
+    }
 }
 
 /* APPEND (one token): the kernel appends the token's K/V itself (a block per KV head
@@ -131,25 +170,31 @@ static __device__ __forceinline__ struct att_span att_decode_span(const struct c
  * other positions from the cache. With splits, each block leaves its partial result
  * and the last block of a (token, head) to finish merges them (counters[t, h], reset
  * by that block), so no combine kernel follows. */
-template <bool APPEND>
+template <bool APPEND, typename KV>
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     cu_pdl_wait();    /* launched as a dependent itself */
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
-    __shared__ const float *krow[ATT_CHUNK], *vrow[ATT_CHUNK]; /* each position's K/V head row */
+    __shared__ const KV *krow[ATT_CHUNK], *vrow[ATT_CHUNK]; /* each position's K/V head row */
+    __shared__ KV kown[ATT_MAX_DH], vown[ATT_MAX_DH];        /* the token's own row, as the cache holds it */
     __shared__ float red[32];
     __shared__ float ms[CU_ATT_MAX_SPLITS], ws[CU_ATT_MAX_SPLITS];
     __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     constexpr int nw = ATT_THREADS / CU_WARP;
-    const struct att_span sp = att_decode_span<APPEND>(a, split, h, t);
+    const struct att_span sp = att_decode_span(a, split, h, t);
+    if (APPEND) att_append_own<KV>(a, sp, split, h, sp.k_own);
     const int kvh = sp.kvh, row_elems = sp.row_elems;
     const int32_t p = sp.p, slot = sp.slot, begin = sp.begin, end = sp.end;
-    const float *k_own = sp.k_own, *v_own = sp.v_own;
+    const KV *kc = (const KV *)a.k_cache, *vc = (const KV *)a.v_cache;
 
-    for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) qs[d] = a.q[((int64_t)h * a.n_tok + t) * Dh + d];
+    for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
+        qs[d] = a.q[((int64_t)h * a.n_tok + t) * Dh + d];
+        kv_st(&kown[d], sp.k_own[d]);
+        kv_st(&vown[d], sp.v_own[d]);
+    }
     float m = -INFINITY, l = 0.0f, acc[ATT_DH_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < ATT_DH_PER_THREAD; i++) acc[i] = 0.0f;
@@ -158,13 +203,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
         const int cn = min(ATT_CHUNK, end - c0);
         for (int jj = threadIdx.x; jj < cn; jj += ATT_THREADS) {
             if (c0 + jj == p) {
-                krow[jj] = k_own;
-                vrow[jj] = v_own;
+                krow[jj] = kown;
+                vrow[jj] = vown;
             } else {
                 int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + jj) * row_elems +
                               (int64_t)kvh * Dh;
-                krow[jj] = a.k_cache + off;
-                vrow[jj] = a.v_cache + off;
+                krow[jj] = kc + off;
+                vrow[jj] = vc + off;
             }
         }
         __syncthreads(); /* krow/vrow (and qs on the first chunk) */
@@ -176,8 +221,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
                 int jj = jj0 + u * nw;
                 dot[u] = 0.0f;
                 if (jj < cn) {
-                    const float *kr = krow[jj];
-                    for (int d = lane; d < Dh; d += CU_WARP) dot[u] += qs[d] * kr[d];
+                    const KV *kr = krow[jj];
+                    for (int d = lane; d < Dh; d += CU_WARP) dot[u] += qs[d] * kv_ld(kr + d);
                 }
             }
 #pragma unroll
@@ -212,14 +257,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
             for (; jj + 8 <= cn; jj += 8) {
                 float v[8];
 #pragma unroll
-                for (int u = 0; u < 8; u++) v[u] = vrow[jj + u][d];
+                for (int u = 0; u < 8; u++) v[u] = kv_ld(vrow[jj + u] + d);
 #pragma unroll
                 for (int u = 0; u < 8; u += 2) {
                     s0 += sc[jj + u] * v[u];
                     s1 += sc[jj + u + 1] * v[u + 1];
                 }
             }
-            for (; jj < cn; jj++) s0 += sc[jj] * vrow[jj][d];
+            for (; jj < cn; jj++) s0 += sc[jj] * kv_ld(vrow[jj] + d);
             acc[i] = s0 + s1;
         }
         __syncthreads(); /* sc and krow/vrow are rewritten by the next chunk */
@@ -251,81 +296,149 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
  * most 128: a lane holds 4 dims of a row). One block per (split, head, token), the
  * split's positions as in attention_partial_kernel; warp w takes positions w, w + 4,
  * ... of each group of ATT_WCHUNK: the lanes find 16 rows through the block table at
- * once, load 16 K rows (16 independent 16-byte loads a lane), score them (warp sums),
- * update the warp's own running max / sum / weighted V sum with 16 V rows in flight.
- * The four warps merge at the end; splits merge as in attention_partial_kernel
- * (counters, last block), and APPEND has the same meaning. */
+ * once, load 16 K rows and 16 V rows (32 independent 16-byte loads a lane), score the
+ * K rows (warp sums), update the warp's own running max / sum / weighted V sum. The
+ * four warps merge at the end; splits merge as in attention_partial_kernel (counters,
+ * last block), and APPEND has the same meaning.
+ * kv_before_wait (APPEND only): the positions, slots and block table are step inputs and
+ * the cached rows were written by earlier steps, so the first group's rows are found
+ * and loaded before the PDL wait, while the kernel before (the q/k/v product) runs; the
+ * token's own row comes from the inputs after the wait.
+ * rope_c (APPEND only): q and k are the raw [rms_norm ->] rope inputs; warps 0 and 1 of
+ * every block normalize and rotate the block's q row and the token's k row into shared
+ * memory (cu_norm_rope's arithmetic), and the appended K row is the rotated one. */
 #define ATT_WPOS 16                        /* positions per warp per group */
 #define ATT_WCHUNK (ATT_WPOS * ATT_THREADS / CU_WARP)
-template <bool APPEND>
+
+/* Lane i < ATT_WPOS of warp `warp` finds the cache offset of the warp's i-th position
+ * of the group at c0 (-1: past the span or the token's own position); the warp's count
+ * of positions in the group. */
+static __device__ __forceinline__ int att_warp_rows(const struct cu_attention &a, const struct att_span &sp, int32_t c0,
+                                                    int warp, int lane, int64_t *off) {
+    constexpr int nw = ATT_THREADS / CU_WARP;
+    const int32_t mine = c0 + warp + nw * lane;
+    *off = -1;
+    if (lane < ATT_WPOS && mine < sp.end && mine != sp.p)
+        *off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, mine) * sp.row_elems +
+               (int64_t)sp.kvh * a.head_dim;
+    return min(ATT_WPOS, max(0, (sp.end - c0 - warp + nw - 1) / nw));
+}
+
+/* The warp's K and V rows of a group (this lane's 4 dims; zeros where there is none,
+ * and at the token's own position, which att_warp_own fills). */
+template <typename KV>
+static __device__ __forceinline__ void att_warp_load(const struct cu_attention &a, int64_t off, int n_mine, bool dl,
+                                                     int lane, typename kv_raw4<KV>::T *kk,
+                                                     typename kv_raw4<KV>::T *vv) {
+#pragma unroll
+    for (int i = 0; i < ATT_WPOS; i++) {
+        const int64_t oi = __shfl_sync(0xffffffffu, off, i);
+        kv_pack4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), &kk[i]);
+        vv[i] = kk[i];
+        if (i < n_mine && dl && oi >= 0) {
+            kk[i] = kv_raw_ld4((const KV *)a.k_cache + oi + 4 * lane);
+            vv[i] = kv_raw_ld4((const KV *)a.v_cache + oi + 4 * lane);
+        }
+    }
+}
+
+template <bool APPEND, typename KV>
 __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
-    cu_pdl_wait();    /* launched as a dependent itself */
+    const bool early = APPEND && a.kv_before_wait;
+    if (!early) cu_pdl_wait(); /* launched as a dependent itself */
     constexpr int nw = ATT_THREADS / CU_WARP;
     __shared__ float wm[nw], wl[nw];
     __shared__ __align__(16) float wacc[nw][128];
+    __shared__ __align__(16) float qk[2][128]; /* rope_c: the rotated q and own k rows */
     __shared__ float ms[CU_ATT_MAX_SPLITS], ws[CU_ATT_MAX_SPLITS];
     __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
-    const struct att_span sp = att_decode_span<APPEND>(a, split, h, t);
-    const int kvh = sp.kvh, row_elems = sp.row_elems;
-    const int32_t p = sp.p, slot = sp.slot, begin = sp.begin, end = sp.end;
-    const float *k_own = sp.k_own, *v_own = sp.v_own;
+    const struct att_span sp = att_decode_span(a, split, h, t);
+    const int32_t p = sp.p, begin = sp.begin, end = sp.end;
     const bool dl = 4 * lane < Dh; /* this lane's 4 dims exist */
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float4 q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
+    typename kv_raw4<KV>::T kk[ATT_WPOS], vv[ATT_WPOS]; /* as cached: widened where used */
+    int64_t off;
+    int n_mine = att_warp_rows(a, sp, begin, warp, lane, &off);
+    att_warp_load<KV>(a, off, n_mine, dl, lane, kk, vv);
+    if (early) cu_pdl_wait(); /* q, k, v of this step, and the scratch of the last attention */
+    const float *k_own = sp.k_own;
+    float4 q;
+    if (APPEND && a.rope_c) {
+        if (warp < 2) {
+            const float *x = warp == 0 ? a.q + (int64_t)h * Dh : sp.k_own; /* one token: [H, Dh] */
+            const float *wn = warp == 0 ? a.q_norm_w : a.k_norm_w;
+            float scale = 1.0f;
+            if (wn) {
+                float ss = 0.0f;
+                for (int k = lane; k < Dh; k += CU_WARP) ss += x[k] * x[k];
+                ss = cu_warp_sum(ss);
+                scale = 1.0f / sqrtf(ss / (float)Dh + (warp == 0 ? a.q_eps : a.k_eps));
+            }
+            const int half = Dh / 2;
+            for (int k = lane; k < half; k += CU_WARP) {
+                float x0 = x[k], x1 = x[k + half];
+                if (wn) {
+                    x0 = x0 * scale * wn[k];
+                    x1 = x1 * scale * wn[k + half];
+                }
+                qk[warp][k] = x0 * a.rope_c[k] - x1 * a.rope_s[k];
+                qk[warp][k + half] = x1 * a.rope_c[k + half] + x0 * a.rope_s[k + half];
+            }
+        }
+        __syncthreads();
+        k_own = qk[1];
+        q = dl ? *(const float4 *)&qk[0][4 * lane] : zero4;
+    } else {
+        q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
+    }
+    if (APPEND) att_append_own<KV>(a, sp, split, h, k_own);
     float m = -INFINITY, l = 0.0f;
     float4 acc = zero4;
-    for (int32_t c0 = begin; c0 < end; c0 += ATT_WCHUNK) {
-        /* this warp's positions c0 + warp + nw * i, i < ATT_WPOS; lane i finds row i */
-        const int32_t mine = c0 + warp + nw * lane;
-        int64_t off = -1;
-        if (lane < ATT_WPOS && mine < end && mine != p)
-            off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, mine) * row_elems + (int64_t)kvh * Dh;
-        const int n_mine = min(ATT_WPOS, max(0, (end - c0 - warp + nw - 1) / nw));
-        if (n_mine == 0) continue;
-        float4 kv[ATT_WPOS];
+    for (int32_t c0 = begin; c0 < end;) {
+        if (n_mine > 0) {
 #pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            const int64_t oi = __shfl_sync(0xffffffffu, off, i);
-            const int32_t pi = c0 + warp + nw * i;
-            kv[i] = zero4;
-            if (i < n_mine && dl) kv[i] = *(const float4 *)((pi == p ? k_own : a.k_cache + oi) + 4 * lane);
-        }
-        float sc[ATT_WPOS], cmax = -INFINITY;
+            for (int i = 0; i < ATT_WPOS; i++) /* the token's own row, from the inputs as the cache holds it */
+                if (c0 + warp + nw * i == p && dl) {
+                    kv_pack4(*(const float4 *)(k_own + 4 * lane), &kk[i]);
+                    kv_pack4(*(const float4 *)(sp.v_own + 4 * lane), &vv[i]);
+                }
+            float sc[ATT_WPOS], cmax = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            float d = q.x * kv[i].x + q.y * kv[i].y + q.z * kv[i].z + q.w * kv[i].w;
-            d = cu_warp_sum(d) * a.scale;
-            sc[i] = i < n_mine ? d : -INFINITY;
-            cmax = fmaxf(cmax, sc[i]);
-        }
+            for (int i = 0; i < ATT_WPOS; i++) {
+                const float4 k4 = kv_widen4(kk[i]);
+                float d = q.x * k4.x + q.y * k4.y + q.z * k4.z + q.w * k4.w;
+                d = cu_warp_sum(d) * a.scale;
+                sc[i] = i < n_mine ? d : -INFINITY;
+                cmax = fmaxf(cmax, sc[i]);
+            }
+            const float new_m = fmaxf(m, cmax);
+            const float corr = expf(m - new_m); /* 0 on the warp's first group (m = -inf) */
+            float csum = 0.0f;
+            acc.x *= corr;
+            acc.y *= corr;
+            acc.z *= corr;
+            acc.w *= corr;
 #pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            const int64_t oi = __shfl_sync(0xffffffffu, off, i);
-            const int32_t pi = c0 + warp + nw * i;
-            kv[i] = zero4;
-            if (i < n_mine && dl) kv[i] = *(const float4 *)((pi == p ? v_own : a.v_cache + oi) + 4 * lane);
+            for (int i = 0; i < ATT_WPOS; i++) {
+                const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
+                const float4 v4 = kv_widen4(vv[i]);
+                csum += e;
+                acc.x += e * v4.x;
+                acc.y += e * v4.y;
+                acc.z += e * v4.z;
+                acc.w += e * v4.w;
+            }
+            l = l * corr + csum;
+            m = new_m;
         }
-        const float new_m = fmaxf(m, cmax);
-        const float corr = expf(m - new_m); /* 0 on the warp's first group (m = -inf) */
-        float csum = 0.0f;
-        acc.x *= corr;
-        acc.y *= corr;
-        acc.z *= corr;
-        acc.w *= corr;
-#pragma unroll
-        for (int i = 0; i < ATT_WPOS; i++) {
-            const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
-            csum += e;
-            acc.x += e * kv[i].x;
-            acc.y += e * kv[i].y;
-            acc.z += e * kv[i].z;
-            acc.w += e * kv[i].w;
+        c0 += ATT_WCHUNK;
+        if (c0 < end) {
+            n_mine = att_warp_rows(a, sp, c0, warp, lane, &off);
+            att_warp_load<KV>(a, off, n_mine, dl, lane, kk, vv);
         }
-        l = l * corr + csum;
-        m = new_m;
     }
     /* the warps' results, merged by the block */
     if (lane == 0) {
@@ -368,6 +481,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
 #define ATT_TDH 128    /* largest head dim of the tiled kernel */
 #define ATT_TTHREADS 256 /* 8 warps, 2 queries each */
 
+template <typename KV>
 __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     /* 16-byte aligned rows; K rows padded by 4 floats: the 8 lanes of a quarter-warp
@@ -430,8 +544,8 @@ __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu
                 if (j < cn) {
                     int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + j) *
                                       row_elems + (int64_t)kvh * Dh + d4;
-                    kv = *(const float4 *)(a.k_cache + off);
-                    vv = *(const float4 *)(a.v_cache + off);
+                    kv = kv_ld4((const KV *)a.k_cache + off);
+                    vv = kv_ld4((const KV *)a.v_cache + off);
                 }
                 *(float4 *)&ks[j][d4] = kv;
                 *(float4 *)&vs[j][d4] = vv;
@@ -527,13 +641,13 @@ static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint3
 }
 
 /* Flash attention on bf16 tensor cores (mma.sync m16n8k16, f32 accumulation) over the
- * f32 paged cache. A block takes one KV head and FA_ROWS query rows: TB = FA_ROWS / G
+ * f32 or f16 paged cache. A block takes one KV head and FA_ROWS query rows: TB = FA_ROWS / G
  * consecutive tokens times the G query heads that share the KV head (row r: token
  * t0 + r / G, head kvh * G + r % G), so one K/V chunk in shared memory serves every
  * head of the group. Warp w owns rows 16w..16w+15: its q rows (scaled by scale * log2 e)
  * stay in registers as A fragments. For each sequence present in the block, the union
- * of its tokens' key ranges is walked FA_KC keys at a time: the f32 K and V rows of the
- * next chunk are copied to shared memory by cp.async while the current one computes,
+ * of its tokens' key ranges is walked FA_KC keys at a time: the K and V rows of the
+ * next chunk are copied to shared memory by cp.async as cached while the current one computes,
  * then converted to bf16 rows (padded by 16 bytes: the fragment loads and ldmatrix hit
  * distinct banks); a warp whose rows see none of the chunk's keys skips it; S = Q K^T
  * (FA_KC / 8 tiles of 16x8), masked (another sequence, past the query's position,
@@ -541,12 +655,25 @@ static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint3
  * lanes exchange their maxima), then P (the S accumulators repacked as bf16 A
  * fragments) times V (B fragments by ldmatrix.trans from the row-major V). Rounding:
  * q, k, v and p to bf16 (8 bits), sums in f32. */
-template <int DH>
-struct fa_smem { /* dynamic shared memory of attention_mma_kernel<DH> */
-    static constexpr int LD = DH + 8, LDF = DH + 4;
-    float k32[FA_KC * LDF], v32[FA_KC * LDF]; /* the chunk in flight (cp.async), f32 */
+template <int DH, typename KV>
+struct fa_smem { /* dynamic shared memory of attention_mma_kernel<DH, KV> */
+    static constexpr int EPU = 16 / (int)sizeof(KV); /* cache elements a 16-byte copy */
+    static constexpr int LD = DH + 8, LDF = DH + EPU;
+    KV k32[FA_KC * LDF], v32[FA_KC * LDF];        /* the chunk in flight (cp.async), as cached */
     __nv_bfloat16 ks[FA_KC * LD], vs[FA_KC * LD]; /* the chunk computed on, bf16 */
 };
+
+/* One 16-byte unit of staged cache elements to bf16 (4 f32 or 8 f16 values). */
+static __device__ __forceinline__ void fa_to_bf16(const float *src, __nv_bfloat16 *dst) {
+    const float4 v = *(const float4 *)src;
+    *(uint2 *)dst = make_uint2(fa_pack(v.x, v.y), fa_pack(v.z, v.w));
+}
+static __device__ __forceinline__ void fa_to_bf16(const __half *src, __nv_bfloat16 *dst) {
+    const uint4 u = *(const uint4 *)src;
+    const float2 x = __half22float2(*(const __half2 *)&u.x), y = __half22float2(*(const __half2 *)&u.y);
+    const float2 z = __half22float2(*(const __half2 *)&u.z), w = __half22float2(*(const __half2 *)&u.w);
+    *(uint4 *)dst = make_uint4(fa_pack(x.x, x.y), fa_pack(y.x, y.y), fa_pack(z.x, z.y), fa_pack(w.x, w.y));
+}
 
 /* 16 bytes global -> shared without registers; src_bytes 0 fills zeros */
 static __device__ __forceinline__ void fa_cp16(void *dst, const void *src, int src_bytes) {
@@ -555,14 +682,15 @@ static __device__ __forceinline__ void fa_cp16(void *dst, const void *src, int s
                  : "memory");
 }
 
-template <int DH>
+template <int DH, typename KV>
 __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
-    constexpr int KS = DH / 16, NT = DH / 8, LD = fa_smem<DH>::LD, LDF = fa_smem<DH>::LDF, U4 = DH / 4;
+    constexpr int EPU = fa_smem<DH, KV>::EPU, LD = fa_smem<DH, KV>::LD, LDF = fa_smem<DH, KV>::LDF;
+    constexpr int KS = DH / 16, NT = DH / 8, U4 = DH / EPU;
     constexpr int NTHR = FA_WARPS * CU_WARP, UNITS = FA_KC * U4 / NTHR;
     static_assert(DH % 16 == 0 && (FA_KC * U4) % NTHR == 0, "head dim a multiple of 16");
     extern __shared__ __align__(16) unsigned char fa_dyn[];
-    fa_smem<DH> &sm = *reinterpret_cast<fa_smem<DH> *>(fa_dyn);
+    fa_smem<DH, KV> &sm = *reinterpret_cast<fa_smem<DH, KV> *>(fa_dyn);
     __nv_bfloat16 *const ks = sm.ks, *const vs = sm.vs;
     __shared__ int64_t koff[2][FA_KC]; /* the rows of the next two chunks */
     __shared__ int32_t rpos[FA_ROWS], rslot[FA_ROWS], rfirst[FA_ROWS], slots[FA_ROWS];
@@ -647,10 +775,10 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
         const auto issue = [&](int buf) {
 #pragma unroll
             for (int it = 0; it < UNITS; it++) { /* rows past the chunk: zeros */
-                const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * 4;
+                const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * EPU;
                 const int64_t off = koff[buf][j];
-                fa_cp16(&sm.k32[j * LDF + d4], a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
-                fa_cp16(&sm.v32[j * LDF + d4], a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
+                fa_cp16(&sm.k32[j * LDF + d4], (const KV *)a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
+                fa_cp16(&sm.v32[j * LDF + d4], (const KV *)a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
         };
@@ -667,10 +795,9 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
             __syncthreads(); /* every thread's copies landed; the chunk before is computed */
 #pragma unroll 4
             for (int it = 0; it < UNITS; it++) {
-                const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * 4;
-                const float4 kv = *(const float4 *)&sm.k32[j * LDF + d4], vv = *(const float4 *)&sm.v32[j * LDF + d4];
-                *(uint2 *)&ks[j * LD + d4] = make_uint2(fa_pack(kv.x, kv.y), fa_pack(kv.z, kv.w));
-                *(uint2 *)&vs[j * LD + d4] = make_uint2(fa_pack(vv.x, vv.y), fa_pack(vv.z, vv.w));
+                const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * EPU;
+                fa_to_bf16(&sm.k32[j * LDF + d4], &ks[j * LD + d4]);
+                fa_to_bf16(&sm.v32[j * LDF + d4], &vs[j * LD + d4]);
             }
             __syncthreads(); /* staging read */
             if (c0 + FA_KC <= hi) issue((ci + 1) % 2);
@@ -782,21 +909,56 @@ bool cu_attention_tiled_ok(const struct cu_attention *a) {
     return a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->head_dim <= ATT_TDH && a->head_dim % 4 == 0;
 }
 
-template <int DH>
+template <int DH, typename KV>
 static cudaError_t fa_launch(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
     static bool sized; /* above 48 KiB of dynamic shared memory needs the attribute, once */
     cudaError_t e;
-    if (!sized && (e = cudaFuncSetAttribute(attention_mma_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)sizeof(fa_smem<DH>))) != cudaSuccess)
+    if (!sized && (e = cudaFuncSetAttribute(attention_mma_kernel<DH, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)sizeof(fa_smem<DH, KV>))) != cudaSuccess)
         return e;
     sized = true;
-    attention_mma_kernel<DH><<<grid, FA_WARPS * CU_WARP, sizeof(fa_smem<DH>), st>>>(*a);
+    attention_mma_kernel<DH, KV><<<grid, FA_WARPS * CU_WARP, sizeof(fa_smem<DH, KV>), st>>>(*a);
     return cudaGetLastError();
+}
+
+bool cu_attention_rope_ok(const struct cu_attention *a) {
+    return a->n_tok == 1 && a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position;
 }
 
 bool cu_attention_mma_ok(const struct cu_attention *a) {
     return !a->tiled_f32 && a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->n_kv_heads > 0 &&
            a->n_heads / a->n_kv_heads <= FA_ROWS && (a->head_dim == 64 || a->head_dim == 96 || a->head_dim == 128);
+}
+
+template <typename KV>
+static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *a) {
+    bool tiled = cu_attention_tiled_ok(a);
+    cudaError_t e;
+    if (tiled || a->n_tok > 1) { /* one token appends inside the attention kernel */
+        if ((e = cu_launch_pdl(kv_append_kernel<KV>, dim3(a->n_tok), dim3(256), 0, st, *a)) != cudaSuccess) return e;
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    if (tiled && cu_attention_mma_ok(a)) {
+        dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) / (FA_ROWS / (a->n_heads / a->n_kv_heads)),
+                  a->n_kv_heads);
+        switch (a->head_dim) {
+        case 64: return fa_launch<64, KV>(grid, st, a);
+        case 96: return fa_launch<96, KV>(grid, st, a);
+        default: return fa_launch<128, KV>(grid, st, a);
+        }
+    }
+    if (tiled) {
+        attention_tiled_kernel<KV><<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
+        return cudaGetLastError();
+    }
+    dim3 grid(a->splits, a->n_heads, a->n_tok);
+    if (a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position)
+        e = cu_launch_pdl(a->n_tok == 1 ? attention_warp_kernel<true, KV> : attention_warp_kernel<false, KV>, grid,
+                          dim3(ATT_THREADS), 0, st, *a);
+    else
+        e = cu_launch_pdl(a->n_tok == 1 ? attention_partial_kernel<true, KV> : attention_partial_kernel<false, KV>, grid,
+                          dim3(ATT_THREADS), 0, st, *a);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
@@ -805,33 +967,8 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
         a->n_heads > 65535 || a->n_tok > 65535 || a->splits < 1 ||
         (a->splits > 1 && (!a->part || !a->counters || (int64_t)a->n_tok * a->n_heads > CU_ATT_COUNTERS)))
         return cudaErrorInvalidValue;
-    bool tiled = cu_attention_tiled_ok(a);
-    cudaError_t e;
-    if (tiled || a->n_tok > 1) { /* one token appends inside the attention kernel */
-        if ((e = cu_launch_pdl(kv_append_kernel, dim3(a->n_tok), dim3(256), 0, st, *a)) != cudaSuccess) return e;
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    }
-    if (tiled && cu_attention_mma_ok(a)) {
-        dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) / (FA_ROWS / (a->n_heads / a->n_kv_heads)),
-                  a->n_kv_heads);
-        switch (a->head_dim) {
-        case 64: return fa_launch<64>(grid, st, a);
-        case 96: return fa_launch<96>(grid, st, a);
-        default: return fa_launch<128>(grid, st, a);
-        }
-    }
-    if (tiled) {
-        attention_tiled_kernel<<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
-        return cudaGetLastError();
-    }
-    dim3 grid(a->splits, a->n_heads, a->n_tok);
-    if (a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position)
-        e = cu_launch_pdl(a->n_tok == 1 ? attention_warp_kernel<true> : attention_warp_kernel<false>, grid,
-                          dim3(ATT_THREADS), 0, st, *a);
-    else
-        e = cu_launch_pdl(a->n_tok == 1 ? attention_partial_kernel<true> : attention_partial_kernel<false>, grid,
-                          dim3(ATT_THREADS), 0, st, *a);
-    return e != cudaSuccess ? e : cudaGetLastError();
+    if ((a->rope_c || a->kv_before_wait) && !cu_attention_rope_ok(a)) return cudaErrorInvalidValue;
+    return a->kv_f16 ? attention_launch<__half>(st, a) : attention_launch<float>(st, a);
 }
 
 /* ---- short_conv ------------------------------------------------------------------- */
