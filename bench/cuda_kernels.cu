@@ -16,9 +16,10 @@
  * Weights are random (never zeros), written on the device in the upload layout
  * (cu_weight); every timed run rotates over enough copies that the working set is
  * several times the L2. q8_0 matvecs run with each x mode (cu_matvec_q8_x). Usage:
- * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE]] | --attention]; --sweep times the
- * 8B and 0.6B decode launch shapes at every matvec launch shape (cu_matvec_tune)
- * instead, --attention only the prefill attention. */
+ * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE]] | --persist [TYPE] | --attention];
+ * --sweep times the 8B and 0.6B decode launch shapes at every matvec launch shape
+ * (cu_matvec_tune) instead, --persist those launches with and without persistent
+ * blocks (cu_matvec_persist), --attention only the prefill attention. */
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "format/gguf.h"
@@ -439,6 +440,9 @@ struct mv_job_shape {
 /* q8x: the q8_0 x mode (cu_matvec_q8_x; 1: the reference rounds x as the kernel does).
  * tys: each segment's type (K-quants may mix), or NULL: all dtype. K-quant jobs
  * (cu_matvec_kq_multi, int8 x) go through the cu_kq_tune shapes instead, 1e-2. */
+/* --persist: sweep_job times the default launch shape with cu_matvec_persist 0, -1, 1 */
+static bool sweep_persist_ab = false;
+
 static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs, int q8x, const int *tys = NULL) {
     cu_matvec_q8_x(q8x);
     const int n_w = js.pair ? 2 : js.n_seg;
@@ -517,8 +521,11 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
                                {1, 16, 16384}, {2, 16, 16384}, {4, 8, 16384}};
     /* K-quants: rows a warp (0 the default), next loads in flight (1 yes, 2 no), blocks an SM (0 as many as fit) */
     const int kq_tunes[][3] = {{0, 0, 0}, {1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}};
-    const int(*tunes)[3] = kq ? kq_tunes : mv_tunes;
-    const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0] : sizeof mv_tunes / sizeof mv_tunes[0];
+    /* --persist: {persist mode, 0, 0}, each at the default shape */
+    const int persist_tunes[][3] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
+    const int(*tunes)[3] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : mv_tunes;
+    const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0]
+                           : sweep_persist_ab ? 3 : sizeof mv_tunes / sizeof mv_tunes[0];
     bool all_ok = true;
     double best = 0;
     int best_t = 0;
@@ -526,6 +533,8 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         if (js.pair && tunes[t][0] == 4) continue;
         if (kq)
             cu_kq_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
+        else if (sweep_persist_ab)
+            cu_matvec_persist(tunes[t][0], 0);
         else
             cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4)); /* NaN: every output must be written */
@@ -557,6 +566,8 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
                      }) / per;
         double gbs = ((double)set_bytes + (double)(js.k * (js.norm ? 8 : 4) + n_out * 4)) / sec / 1e9;
         if (gbs > best) best = gbs, best_t = (int)t;
+        if (sweep_persist_ab)
+            printf("persist %2d ", tunes[t][0]);
         printf("sweep %-34s %-5s%s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
                dtype_name(dtype), dtype == CU_Q8_0 ? q8_x_names[q8x + 1] : "", tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs,
                100 * gbs / copy_gbs, worst, ok ? "ok" : "FAIL");
@@ -566,6 +577,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
            tunes[best_t][0], tunes[best_t][1], tunes[best_t][2], 100 * best / copy_gbs);
     cu_matvec_q8_x(-1);
     cu_matvec_tune(0, 0, 0);
+    cu_matvec_persist(-1, 0);
     cu_kq_tune(0, 0, 0);
     for (void *m : mem) CHECK_CUDA(cudaFree(m));
     CHECK_CUDA(cudaFree(x));
@@ -597,6 +609,39 @@ static int sweep(double copy_gbs, const char *only, int only_x) {
     return ok ? 0 : 1;
 }
 
+/* --persist [bf16|q8_0]: the Qwen3-8B decode launches (and 0.6B q/k/v, pair) at the
+ * default shape, not persistent, the default, and every launch persistent
+ * (cu_matvec_persist 0, -1, 1) one after the other in one process. */
+static int persist_ab(double copy_gbs, const char *only) {
+    const struct mv_job_shape jobs[] = {
+        {"q/k/v (4096+1024+1024)x4096 +norm", 3, {4096, 1024, 1024}, 4096, false, true},
+        {"attn_o 4096x4096", 1, {4096}, 4096, false, false},
+        {"gate/up pair 2x12288x4096 +norm", 1, {12288}, 4096, true, true},
+        {"ffn_down 4096x12288", 1, {4096}, 12288, false, false},
+        {"lm_head 151936x4096", 1, {151936}, 4096, false, false},
+        {"0.6B q/k/v (2048+1024+1024)x1024 +norm", 3, {2048, 1024, 1024}, 1024, false, true},
+        {"0.6B gate/up pair 2x3072x1024 +norm", 1, {3072}, 1024, true, true},
+    };
+    sweep_persist_ab = true;
+    bool ok = true;
+    for (int dtype : {CU_BF16, CU_Q8_0})
+        for (const auto &js : jobs)
+            if (!only || !strcmp(only, dtype_name(dtype))) {
+                /* q8_0: the x mode the default takes for this launch (int8: a prologue, a
+                 * pair, or K <= 4096 below 16384 rows), forced so the reference matches */
+                const int64_t n = js.rows[0] + js.rows[1] + js.rows[2];
+                const int q8x = dtype == CU_Q8_0 && (js.norm || js.pair || (js.k <= 4096 && n < 16384)) ? 1 : 0;
+                ok = sweep_job(dtype, js, copy_gbs, q8x) && ok;
+            }
+    /* q8_0 ffn_down and lm_head with int8 x (their default is f32 x): with persistent
+     * blocks the x quantization runs once a block */
+    if (!only || !strcmp(only, "q8_0"))
+        for (int j = 3; j <= 4; j++) ok = sweep_job(CU_Q8_0, jobs[j], copy_gbs, 1) && ok;
+    sweep_persist_ab = false;
+    printf("persist checks %s\n", ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     char desc[256], why[256];
@@ -609,6 +654,7 @@ int main(int argc, char **argv) {
     double copy_gbs = copy_bandwidth();
     printf("device-to-device copy: %.1f GB/s (read + write, 2 GiB, median of 10)\n\n", copy_gbs);
     if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : -1);
+    if (argc > 1 && !strcmp(argv[1], "--persist")) return persist_ab(copy_gbs, argc > 2 ? argv[2] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--attention")) { /* 8B and 0.6B-shaped layers (Dh 128), a 64-dim one */
         bool ok = bench_prefill_attention(512, 32, 8, 128) && bench_prefill_attention(2048, 32, 8, 128) &&
                   bench_prefill_attention(512, 16, 8, 128) && bench_prefill_attention(512, 32, 8, 64);

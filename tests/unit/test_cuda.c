@@ -1004,37 +1004,64 @@ static void test_linear_q8x(void) {
 /* kernels_linear.cu: the one-row matvec's launch shape (C linkage, cuda_kernels.cuh) */
 void cu_matvec_tune(int nr, int lif, int64_t warps);
 
+/* The one-row matvec checks run at each launch setting below: the linear cases (1 to 70
+ * rows) for each of `types`, the fused decode blocks (q/k/v segments, SwiGLU pair,
+ * rms_norm prologue; f16 too when asked), and int8 x (one-row steps against the CPU's
+ * q8_0 kernels, plain and after a norm, and a fused block). Leaves q8_0 on int8 x. */
+static void matvec_setting_checks(const enum ir_dtype *types, size_t n_types, bool f16_block) {
+    cu_matvec_q8_x(0);
+    for (size_t d = 0; d < n_types; d++) {
+        struct linear_case cases[] = {
+            {types[d], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+            {types[d], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+            {types[d], 4096, 9, 0, IR_OP_INPUT},
+            {types[d], 256, 4100, IR_LINEAR_BIAS, IR_OP_INPUT}, /* the default's 4 rows a warp, a tail */
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_linear_case(&cases[c], false);
+    }
+    fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false, false);
+    fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+    if (f16_block) fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, true, false);
+    struct linear_case q8x[] = {{IR_DTYPE_Q8_0, 1024, 130, 0, IR_OP_INPUT}, {IR_DTYPE_Q8_0, 256, 4100, 0, IR_OP_INPUT}};
+    cu_matvec_q8_x(1);
+    for (int c = 0; c < 4; c++) q8x_vs_cpu(&q8x[c % 2], c >= 2, 2);
+    ref_backend = &cpu_backend_ops;
+    fusion_tol = 2e-2;
+    fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+    fusion_tol = 0;
+    ref_backend = &cpu_ref_backend_ops;
+}
+
 /* The default and every launch shape of the one-row matvec (output rows a warp 1/2/4,
- * loads in flight 4/8/16, split K) on the linear cases and the fused decode blocks (q/k/v segments,
- * SwiGLU pair, rms_norm prologue), bf16 and q8_0 (the types with every shape) and f32 */
+ * loads in flight 4/8/16, split K), bf16 and q8_0 (the types with every shape) and f32 */
 static void test_matvec_shapes(void) {
     static const int tunes[][3] = {{0, 0, 0}, {1, 8, 0}, {1, 16, 0}, {2, 4, 0}, {2, 8, 0},
                                    {2, 16, 0}, {4, 4, 0}, {4, 8, 0}, {4, 16, 16384}};
-    enum ir_dtype types[] = {IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_F32};
+    static const enum ir_dtype types[] = {IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_F32};
     for (size_t t = 0; t < sizeof tunes / sizeof tunes[0]; t++) {
         cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
-        cu_matvec_q8_x(0);
-        for (int d = 0; d < 3; d++) {
-            struct linear_case cases[] = {
-                {types[d], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
-                {types[d], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
-                {types[d], 4096, 9, 0, IR_OP_INPUT},
-                {types[d], 256, 4100, IR_LINEAR_BIAS, IR_OP_INPUT}, /* the default's 4 rows a warp, a tail */
-            };
-            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_linear_case(&cases[c], false);
-        }
-        fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, false, false);
-        fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
-        /* int8 x at this shape: one-row steps against the CPU's q8_0 kernels */
-        struct linear_case q8x[] = {{IR_DTYPE_Q8_0, 1024, 130, 0, IR_OP_INPUT}, {IR_DTYPE_Q8_0, 256, 4100, 0, IR_OP_INPUT}};
-        cu_matvec_q8_x(1);
-        for (int c = 0; c < 4; c++) q8x_vs_cpu(&q8x[c % 2], c >= 2, 2);
-        ref_backend = &cpu_backend_ops;
-        fusion_tol = 2e-2;
-        fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
-        fusion_tol = 0;
-        ref_backend = &cpu_ref_backend_ops;
+        matvec_setting_checks(types, sizeof types / sizeof types[0], false);
     }
+    cu_matvec_tune(0, 0, 0);
+    cu_matvec_q8_x(-1);
+}
+
+/* kernels_linear.cu: persistent matvec launches (C linkage, cuda_kernels.cuh) */
+void cu_matvec_persist(int mode, int max_blocks);
+
+/* Persistent launches on every one-row matvec, on grids capped at 3 and 1 blocks (each
+ * block takes many row groups: the prologue's shared memory reused), at 3 blocks with K
+ * split for 16384 warps (cu_matvec_tune; the split-K partials reused too), and as large
+ * as fits: bf16, q8_0 (f32 and int8 x), f32, f16 and q4_0, fresh random inputs each. */
+static void test_matvec_persist(void) {
+    static const int caps[][2] = {{3, 0}, {1, 0}, {3, 16384}, {0, 0}}; /* blocks, split-K warps */
+    static const enum ir_dtype types[] = {IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_F32, IR_DTYPE_F16, IR_DTYPE_Q4_0};
+    for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+        cu_matvec_persist(1, caps[c][0]);
+        cu_matvec_tune(0, 0, caps[c][1]);
+        matvec_setting_checks(types, sizeof types / sizeof types[0], true);
+    }
+    cu_matvec_persist(-1, 0);
     cu_matvec_tune(0, 0, 0);
     cu_matvec_q8_x(-1);
 }
@@ -1290,16 +1317,16 @@ int main(void) {
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_attention,
-                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_short_conv, test_stories_greedy, test_goldens};
+                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_short_conv, test_stories_greedy, test_goldens};
     const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
-                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "short_conv",
+                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "matvec_persist", "short_conv",
                            "stories_greedy",
                            "goldens"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");
     int n = (int)(sizeof fns / sizeof fns[0]);
     if (only && *only) {
-        test_fn sel_fns[16];
-        const char *sel_names[16];
+        test_fn sel_fns[32];
+        const char *sel_names[32];
         int k = 0;
         for (int i = 0; i < n; i++)
             if (strstr(only, names[i])) {

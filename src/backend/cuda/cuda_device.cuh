@@ -226,6 +226,18 @@ static inline cudaError_t cu_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 bl
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
 }
 
+/* Multiprocessors of the current device (read once; 1 if the query fails). Shared by
+ * the persistent matvec launches of kernels_linear.cu and kernels_kquant.cu. */
+static inline int cu_sm_count(void) {
+    static int n = 0;
+    if (n <= 0) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+            n = 1;
+    }
+    return n;
+}
+
 static inline unsigned cu_blocks(int64_t n, int threads) {
     return (unsigned)((n + threads - 1) / threads);
 }

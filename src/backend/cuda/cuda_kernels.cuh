@@ -83,6 +83,14 @@ extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps); /* C: tests/unit
  * int8 launches have their own default launch shape. Until the first call:
  * $LLMOPT_CUDA_Q8_X. */
 extern "C" void cu_matvec_q8_x(int mode); /* C: tests/unit/test_cuda.c */
+/* Persistent one-row matvec launches (f32/f16/bf16/q8_0/q4_0), process-wide: a grid of
+ * as many blocks as the device holds at once, each block taking every gridDim-th group
+ * of rows, so the per-block prologue (rms_norm, x to int8) runs once a block, and K is
+ * split only until the grid's warps have work (not for ~4096 warps). mode 1
+ * every launch, 0 none, -1 (or out of range) the default: the launches with a
+ * prologue; max_blocks > 0 caps the grid (tests), 0 leaves it at what fits. Until the
+ * first call: $LLMOPT_CUDA_MV_PERSIST (the mode). */
+extern "C" void cu_matvec_persist(int mode, int max_blocks); /* C: tests/unit/test_cuda.c */
 cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows,
                       float *y, const struct cu_epilogue *ep);
 /* Several products of one x in one launch (decode: q/k/v, or a SwiGLU gate/up pair).

@@ -793,16 +793,6 @@ __global__ void __launch_bounds__(KM_THREADS, PF || RM > 1 ? 2 : 3)
     }
 }
 
-static int km_sms(void) {
-    static int n = 0;
-    if (n <= 0) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-            n = 1;
-    }
-    return n;
-}
-
 static int km_bps_cap = 0, km_nr = 0, km_pf = 0; /* cu_kq_tune */
 
 extern "C" void cu_kq_tune(int nr, int prefetch, int blocks_per_sm) {
@@ -832,7 +822,7 @@ static cudaError_t km_launch(cudaStream_t st, struct km_job job, const float *x,
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const int64_t blocks = std::min<int64_t>(cu_blocks(groups, KM_WARPS), (int64_t)bps * km_sms());
+    const int64_t blocks = std::min<int64_t>(cu_blocks(groups, KM_WARPS), (int64_t)bps * cu_sm_count());
     return cu_launch_pdl(kern, dim3((unsigned)blocks), dim3(KM_THREADS), smem, st, job, x, rows);
 }
 

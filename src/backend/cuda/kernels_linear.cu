@@ -196,15 +196,31 @@ struct mv_job {
 };
 
 
+/* sum of squares of x[0..K) (K % 4 == 0, 16-byte aligned) by the whole block, every
+ * thread gets it: float4 loads, up to 4 in flight a thread (K = 4096: one round trip) */
+static __device__ __forceinline__ float mv_sumsq(const float *__restrict__ x, int64_t K, float *red) {
+    const float4 *x4 = (const float4 *)x;
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int64_t f = threadIdx.x; f < K / 4; f += MV_THREADS) {
+        const float4 v = __ldg(x4 + f);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    return cu_block_sum(ss, red);
+}
+
 /* Block: MV_WARPS warps; `ksplit` consecutive warps share NR consecutive output rows
  * j0..j0+NR-1, each warp taking every ksplit-th group of 32 chunks. With one x row
  * (decode) a lane loads its x chunk once and applies it to the NW = NR (PAIR: 2 NR)
  * weight rows: x traffic through L1 per weight byte drops NW times (a q8_0 chunk of 16
  * bytes needs 64 bytes of x). With several x rows (RMAX > 1, NR = 1) each weight chunk
- * serves every row. */
+ * serves every row. The launch has n_bg block groups of rows (MV_WARPS / ksplit row
+ * groups each); block b takes groups b, b + gridDim.x, ... (a persistent launch, grid
+ * smaller than n_bg: the prologue, rms_norm or x to int8, runs once per block instead
+ * of once per group). */
 template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF, int XM = MV_X_F32>
 __global__ void __launch_bounds__(MV_THREADS)
-    matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit) {
+    matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit, int64_t n_bg) {
     constexpr int E = mv_traits<DT>::E;
     static_assert(XM == MV_X_F32 || (DT == CU_Q8_0 && RMAX == 1), "int8 x: q8_0 weights, one x row");
     constexpr int NW = PAIR ? 2 * NR : NR;         /* weight rows a warp streams */
@@ -215,44 +231,55 @@ __global__ void __launch_bounds__(MV_THREADS)
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     const int rows_per_block = MV_WARPS / ksplit;
     const int ks = warp % ksplit;
-    const int64_t gidx = (int64_t)blockIdx.x * rows_per_block + warp / ksplit;
-    static_assert(CU_MV_MAX_SEGS == 3, "the segment choice below names each segment");
-    /* constant indices only: a dynamically indexed parameter would be copied to local memory */
-    struct cu_mv_seg seg;
-    int64_t g_base;
-    if (job.n_seg > 2 && gidx >= job.g_end[1]) {
-        seg = job.seg[2];
-        g_base = job.g_end[1];
-    } else if (job.n_seg > 1 && gidx >= job.g_end[0]) {
-        seg = job.seg[1];
-        g_base = job.g_end[0];
-    } else {
-        seg = job.seg[0];
-        g_base = 0;
-    }
-    const struct cu_weight w = seg.w;
-    const struct cu_epilogue ep = seg.ep;
-    const int64_t j0 = (gidx - g_base) * NR;
-    const int64_t K = w.cols, n_out = w.rows, n_chunks = K / E;
-    float acc[NW][RMAX];
-#pragma unroll
-    for (int nr = 0; nr < NW; nr++)
-#pragma unroll
-        for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
+    const int64_t K = job.seg[0].w.cols, n_chunks = K / E; /* one K for every segment */
     constexpr int64_t bytes_num = DT == CU_F32 ? 4 : DT == CU_Q4_0 ? 1 : DT == CU_Q8_0 ? 2 : 4;
     constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
     constexpr bool SCALED = DT == CU_Q8_0 || DT == CU_Q4_0;
     constexpr int CPB = DT == CU_Q8_0 ? 2 : 1; /* 16-byte chunks a 32-element block */
+    static_assert(CU_MV_MAX_SEGS == 3, "the segment choice below names each segment");
+    /* segment i, read from the parameters where it is used (constant indices only: a
+     * dynamically indexed parameter would be copied to local memory; and only the
+     * index lives across the loop, not the segment's fields, which would take
+     * registers from the loads in flight) */
+    auto pick = [&](int i) {
+        struct cu_mv_seg sg;
+        if (i == 2)
+            sg = job.seg[2];
+        else if (i == 1)
+            sg = job.seg[1];
+        else
+            sg = job.seg[0];
+        return sg;
+    };
+    int si;
+    int64_t j0, n_out;
     const uint4 *wrow[NW];
     const uint16_t *srow[NW]; /* block scales of each streamed row (q8_0/q4_0) */
+    auto setup = [&](int64_t bg) { /* this warp's segment, rows and row pointers in group bg */
+        const int64_t gidx = bg * rows_per_block + warp / ksplit;
+        int64_t g_base;
+        if (job.n_seg > 2 && gidx >= job.g_end[1]) {
+            si = 2;
+            g_base = job.g_end[1];
+        } else if (job.n_seg > 1 && gidx >= job.g_end[0]) {
+            si = 1;
+            g_base = job.g_end[0];
+        } else {
+            si = 0;
+            g_base = 0;
+        }
+        const struct cu_weight w = pick(si).w;
+        j0 = (gidx - g_base) * NR;
+        n_out = w.rows;
 #pragma unroll
-    for (int nr = 0; nr < NW; nr++) {
-        const struct cu_weight &ws = PAIR && nr >= NR ? job.up : w;
-        /* rows past the end repeat the last one; their sums are dropped */
-        const int64_t jr = j0 + nr % NR < n_out ? j0 + nr % NR : n_out - 1;
-        wrow[nr] = (const uint4 *)((const uint8_t *)ws.data + (size_t)(jr * K * bytes_num / bytes_den));
-        srow[nr] = SCALED ? ws.scales + jr * (K / 32) : NULL;
-    }
+        for (int nr = 0; nr < NW; nr++) {
+            const struct cu_weight &ws = PAIR && nr >= NR ? job.up : w;
+            /* rows past the end repeat the last one; their sums are dropped */
+            const int64_t jr = j0 + nr % NR < n_out ? j0 + nr % NR : n_out - 1;
+            wrow[nr] = (const uint4 *)((const uint8_t *)ws.data + (size_t)(jr * K * bytes_num / bytes_den));
+            srow[nr] = SCALED ? ws.scales + jr * (K / 32) : NULL;
+        }
+    };
     const int64_t step = (int64_t)CU_WARP * ksplit;
     uint4 raw[U][NW];
     uint16_t scl[U][NW]; /* each load's block scale, fetched with it */
@@ -271,6 +298,8 @@ __global__ void __launch_bounds__(MV_THREADS)
     /* the weights do not depend on the previous kernel: the first loads go out before
      * the dependency wait (programmatic dependent launch) */
     const int64_t first = (int64_t)ks * CU_WARP + lane;
+    int64_t bg = blockIdx.x;
+    setup(bg);
     if (j0 < n_out) load(first);
     cu_pdl_wait();
     /* the rms_norm prologue (segment 0 carries it for the launch): every x row's scale,
@@ -282,95 +311,103 @@ __global__ void __launch_bounds__(MV_THREADS)
     const float *norm_w = job.seg[0].ep.norm_w;
     if constexpr (XM == MV_X_Q8) {
         float sc = 1.0f;
-        if constexpr (NORM) {
-            float ss = 0.0f;
-            for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) ss += x[k] * x[k];
-            ss = cu_block_sum(ss, red);
-            sc = 1.0f / sqrtf(ss / (float)K + job.seg[0].ep.norm_eps);
-        }
+        if constexpr (NORM) sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
         mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
         __syncthreads();
     } else if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
-            float ss = 0.0f;
-            for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) ss += x[(size_t)r * K + k] * x[(size_t)r * K + k];
-            ss = cu_block_sum(ss, red);
+            const float ss = mv_sumsq(x + (size_t)r * K, K, red);
             if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(ss / (float)K + job.seg[0].ep.norm_eps);
         }
         __syncthreads();
         if constexpr (RMAX == 1) {
-            float *xw = (float *)xs_dyn;
             const float sc = inv_rms[0];
-            for (int64_t k = threadIdx.x; k < K; k += MV_THREADS) xw[k] = x[k] * sc * norm_w[k];
+            for (int64_t f = threadIdx.x; f < K / 4; f += MV_THREADS) {
+                const float4 v = __ldg((const float4 *)x + f), nw = __ldg((const float4 *)norm_w + f);
+                xs_dyn[f] = make_float4(v.x * sc * nw.x, v.y * sc * nw.y, v.z * sc * nw.z, v.w * sc * nw.w);
+            }
             __syncthreads();
         }
     }
-    if (j0 < n_out) {
-        for (int64_t c0 = first; c0 < n_chunks; c0 += step * U) {
-            if (c0 != first) load(c0);
+    for (;;) {
+        float acc[NW][RMAX];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int64_t c = c0 + u * step;
-                if (c >= n_chunks) break;
-                if constexpr (XM == MV_X_Q8) { /* 16 int8 of x and its block's scale */
-                    const uint4 xv = ((const uint4 *)xs_dyn)[c];
-                    const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
-                    const float xd = ((const float *)((const uint8_t *)xs_dyn + K))[c / 2];
+        for (int nr = 0; nr < NW; nr++)
 #pragma unroll
-                    for (int nr = 0; nr < NW; nr++)
-                        acc[nr][0] += (float)mv_dot16(raw[u][nr], xq) * (cu_f16(scl[u][nr]) * xd);
-                } else if constexpr (RMAX == 1) {
-                    float xr[E];
+            for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
+        if (j0 < n_out) {
+            for (int64_t c0 = first; c0 < n_chunks; c0 += step * U) {
+                if (c0 != first) load(c0);
 #pragma unroll
-                    for (int i = 0; i < E / 4; i++) {
-                        float4 xx = NORM ? ((const float4 *)(xs + (size_t)c * E))[i]
-                                         : __ldg((const float4 *)(x + (size_t)c * E) + i);
-                        xr[4 * i] = xx.x;
-                        xr[4 * i + 1] = xx.y;
-                        xr[4 * i + 2] = xx.z;
-                        xr[4 * i + 3] = xx.w;
-                    }
+                for (int u = 0; u < U; u++) {
+                    int64_t c = c0 + u * step;
+                    if (c >= n_chunks) break;
+                    if constexpr (XM == MV_X_Q8) { /* 16 int8 of x and its block's scale */
+                        const uint4 xv = ((const uint4 *)xs_dyn)[c];
+                        const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
+                        const float xd = ((const float *)((const uint8_t *)xs_dyn + K))[c / 2];
 #pragma unroll
-                    for (int nr = 0; nr < NW; nr++) {
-                        float f[E];
-                        float scale = mv_decode<DT>(raw[u][nr], scl[u][nr], f);
-                        float s = 0.0f;
+                        for (int nr = 0; nr < NW; nr++)
+                            acc[nr][0] += (float)mv_dot16(raw[u][nr], xq) * (cu_f16(scl[u][nr]) * xd);
+                    } else if constexpr (RMAX == 1) {
+                        float xr[E];
 #pragma unroll
-                        for (int i = 0; i < E; i++) s += f[i] * xr[i];
-                        acc[nr][0] += s * scale;
-                    }
-                } else {
+                        for (int i = 0; i < E / 4; i++) {
+                            float4 xx = NORM ? ((const float4 *)(xs + (size_t)c * E))[i]
+                                             : __ldg((const float4 *)(x + (size_t)c * E) + i);
+                            xr[4 * i] = xx.x;
+                            xr[4 * i + 1] = xx.y;
+                            xr[4 * i + 2] = xx.z;
+                            xr[4 * i + 3] = xx.w;
+                        }
 #pragma unroll
-                    for (int nr = 0; nr < NW; nr++) {
-                        float f[E];
-                        float scale = mv_decode<DT>(raw[u][nr], scl[u][nr], f);
-#pragma unroll
-                        for (int r = 0; r < RMAX; r++) {
-                            if (r >= rows) break;
-                            const float4 *xv = (const float4 *)(x + (size_t)r * K + (size_t)c * E);
+                        for (int nr = 0; nr < NW; nr++) {
+                            float f[E];
+                            float scale = mv_decode<DT>(raw[u][nr], scl[u][nr], f);
                             float s = 0.0f;
 #pragma unroll
-                            for (int i = 0; i < E / 4; i++) {
-                                float4 xx = __ldg(xv + i);
-                                if constexpr (NORM) {
-                                    const float sc = inv_rms[r];
-                                    const float4 nw = __ldg((const float4 *)(norm_w + (size_t)c * E) + i);
-                                    xx.x = xx.x * sc * nw.x;
-                                    xx.y = xx.y * sc * nw.y;
-                                    xx.z = xx.z * sc * nw.z;
-                                    xx.w = xx.w * sc * nw.w;
+                            for (int i = 0; i < E; i++) s += f[i] * xr[i];
+                            acc[nr][0] += s * scale;
+                        }
+                    } else {
+#pragma unroll
+                        for (int nr = 0; nr < NW; nr++) {
+                            float f[E];
+                            float scale = mv_decode<DT>(raw[u][nr], scl[u][nr], f);
+#pragma unroll
+                            for (int r = 0; r < RMAX; r++) {
+                                if (r >= rows) break;
+                                const float4 *xv = (const float4 *)(x + (size_t)r * K + (size_t)c * E);
+                                float s = 0.0f;
+#pragma unroll
+                                for (int i = 0; i < E / 4; i++) {
+                                    float4 xx = __ldg(xv + i);
+                                    if constexpr (NORM) {
+                                        const float sc = inv_rms[r];
+                                        const float4 nw = __ldg((const float4 *)(norm_w + (size_t)c * E) + i);
+                                        xx.x = xx.x * sc * nw.x;
+                                        xx.y = xx.y * sc * nw.y;
+                                        xx.z = xx.z * sc * nw.z;
+                                        xx.w = xx.w * sc * nw.w;
+                                    }
+                                    s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
+                                         f[4 * i + 3] * xx.w;
                                 }
-                                s += f[4 * i] * xx.x + f[4 * i + 1] * xx.y + f[4 * i + 2] * xx.z +
-                                     f[4 * i + 3] * xx.w;
+                                acc[nr][r] += s * scale;
                             }
-                            acc[nr][r] += s * scale;
                         }
                     }
                 }
             }
         }
+        const struct cu_mv_seg seg = pick(si);
+        cu_matvec_finish<NR, RMAX, PAIR>(acc, part, ksplit, j0, n_out, rows, seg.y, seg.ep, seg.head_dim);
+        bg += gridDim.x;
+        if (bg >= n_bg) break;
+        if (ksplit > 1) __syncthreads(); /* part is written again */
+        setup(bg);
+        if (j0 < n_out) load(first);
     }
-    cu_matvec_finish<NR, RMAX, PAIR>(acc, part, ksplit, j0, n_out, rows, seg.y, ep, seg.head_dim);
 }
 
 static int mv_elems(int dtype) {
@@ -435,20 +472,39 @@ static size_t mv_xq_smem(int64_t K) {
     return (size_t)K + (size_t)(K / 32) * sizeof(float);
 }
 
+/* Persistent one-row matvec launches (cu_matvec_persist): -1 the default (the launches
+ * with a per-block prologue: the rms_norm or x to int8), 0 none, 1 all; -2 unread;
+ * at most mv_persist_cap blocks when not 0 (tests: many groups a block). */
+static int mv_persist_mode = -2, mv_persist_cap = 0;
+
+extern "C" void cu_matvec_persist(int mode, int max_blocks) {
+    mv_persist_mode = mode == 0 || mode == 1 ? mode : -1;
+    mv_persist_cap = max_blocks > 0 ? max_blocks : 0;
+}
+
+static bool mv_persistent(bool prologue) {
+    if (mv_persist_mode == -2) {
+        const char *e = getenv("LLMOPT_CUDA_MV_PERSIST");
+        cu_matvec_persist(e && *e ? atoi(e) : -1, 0);
+    }
+    return mv_persist_mode == 1 || (mv_persist_mode < 0 && prologue);
+}
+
 /* Whether a one-row q8_0 launch over rows of K (`streamed` weight rows, prologue
  * `norm`, SwiGLU `pair`) takes int8 x, and then its launch shape (output rows a warp
  * *nr, loads in flight *lif). The default, from the kernel lab's sweep on an H200
  * (bench/results/cuda-q8-2026-11-30.md): int8 x for the launches with the rms_norm
- * prologue or a pair, and for plain ones with K <= 4096 below 16384 rows (attn_o,
- * 0.6B ffn_down); f32 x for long rows (8B ffn_down: the block would stage 14336
- * elements before its loop) and lm_head-sized products (not measured with int8). */
+ * prologue or a pair, and for plain ones with K <= 4096 (attn_o, 0.6B ffn_down, and,
+ * with persistent launches, where each block quantizes x once, lm_head: 80 -> 101% of
+ * copy bandwidth, bench/results/cuda-big-2026-11-30.md); f32 x for long rows (8B
+ * ffn_down: 62 vs 54%) and, without persistent launches, from 16384 rows. */
 static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *nr, int *lif) {
     if (mv_x_mode == -2) {
         const char *e = getenv("LLMOPT_CUDA_Q8_X");
         cu_matvec_q8_x(e && *e ? atoi(e) : -1);
     }
     if (mv_xq_smem(K) > (48 << 10) || mv_x_mode == MV_X_F32) return false;
-    if (mv_x_mode < 0 && !norm && !pair && (K > 4096 || streamed >= 16384)) return false;
+    if (mv_x_mode < 0 && !norm && !pair && (K > 4096 || (streamed >= 16384 && !mv_persistent(true)))) return false;
     if (pair) { /* 2 row pairs, 8 loads */
         *nr = 2;
         *lif = 8;
@@ -469,12 +525,29 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const int ksplit = cu_matvec_ksplit(groups, n_chunks, MV_WARPS, mv_tune.warps ? mv_tune.warps : 4096);
-    unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
     const size_t smem = XM == MV_X_Q8 ? mv_xq_smem(job.seg[0].w.cols)
                            : NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
-    cu_launch_pdl(matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF, XM>, dim3(blocks), dim3(MV_THREADS), smem, st, job, x,
-                  rows, ksplit);
+    auto kern = matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF, XM>;
+    /* persistent: as many blocks as the device holds at once, and K split only while
+     * the split rows still fit in their warps (split K costs two barriers a row group,
+     * and more blocks than fit mean a second, partial round) */
+    int64_t cap = 0;
+    if (mv_persistent(NORM || XM == MV_X_Q8)) {
+        static size_t occ_smem = (size_t)-1;
+        static int occ = 1;
+        if (occ_smem != smem) {
+            int n = 0;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, MV_THREADS, smem) != cudaSuccess || n < 1) n = 1;
+            occ = n;
+            occ_smem = smem;
+        }
+        cap = mv_persist_cap ? mv_persist_cap : (int64_t)occ * cu_sm_count();
+    }
+    const int64_t target = mv_tune.warps ? mv_tune.warps : cap ? cap * MV_WARPS / 2 + 1 : 4096;
+    const int ksplit = cu_matvec_ksplit(groups, n_chunks, MV_WARPS, target);
+    const unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
+    const unsigned grid = cap && cap < (int64_t)blocks ? (unsigned)cap : blocks;
+    cu_launch_pdl(kern, dim3(grid), dim3(MV_THREADS), smem, st, job, x, rows, ksplit, (int64_t)blocks);
 }
 
 /* Loads in flight: bf16 and q8_0 (the decode types) have 4, 8 and 16; the others 4. */
