@@ -15,10 +15,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* Workers that handle POST bodies (JSON, chat template, tokenizer, submission) off the
- * event loop: tokenizing a 3 MB prompt takes ~0.2 s, which on the event-loop thread
- * would stall every stream's writes that long. */
+/* Workers that handle large POST bodies (JSON, chat template, tokenizer, submission)
+ * off the event loop: tokenizing a 3 MB prompt takes ~0.2 s, which on the event-loop
+ * thread would stall every stream's writes that long. */
 #define HTTP_WORKERS 2
+/* Bodies up to this many bytes are handled on the event loop (well under a millisecond
+ * of parsing and tokenizing): the common small request skips the hop to a worker and
+ * never queues behind large prompts there. */
+#define HTTP_INLINE_BODY_MAX (16 << 10)
 
 struct http_request;
 
@@ -221,7 +225,8 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
     if (!hr->pending) {
         pthread_mutex_lock(&h->mu);
         enum http_job job = hr->job;
-        if (job == HTTP_JOB_NONE && !h->stopping && h->n_workers > 0 && !strcmp(method, "POST")) {
+        if (job == HTTP_JOB_NONE && !h->stopping && h->n_workers > 0 && !strcmp(method, "POST") &&
+            hr->body.len > HTTP_INLINE_BODY_MAX) {
             /* to a worker; the connection sleeps until the worker resumes it (the
              * suspend happens under mu, which the worker takes before it resumes) */
             hr->job = HTTP_JOB_QUEUED;

@@ -379,9 +379,14 @@ async function auth() {
     await new Promise((r) => setTimeout(r, 50));
     const h = await fetch(base(srv) + '/health');
     healthAt = performance.now() - t0;
+    // a small request does not queue behind them: small bodies are handled on the event loop
+    const small = await client(srv, 'sekrit').completions.create({ model: MODEL_ID, prompt: 'a', max_tokens: 2 });
+    const smallAt = performance.now() - t0;
     const statuses = await Promise.all(bigs);
     check('big prompts: /health answers while they are tokenized', h.status === 200 && healthAt < firstBig &&
           statuses.every((st) => st === 400), `health at ${healthAt.toFixed(0)} ms, first big reply at ${firstBig.toFixed(0)} ms, ${statuses}`);
+    check('big prompts: a small request is answered before them', small.choices.length === 1 && smallAt < firstBig,
+          `small at ${smallAt.toFixed(0)} ms, first big reply at ${firstBig.toFixed(0)} ms`);
   } finally {
     const ex = await stopServer(srv);
     check('auth server: SIGTERM exits 0', ex.code === 0, JSON.stringify(ex));
