@@ -391,7 +391,12 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
     /* the all-heads decode kernel: scaled queries, accumulator, max and sum per head,
      * and a chunk of scores for two heads per query head of a KV head */
     int64_t heads = 4 * n_heads * head_dim + 2 * group * CPU_ATT_DEC_CHUNK;
+    /* the prefill kernel: transposed queries and outputs, a chunk of probabilities,
+     * max / sum / rescale per query (queries padded), a chunk of K and V rows widened */
+    int64_t nq_pad = (CPU_ATT_QBLOCK * group + CPU_ATT_PF_QPAD - 1) / CPU_ATT_PF_QPAD * CPU_ATT_PF_QPAD;
+    int64_t prefill = nq_pad * (2 * head_dim + CPU_ATT_PF_CHUNK + 3) + 2 * CPU_ATT_PF_CHUNK * head_dim;
     int64_t most = block > decode ? block : decode;
+    most = most > prefill ? most : prefill;
     return most > heads ? most : heads;
 }
 
