@@ -131,7 +131,7 @@ static inline vf v_set1_f16(const uint8_t *p) {
 
 /* out[j][i] = in[i][j] for a 16 x 16 float block (the vocabulary's v_transpose): 32-bit, then 64-bit interleaves
  * within 128-bit lanes, then a 4 x 4 transpose of the lanes. */
-static inline void transpose16(const __m512 *in, __m512 *out) {
+static inline __attribute__((always_inline)) void transpose16(const __m512 *in, __m512 *out) {
     __m512 a[16], b[16];
     for (int m = 0; m < 8; m++) {
         a[2 * m] = _mm512_unpacklo_ps(in[2 * m], in[2 * m + 1]);
@@ -347,6 +347,10 @@ static size_t gemm_panel_bytes(enum ir_dtype t, int64_t k) {
     return (size_t)k * CPU_GEMM_NC * sizeof(float);
 }
 
+#ifndef GEMM_PACK_PF
+#define GEMM_PACK_PF 256
+#endif
+
 static void gemm_pack(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel) {
     /* byte offsets of the 16 columns of each group; absent columns read column 0 */
     __m512i off[4];
@@ -385,8 +389,13 @@ static void gemm_pack(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, 
     /* float types: 16 columns x 16 k at a time, loaded (and widened) along k, then
      * transposed in registers so the panel holds 16 columns per k */
     float *p = panel;
+    const int64_t esz = t == IR_DTYPE_F32 ? 4 : 2;
     for (int64_t k0 = 0; k0 < k; k0 += 16) {
         int n = k - k0 < 16 ? (int)(k - k0) : 16;
+        /* each row's line GEMM_PACK_PF bytes ahead, once per line: 64 short streams at
+         * the row stride are more than the hardware prefetcher follows */
+        if ((k0 * esz) % 64 == 0)
+            for (int c = 0; c < nc; c++) _mm_prefetch((const char *)(w + (size_t)c * ldw + k0 * esz + GEMM_PACK_PF), _MM_HINT_T0);
         for (int g = 0; g < 4; g++) {
             __m512 r[16];
             for (int i = 0; i < 16; i++) {

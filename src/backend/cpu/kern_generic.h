@@ -914,7 +914,8 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
  * softmax scale is folded into the queries. */
 #define KG_PF_SQ (2 * VLEN)           /* queries per score micro-tile: two vectors */
 #define KG_PF_NJ (VLEN >= 16 ? 8 : 4) /* positions per score micro-tile */
-#define KG_PF_QB (VLEN >= 16 ? 6 : 2) /* queries per weighted-sum micro-tile */
+#define KG_PF_QB (VLEN >= 16 ? 8 : 2) /* queries per weighted-sum micro-tile ... */
+#define KG_PF_NV (VLEN >= 16 ? 3 : 4) /* ... times vectors of V values */
 
 /* s[jj * ldq + 0..SQ) = dot(query columns 0..SQ of qt, kf row jj) for jj < KG_PF_NJ;
  * qt is (dh, ldq), kf rows dh apart. */
@@ -943,7 +944,7 @@ KG_INLINE void kg_pf_scores(const float *qt, int64_t ldq, const float *kf, int64
  * vector has m lanes (1..VLEN). */
 KG_INLINE void kg_pf_wsum_nv(float *o, int64_t dh, const float *alpha, const float *p, int64_t ldq, const float *vw,
                              int n, int64_t d0, int m, const int QB, const int NV) {
-    vf acc[KG_PF_QB][4];
+    vf acc[KG_PF_QB][KG_PF_NV];
 #pragma GCC unroll 8
     for (int q = 0; q < QB; q++) {
         vf al = v_set1(alpha[q]);
@@ -954,7 +955,7 @@ KG_INLINE void kg_pf_wsum_nv(float *o, int64_t dh, const float *alpha, const flo
         }
     }
     for (int j = 0; j < n; j++) {
-        vf v[4];
+        vf v[KG_PF_NV];
 #pragma GCC unroll 4
         for (int i = 0; i < NV; i++) {
             const float *src = vw + j * dh + d0 + i * VLEN;
@@ -979,14 +980,14 @@ KG_INLINE void kg_pf_wsum_nv(float *o, int64_t dh, const float *alpha, const flo
 
 KG_INLINE void kg_pf_wsum_qb(float *o, int64_t dh, const float *alpha, const float *p, int64_t ldq, const float *vw,
                              int n, const int QB) {
-    for (int64_t d0 = 0; d0 < dh; d0 += 4 * VLEN) {
-        int64_t left = dh - d0 < 4 * VLEN ? dh - d0 : 4 * VLEN;
+    for (int64_t d0 = 0; d0 < dh; d0 += KG_PF_NV * VLEN) {
+        int64_t left = dh - d0 < KG_PF_NV * VLEN ? dh - d0 : KG_PF_NV * VLEN;
         int nv = (int)((left + VLEN - 1) / VLEN), m = (int)(left - (nv - 1) * VLEN);
         switch (nv) {
         case 1: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, 1); break;
         case 2: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, 2); break;
         case 3: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, 3); break;
-        default: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, 4); break;
+        default: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, KG_PF_NV); break;
         }
     }
 }
@@ -1088,27 +1089,15 @@ static void kg_attention_prefill(const struct cpu_attention *a, int64_t t0, int6
     kg_pf_transpose_q(a, t0, kvh, group, nq, ldq, qt);
     memset(o, 0, (size_t)(ldq * dh) * sizeof(float));
     const vf lowest = v_set1(-FLT_MAX);
-    const int64_t col = kv_dtype_bytes(kt, kvh * dh), row_len = kv_dtype_bytes(kt, dh);
+    const int64_t col = kv_dtype_bytes(kt, kvh * dh);
     for (int32_t j0 = first; j0 <= p_last; j0 += CPU_ATT_PF_CHUNK) {
         int n = p_last + 1 - j0 < CPU_ATT_PF_CHUNK ? p_last + 1 - j0 : CPU_ATT_PF_CHUNK;
         int n_tiles = (n + KG_PF_NJ - 1) / KG_PF_NJ * KG_PF_NJ;
-        if (j0 == first) {
-            kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, col, krows);
-            kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, col, vrows);
-        }
+        kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, col, krows);
+        kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, col, vrows);
         for (int jj = 0; jj < n; jj++) {
             kg_pf_widen(krows[jj], kt, dh, kf + jj * dh);
             kg_pf_widen(vrows[jj], kt, dh, vw + jj * dh);
-        }
-        /* the next chunk's rows toward L2 while this one computes (a KV head's rows
-         * are a few hundred bytes at the stride of the whole KV row) */
-        int32_t j1 = j0 + CPU_ATT_PF_CHUNK;
-        int n1 = p_last + 1 - j1 < CPU_ATT_PF_CHUNK ? p_last + 1 - j1 : CPU_ATT_PF_CHUNK;
-        if (n1 > 0) {
-            kg_kv_rows(kv, kv->k, a->layer, slot, j1, n1, col, krows);
-            kg_kv_rows(kv, kv->v, a->layer, slot, j1, n1, col, vrows);
-            kg_prefetch_rows(krows, 0, n1, row_len, 2);
-            kg_prefetch_rows(vrows, 0, n1, row_len, 2);
         }
         /* rows past the last position: scores computed, never used */
         memset(kf + n * dh, 0, (size_t)((n_tiles - n) * dh) * sizeof(float));
