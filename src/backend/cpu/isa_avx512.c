@@ -347,10 +347,6 @@ static size_t gemm_panel_bytes(enum ir_dtype t, int64_t k) {
     return (size_t)k * CPU_GEMM_NC * sizeof(float);
 }
 
-#ifndef GEMM_PACK_PF
-#define GEMM_PACK_PF 256
-#endif
-
 static void gemm_pack(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel) {
     /* byte offsets of the 16 columns of each group; absent columns read column 0 */
     __m512i off[4];
@@ -389,13 +385,8 @@ static void gemm_pack(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, 
     /* float types: 16 columns x 16 k at a time, loaded (and widened) along k, then
      * transposed in registers so the panel holds 16 columns per k */
     float *p = panel;
-    const int64_t esz = t == IR_DTYPE_F32 ? 4 : 2;
     for (int64_t k0 = 0; k0 < k; k0 += 16) {
         int n = k - k0 < 16 ? (int)(k - k0) : 16;
-        /* each row's line GEMM_PACK_PF bytes ahead, once per line: 64 short streams at
-         * the row stride are more than the hardware prefetcher follows */
-        if ((k0 * esz) % 64 == 0)
-            for (int c = 0; c < nc; c++) _mm_prefetch((const char *)(w + (size_t)c * ldw + k0 * esz + GEMM_PACK_PF), _MM_HINT_T0);
         for (int g = 0; g < 4; g++) {
             __m512 r[16];
             for (int i = 0; i < 16; i++) {
