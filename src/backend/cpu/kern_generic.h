@@ -1067,6 +1067,7 @@ static void kg_attention_prefill(const struct cpu_attention *a, int64_t t0, int6
                                  float *scratch) {
     const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, nq = (t1 - t0) * group;
     const int64_t ldq = (nq + KG_PF_SQ - 1) / KG_PF_SQ * KG_PF_SQ; /* <= cpu_attention_scratch_floats' pad */
+    LLMOPT_ASSERT(ldq * (2 * dh + CPU_ATT_PF_CHUNK + 3) + 2 * CPU_ATT_PF_CHUNK * dh <= a->scratch_per_thread);
     const int kt = a->kv->dtype;
     float *qt = scratch;                        /* (dh, ldq) scaled queries, column q */
     float *o = qt + dh * ldq;                   /* (ldq, dh) outputs, not yet divided by l */
