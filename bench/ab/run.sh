@@ -3,6 +3,7 @@
 #   bench/ab/run.sh OLD_COMMIT [ab_linear.c arguments]   old vs this tree's AVX-512 table
 #   bench/ab/run.sh prefetch [hot]                       software prefetch variants
 #   bench/ab/run.sh OLD_COMMIT attention [depth] [kv]    decode attention, old vs this tree
+#   bench/ab/run.sh OLD_COMMIT prefill [gemm|attention|all] [tokens]  Qwen3-0.6B F16 prefill kernels
 set -e
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -26,5 +27,6 @@ fi
 $cc -I"$tmp/old" -Dcpu_isa_kernels_avx512=cpu_isa_kernels_avx512_old -c "$tmp/old/isa_avx512.c" -o "$tmp/old.o"
 harness=ab_linear.c
 if [ "$1" = attention ]; then harness=ab_attention.c; fi
+if [ "$1" = prefill ]; then harness=ab_prefill.c; fi
 $cc "$root/bench/ab/$harness" "$tmp/old.o" "$root/build/libllmopt_core.a" -lm -lpthread -o "$tmp/ab"
 "$tmp/ab" "$@"

@@ -14,6 +14,7 @@
  *   v_hsum(v) v_hmax(v)           horizontal sum / max
  *   v_exp(v)                      e^v (|rel err| ~ 2 ulp over the f32 range)
  *   v_reduce_lanes(vf a[VLEN])    lane j = sum of the lanes of a[j]
+ *   v_transpose(in, out)          optional (KG_HAVE_TRANSPOSE): out[j] lane i = in[i] lane j
  *   TILE_PASS_R                   tile rows one pass keeps in registers
  *
  * Everything here is static; the including file puts the functions in its table. The
@@ -24,7 +25,9 @@
 
 #include "backend/cpu/kernels.h"
 
+#include <float.h>
 #include <math.h>
+#include <string.h>
 
 #define KG_INLINE static inline __attribute__((always_inline))
 
@@ -899,10 +902,256 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
     }
 }
 
-/* One instance of the block per KV element type; single-token runs take the decode
- * kernel. */
+/* ---- prefill attention: a block of queries as two small GEMMs ---------------------- */
+
+#if VLEN >= 8
+/* A block of nq queries (tokens t0..t1-1 x the group's heads) against one KV head, the
+ * queries in vector lanes: per chunk of CPU_ATT_PF_CHUNK positions, S^T = K Q^T (each K
+ * value broadcast against two vectors of queries), the online softmax lane-wise (a
+ * lane's max and sum never leave it), and O += P V (each V vector loaded once for
+ * KG_PF_QB queries). The chunk's K and V rows are widened to f32 once for all queries
+ * instead of once per dot product. Scores, probabilities and outputs are f32; the
+ * softmax scale is folded into the queries. */
+#define KG_PF_SQ (2 * VLEN)           /* queries per score micro-tile: two vectors */
+#define KG_PF_NJ (VLEN >= 16 ? 8 : 4) /* positions per score micro-tile */
+#define KG_PF_QB (VLEN >= 16 ? 8 : 2) /* queries per weighted-sum micro-tile ... */
+#define KG_PF_NV (VLEN >= 16 ? 3 : 4) /* ... times vectors of V values */
+
+/* s[jj * ldq + 0..SQ) = dot(query columns 0..SQ of qt, kf row jj) for jj < KG_PF_NJ;
+ * qt is (dh, ldq), kf rows dh apart. */
+KG_INLINE void kg_pf_scores(const float *qt, int64_t ldq, const float *kf, int64_t dh, float *s) {
+    vf acc[KG_PF_NJ][2];
+#pragma GCC unroll 8
+    for (int jj = 0; jj < KG_PF_NJ; jj++) acc[jj][0] = acc[jj][1] = v_zero();
+    for (int64_t d = 0; d < dh; d++) {
+        vf qa = v_load(qt + d * ldq), qb = v_load(qt + d * ldq + VLEN);
+#pragma GCC unroll 8
+        for (int jj = 0; jj < KG_PF_NJ; jj++) {
+            vf kb = v_set1(kf[jj * dh + d]);
+            acc[jj][0] = v_fma(qa, kb, acc[jj][0]);
+            acc[jj][1] = v_fma(qb, kb, acc[jj][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int jj = 0; jj < KG_PF_NJ; jj++) {
+        v_store(s + jj * ldq, acc[jj][0]);
+        v_store(s + jj * ldq + VLEN, acc[jj][1]);
+    }
+}
+
+/* For QB queries from the first: o[q][d0 .. d0 + NV * VLEN) = o * alpha[q] +
+ * sum_j p[j * ldq + q] * vw[j][same] over n rows (o and vw rows dh apart); the last
+ * vector has m lanes (1..VLEN). */
+KG_INLINE void kg_pf_wsum_nv(float *o, int64_t dh, const float *alpha, const float *p, int64_t ldq, const float *vw,
+                             int n, int64_t d0, int m, const int QB, const int NV) {
+    vf acc[KG_PF_QB][KG_PF_NV];
+#pragma GCC unroll 8
+    for (int q = 0; q < QB; q++) {
+        vf al = v_set1(alpha[q]);
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) {
+            const float *src = o + q * dh + d0 + i * VLEN;
+            acc[q][i] = v_mul(i < NV - 1 || m == VLEN ? v_load(src) : v_load_n(src, m), al);
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        vf v[KG_PF_NV];
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) {
+            const float *src = vw + j * dh + d0 + i * VLEN;
+            v[i] = i < NV - 1 || m == VLEN ? v_load(src) : v_load_n(src, m);
+        }
+#pragma GCC unroll 8
+        for (int q = 0; q < QB; q++) {
+            vf pj = v_set1(p[j * ldq + q]);
+#pragma GCC unroll 4
+            for (int i = 0; i < NV; i++) acc[q][i] = v_fma(pj, v[i], acc[q][i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < QB; q++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) {
+            float *dst = o + q * dh + d0 + i * VLEN;
+            if (i < NV - 1 || m == VLEN) v_store(dst, acc[q][i]);
+            else v_store_n(dst, acc[q][i], m);
+        }
+}
+
+KG_INLINE void kg_pf_wsum_qb(float *o, int64_t dh, const float *alpha, const float *p, int64_t ldq, const float *vw,
+                             int n, const int QB) {
+    for (int64_t d0 = 0; d0 < dh; d0 += KG_PF_NV * VLEN) {
+        int64_t left = dh - d0 < KG_PF_NV * VLEN ? dh - d0 : KG_PF_NV * VLEN;
+        int nv = (int)((left + VLEN - 1) / VLEN), m = (int)(left - (nv - 1) * VLEN);
+        switch (nv) {
+        case 1: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, 1); break;
+        case 2: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, 2); break;
+        case 3: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, 3); break;
+        default: kg_pf_wsum_nv(o, dh, alpha, p, ldq, vw, n, d0, m, QB, KG_PF_NV); break;
+        }
+    }
+}
+
+/* O += P V for queries [0, nq): micro-tiles of KG_PF_QB queries, then the rest. */
+static void kg_pf_wsum(float *o, int64_t dh, const float *alpha, const float *p, int64_t ldq, const float *vw, int n,
+                       int64_t nq) {
+    int64_t q = 0;
+    for (; q + KG_PF_QB <= nq; q += KG_PF_QB) kg_pf_wsum_qb(o + q * dh, dh, alpha + q, p + q, ldq, vw, n, KG_PF_QB);
+    for (; q < nq; q++) kg_pf_wsum_qb(o + q * dh, dh, alpha + q, p + q, ldq, vw, n, 1);
+}
+
+/* dst[0..dh) = the KV row at row (stored type kt) as f32. */
+static void kg_pf_widen(const uint8_t *row, int kt, int64_t dh, float *dst) {
+    if (kt == KV_DTYPE_Q8_0) {
+        kg_widen_q8_0(row, dh, dst);
+        return;
+    }
+    if (kt != KV_DTYPE_F16) {
+        memcpy(dst, row, (size_t)dh * sizeof(float));
+        return;
+    }
+    int64_t d = 0;
+    for (; d + VLEN <= dh; d += VLEN) v_store(dst + d, v_load_f16(row + 2 * d));
+    if (d < dh) v_store_n(dst + d, v_load_f16_n(row + 2 * d, (int)(dh - d)), (int)(dh - d));
+}
+
+/* Chunk positions [lo, hi) query q may see (q < nq), relative to j0, clamped to
+ * [0, n]. */
+static void kg_pf_range(const struct cpu_attention *a, int64_t t0, int64_t group, int64_t q, int32_t j0, int n,
+                        int *lo, int *hi) {
+    int32_t p = a->pos[t0 + q / group];
+    int32_t lo_pos = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    *lo = lo_pos > j0 ? (lo_pos - j0 < n ? lo_pos - j0 : n) : 0;
+    *hi = p + 1 - j0 < n ? (p + 1 - j0 > 0 ? p + 1 - j0 : 0) : n;
+}
+
+/* Sets s[jj * ldq + q] = val for the chunk positions jj < n query q may not see. */
+static void kg_pf_mask(const struct cpu_attention *a, int64_t t0, int64_t group, int64_t nq, int32_t j0, int n,
+                       float *s, int64_t ldq, float val) {
+    for (int64_t q = 0; q < nq; q++) {
+        int lo, hi;
+        kg_pf_range(a, t0, group, q, j0, n, &lo, &hi);
+        for (int jj = 0; jj < lo; jj++) s[jj * ldq + q] = val;
+        for (int jj = hi; jj < n; jj++) s[jj * ldq + q] = val;
+    }
+}
+
+/* qt[d * ldq + q] = scale * query q's value d (q < nq; 0 for the padding to ldq). */
+static void kg_pf_transpose_q(const struct cpu_attention *a, int64_t t0, int64_t kvh, int64_t group, int64_t nq,
+                              int64_t ldq, float *qt) {
+    const int64_t dh = a->head_dim;
+#ifdef KG_HAVE_TRANSPOSE
+    const vf scale = v_set1(a->scale);
+    for (int64_t q0 = 0; q0 < ldq; q0 += VLEN)
+        for (int64_t d0 = 0; d0 < dh; d0 += VLEN) {
+            int m = dh - d0 < VLEN ? (int)(dh - d0) : VLEN;
+            vf in[VLEN], out[VLEN];
+            for (int i = 0; i < VLEN; i++) {
+                int64_t q = q0 + i;
+                const float *qv = a->q + ((kvh * group + q % group) * a->n_tok + t0 + q / group) * dh + d0;
+                in[i] = q >= nq ? v_zero() : v_mul(m == VLEN ? v_load(qv) : v_load_n(qv, m), scale);
+            }
+            v_transpose(in, out);
+            for (int j = 0; j < m; j++) v_store(qt + (d0 + j) * ldq + q0, out[j]);
+        }
+#else
+    memset(qt, 0, (size_t)(dh * ldq) * sizeof(float));
+    for (int64_t q = 0; q < nq; q++) {
+        const float *qv = a->q + ((kvh * group + q % group) * a->n_tok + t0 + q / group) * dh;
+        for (int64_t d = 0; d < dh; d++) qt[d * ldq + q] = qv[d] * a->scale;
+    }
+#endif
+}
+
+static void kg_attention_prefill(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
+                                 float *scratch) {
+    const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, nq = (t1 - t0) * group;
+    const int64_t ldq = (nq + KG_PF_SQ - 1) / KG_PF_SQ * KG_PF_SQ; /* <= cpu_attention_scratch_floats' pad */
+    LLMOPT_ASSERT(ldq * (2 * dh + CPU_ATT_PF_CHUNK + 3) + 2 * CPU_ATT_PF_CHUNK * dh <= a->scratch_per_thread);
+    const int kt = a->kv->dtype;
+    float *qt = scratch;                        /* (dh, ldq) scaled queries, column q */
+    float *o = qt + dh * ldq;                   /* (ldq, dh) outputs, not yet divided by l */
+    float *s = o + ldq * dh;                    /* (CPU_ATT_PF_CHUNK, ldq) scores, then probabilities */
+    float *mx = s + CPU_ATT_PF_CHUNK * ldq;     /* (ldq) running max */
+    float *l = mx + ldq;                        /* (ldq) running sum */
+    float *alpha = l + ldq;                     /* (ldq) this chunk's rescale of o and l */
+    float *kf = alpha + ldq;                    /* (CPU_ATT_PF_CHUNK, dh) K rows as f32 */
+    float *vw = kf + CPU_ATT_PF_CHUNK * dh;     /* (CPU_ATT_PF_CHUNK, dh) V rows as f32 */
+    const uint8_t *krows[CPU_ATT_PF_CHUNK], *vrows[CPU_ATT_PF_CHUNK];
+    const struct kv_cache *kv = a->kv;
+    int32_t slot = a->slot[t0], p_first = a->pos[t0], p_last = a->pos[t1 - 1];
+    int32_t first = a->window > 0 && p_first + 1 > a->window ? p_first + 1 - (int32_t)a->window : 0;
+    /* positions every query of the block sees: [all_lo, p_first] */
+    int32_t all_lo = a->window > 0 && p_last + 1 > a->window ? p_last + 1 - (int32_t)a->window : 0;
+    for (int64_t q = 0; q < ldq; q++) {
+        mx[q] = -INFINITY;
+        l[q] = 0;
+    }
+    kg_pf_transpose_q(a, t0, kvh, group, nq, ldq, qt);
+    memset(o, 0, (size_t)(ldq * dh) * sizeof(float));
+    const vf lowest = v_set1(-FLT_MAX);
+    const int64_t col = kv_dtype_bytes(kt, kvh * dh);
+    for (int32_t j0 = first; j0 <= p_last; j0 += CPU_ATT_PF_CHUNK) {
+        int n = p_last + 1 - j0 < CPU_ATT_PF_CHUNK ? p_last + 1 - j0 : CPU_ATT_PF_CHUNK;
+        int n_tiles = (n + KG_PF_NJ - 1) / KG_PF_NJ * KG_PF_NJ;
+        kg_kv_rows(kv, kv->k, a->layer, slot, j0, n, col, krows);
+        kg_kv_rows(kv, kv->v, a->layer, slot, j0, n, col, vrows);
+        for (int jj = 0; jj < n; jj++) {
+            kg_pf_widen(krows[jj], kt, dh, kf + jj * dh);
+            kg_pf_widen(vrows[jj], kt, dh, vw + jj * dh);
+        }
+        /* rows past the last position: scores computed, never used */
+        memset(kf + n * dh, 0, (size_t)((n_tiles - n) * dh) * sizeof(float));
+        for (int64_t q0 = 0; q0 < ldq; q0 += KG_PF_SQ)
+            for (int jj = 0; jj < n_tiles; jj += KG_PF_NJ) kg_pf_scores(qt + q0, ldq, kf + jj * dh, dh, s + jj * ldq + q0);
+        /* the causal / window edge: scores out of a query's range -inf (out of the max),
+         * their probabilities 0 */
+        const bool masked = j0 + n - 1 > p_first || j0 < all_lo;
+        if (masked) kg_pf_mask(a, t0, group, nq, j0, n, s, ldq, -INFINITY);
+        for (int64_t q = 0; q < ldq; q += VLEN) {
+            vf m_old = v_load(mx + q), cmax = v_load(s + q);
+            for (int jj = 1; jj < n; jj++) cmax = v_max(cmax, v_load(s + jj * ldq + q));
+            vf m_new = v_max(m_old, cmax), m_sub = v_max(m_new, lowest); /* finite */
+            vf al = v_exp(v_sub(m_old, m_sub)), sum = v_zero();
+            for (int jj = 0; jj < n; jj++) {
+                vf e = v_exp(v_sub(v_load(s + jj * ldq + q), m_sub));
+                v_store(s + jj * ldq + q, e);
+                sum = v_add(sum, e);
+            }
+            v_store(mx + q, m_new);
+            v_store(alpha + q, al);
+            v_store(l + q, masked ? v_mul(v_load(l + q), al) : v_fma(v_load(l + q), al, sum));
+        }
+        if (masked) { /* v_exp(-inf) is the smallest normal, not 0: zero, then sum */
+            kg_pf_mask(a, t0, group, nq, j0, n, s, ldq, 0.0f);
+            for (int64_t q = 0; q < ldq; q += VLEN) {
+                vf sum = v_zero();
+                for (int jj = 0; jj < n; jj++) sum = v_add(sum, v_load(s + jj * ldq + q));
+                v_store(l + q, v_add(v_load(l + q), sum));
+            }
+        }
+        kg_pf_wsum(o, dh, alpha, s, ldq, vw, n, nq);
+    }
+    for (int64_t q = 0; q < nq; q++) {
+        float *ov = a->out + ((t0 + q / group) * a->n_heads + kvh * group + q % group) * dh; /* out (N, H, Dh) */
+        vf inv = v_set1(1.0f / l[q]);
+        int64_t e = 0;
+        for (; e + VLEN <= dh; e += VLEN) v_store(ov + e, v_mul(v_load(o + q * dh + e), inv));
+        if (e < dh) v_store_n(ov + e, v_mul(v_load_n(o + q * dh + e, (int)(dh - e)), inv), (int)(dh - e));
+    }
+}
+#endif
+
+/* Blocks of VLEN queries or more take the prefill kernel; otherwise one instance of the
+ * block per KV element type, and single-token runs take the decode kernel. */
 static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_t t1, int64_t kvh,
                                float *scratch) {
+#if VLEN >= 8
+    if ((t1 - t0) * (a->n_heads / a->n_kv_heads) >= VLEN) {
+        kg_attention_prefill(a, t0, t1, kvh, scratch);
+        return;
+    }
+#endif
     if (t1 - t0 == 1) {
         switch (a->kv->dtype) {
         case KV_DTYPE_F16: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_F16); return;

@@ -199,8 +199,9 @@ struct linear_ctx {
                       int64_t r0, int64_t k, int nr, float *out);
     int (*gemm_rows)(enum ir_dtype t);
     uint8_t *panels;      /* (threads, panel_bytes) when gemm */
-    /* Columns are handed out in chunks from this counter, so a thread the OS delays
-     * (this machine is shared) does less of the op instead of holding up the rest. */
+    /* GEMM work items (column groups, the last ones in row halves) are handed out
+     * from this counter, so a thread the OS delays (this machine is shared) does less
+     * of the op instead of holding up the rest. */
     _Atomic int64_t next_col;
     /* Dot-product path: thread i owns the i-th of n_ranges contiguous column ranges
      * and takes its chunks in order from range_next[i], then helps with the others'
@@ -225,24 +226,40 @@ static void linear_epilogue(const struct linear_ctx *ctx, int64_t r0, int nr, in
 }
 
 /* Prefill: a thread packs each CPU_GEMM_NC-column group it takes once into its panel
- * and runs every activation row over it. */
-static void linear_gemm_columns(struct linear_ctx *ctx, int ith) {
+ * and runs every activation row over it. Groups are taken one at a time from a counter;
+ * the last nth groups go as two halves of their rows each (each half packs the panel
+ * unless its thread just did), so the threads finish within half a group of each
+ * other rather than a whole one. */
+static void linear_gemm_columns(struct linear_ctx *ctx, int ith, int nth) {
     const struct cpu_linear *op = ctx->op;
     uint8_t *panel = ctx->panels + (size_t)ith * ctx->panel_bytes;
     int rstep = ctx->gemm_rows(op->wtype);
     _Alignas(64) float tile[8 * CPU_GEMM_NC];
     LLMOPT_ASSERT(rstep <= 8);
+    const int64_t n_groups = (op->n_out + CPU_GEMM_NC - 1) / CPU_GEMM_NC;
+    const int64_t rows_half = (op->rows / 2 + rstep - 1) / rstep * rstep;
+    const int64_t n_split = nth > 1 && rows_half > 0 && rows_half < op->rows ? (n_groups < nth ? n_groups : nth) : 0;
+    const int64_t n_whole = n_groups - n_split;
+    int64_t in_panel = -1; /* the group this thread's panel holds */
     for (;;) {
-        int64_t c0 = atomic_fetch_add(&ctx->next_col, CPU_GEMM_NC);
-        if (c0 >= op->n_out) break;
+        int64_t it = atomic_fetch_add(&ctx->next_col, 1), g, rb = 0, re = op->rows;
+        if (it >= n_whole + 2 * n_split) break;
+        if (it < n_whole) {
+            g = it;
+        } else {
+            g = n_whole + (it - n_whole) / 2;
+            if ((it - n_whole) % 2) rb = rows_half;
+            else re = rows_half;
+        }
+        int64_t c0 = g * CPU_GEMM_NC;
         int nc = op->n_out - c0 < CPU_GEMM_NC ? (int)(op->n_out - c0) : CPU_GEMM_NC;
         if (op->packed)
-            panel = (uint8_t *)op->packed + (size_t)(c0 / CPU_GEMM_NC) * ctx->panel_bytes;
-        else
-            ctx->gemm_pack(op->wtype, (const uint8_t *)op->w + (size_t)c0 * ctx->ldw, ctx->ldw, op->k, nc,
-                           panel);
-        for (int64_t r0 = 0; r0 < op->rows; r0 += rstep) {
-            int nr = op->rows - r0 < rstep ? (int)(op->rows - r0) : rstep;
+            panel = (uint8_t *)op->packed + (size_t)g * ctx->panel_bytes;
+        else if (in_panel != g)
+            ctx->gemm_pack(op->wtype, (const uint8_t *)op->w + (size_t)c0 * ctx->ldw, ctx->ldw, op->k, nc, panel);
+        in_panel = g;
+        for (int64_t r0 = rb; r0 < re; r0 += rstep) {
+            int nr = re - r0 < rstep ? (int)(re - r0) : rstep;
             ctx->gemm_tile(op->wtype, panel, op->x, &ctx->qa, r0, op->k, nr, tile);
             linear_epilogue(ctx, r0, nr, c0, nc, tile, CPU_GEMM_NC);
         }
@@ -300,7 +317,7 @@ static void linear_tile_columns(struct linear_ctx *ctx, int ith) {
 static void linear_thread(void *arg, int ith, int nth) {
     struct linear_ctx *ctx = arg;
     if (ctx->gemm)
-        linear_gemm_columns(ctx, ith);
+        linear_gemm_columns(ctx, ith, nth);
     else
         linear_tile_columns(ctx, ith);
 }
@@ -391,7 +408,12 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
     /* the all-heads decode kernel: scaled queries, accumulator, max and sum per head,
      * and a chunk of scores for two heads per query head of a KV head */
     int64_t heads = 4 * n_heads * head_dim + 2 * group * CPU_ATT_DEC_CHUNK;
+    /* the prefill kernel: transposed queries and outputs, a chunk of probabilities,
+     * max / sum / rescale per query (queries padded), a chunk of K and V rows widened */
+    int64_t nq_pad = (CPU_ATT_QBLOCK * group + CPU_ATT_PF_QPAD - 1) / CPU_ATT_PF_QPAD * CPU_ATT_PF_QPAD;
+    int64_t prefill = nq_pad * (2 * head_dim + CPU_ATT_PF_CHUNK + 3) + 2 * CPU_ATT_PF_CHUNK * head_dim;
     int64_t most = block > decode ? block : decode;
+    most = most > prefill ? most : prefill;
     return most > heads ? most : heads;
 }
 

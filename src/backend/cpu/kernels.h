@@ -100,6 +100,10 @@ struct cpu_attention {
 #define CPU_ATT_QBLOCK 16
 /* Positions per online-softmax step of the single-token (decode) attention kernel. */
 #define CPU_ATT_DEC_CHUNK 128
+/* The prefill attention kernel (a block of CPU_ATT_QBLOCK tokens as two small GEMMs):
+ * positions per online-softmax step, and the multiple its query count is padded to. */
+#define CPU_ATT_PF_CHUNK 32
+#define CPU_ATT_PF_QPAD 32
 /* Scratch floats one thread needs for attention with these head counts / size. */
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
 
