@@ -846,15 +846,13 @@ static int32_t engine_load(struct srv_engine *e) {
     return load;
 }
 
-/* The least loaded engine; among equals the one the prompt's first block names (FNV-1a
- * of up to 16 tokens), so that a prompt sent again while the server is quiet meets its
- * own prefix cache. */
-static struct srv_engine *engine_pick(struct srv_sched *s, const struct srv_req_spec *spec) {
-    uint32_t h = 2166136261u;
-    for (int32_t i = 0; i < spec->n_prompt && i < 16; i++) h = (h ^ (uint32_t)spec->prompt[i]) * 16777619u;
-    int32_t first = (int32_t)(h % (uint32_t)s->n_eng), best = first, best_load = engine_load(s->eng[first]);
-    for (int32_t i = 0; i < s->n_eng && best_load > 0; i++) {
-        int32_t load = i == first ? best_load : engine_load(s->eng[i]);
+/* The least loaded engine, the first among equals: requests one at a time always meet
+ * the same engine (its caches warm, its prefix cache holding what came before), and the
+ * others only take work when it already has some. */
+static struct srv_engine *engine_pick(struct srv_sched *s) {
+    int32_t best = 0, best_load = engine_load(s->eng[0]);
+    for (int32_t i = 1; i < s->n_eng && best_load > 0; i++) {
+        int32_t load = engine_load(s->eng[i]);
         if (load < best_load) best = i, best_load = load;
     }
     return s->eng[best];
@@ -862,7 +860,7 @@ static struct srv_engine *engine_pick(struct srv_sched *s, const struct srv_req_
 
 enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec *spec,
                                  struct srv_req **out, struct llmopt_err *err) {
-    return engine_submit(engine_pick(s, spec), spec, out, err);
+    return engine_submit(engine_pick(s), spec, out, err);
 }
 
 /* Engines for o->n_engines = 0: a forward that uses fewer threads than this process has
