@@ -16,7 +16,10 @@
  * Weights are random (never zeros), written on the device in the upload layout
  * (cu_weight); every timed run rotates over enough copies that the working set is
  * several times the L2. q8_0 matvecs run with each x mode (cu_matvec_q8_x). Usage:
- * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE]] | --persist [TYPE] | --attention];
+ *   6. (--decode-attention) one decode token's attention (8B shape) at several split
+ *      counts (cu_attention's splits).
+ * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE [JOB]]] | --persist [TYPE] | --attention |
+ *                     --decode-attention];
  * --sweep times the 8B and 0.6B decode launch shapes at every matvec launch shape
  * (cu_matvec_tune) instead, --persist those launches with and without persistent
  * blocks (cu_matvec_persist), --attention only the prefill attention. */
@@ -311,6 +314,33 @@ static void bench_tiled(int dtype, int64_t n_out, int64_t k, int64_t rows) {
     CHECK_CUDA(cudaFree(y));
 }
 
+/* An attention over the given buffers: n_tok tokens of one sequence (slot 0), the cache
+ * in n_blocks blocks of bs rows, scale 1 / sqrt(dh); splits and flags left to the caller. */
+static struct cu_attention lab_attention(const float *q, const float *k, const float *v, float *out,
+                                         const int32_t *pos, const int32_t *slot, const int32_t *table, float *kc,
+                                         float *vc, int n_tok, int heads, int kv_heads, int dh, int bs, int n_blocks) {
+    struct cu_attention a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.out = out;
+    a.pos = pos;
+    a.slot = slot;
+    a.block_table = table;
+    a.k_cache = kc;
+    a.v_cache = vc;
+    a.n_tok = n_tok;
+    a.n_heads = heads;
+    a.n_kv_heads = kv_heads;
+    a.head_dim = dh;
+    a.block_size = bs;
+    a.max_blocks_per_slot = n_blocks;
+    a.scale = 1.0f / sqrtf((float)dh);
+    a.splits = 1;
+    return a;
+}
+
 /* Prefill attention of one layer (append + attention, n_tok tokens of one sequence
  * from position 0): the tensor-core kernel against the f32 tiled kernel, each timed,
  * and the first checked against the second (max |diff| / max |ref|). */
@@ -341,24 +371,8 @@ static bool bench_prefill_attention(int n_tok, int heads, int kv_heads, int dh) 
     for (int t = 0; t < n_tok; t++) flop += 4.0 * (t + 1) * dh * heads;
     double sec[2];
     for (int f32 = 0; f32 < 2; f32++) {
-        struct cu_attention a;
-        memset(&a, 0, sizeof a);
-        a.q = q;
-        a.k = k;
-        a.v = v;
-        a.out = out[f32];
-        a.pos = pos;
-        a.slot = slot;
-        a.block_table = table;
-        a.k_cache = kc;
-        a.v_cache = vc;
-        a.n_tok = n_tok;
-        a.n_heads = heads;
-        a.n_kv_heads = kv_heads;
-        a.head_dim = dh;
-        a.block_size = bs;
-        a.max_blocks_per_slot = n_blocks;
-        a.scale = 1.0f / sqrtf((float)dh);
+        struct cu_attention a = lab_attention(q, k, v, out[f32], pos, slot, table, kc, vc, n_tok, heads, kv_heads, dh,
+                                              bs, n_blocks);
         a.splits = 1;
         a.tiled_f32 = f32;
         sec[f32] = time_median(2, 10, [&] { CHECK_CUDA(cu_attention(0, &a)); });
@@ -379,6 +393,78 @@ static bool bench_prefill_attention(int n_tok, int heads, int kv_heads, int dh) 
            ok ? "ok" : "FAIL");
     for (float *pf : {q, k, v, kc, vc, out[0], out[1]}) CHECK_CUDA(cudaFree(pf));
     for (int32_t *pi : {pos, slot, table}) CHECK_CUDA(cudaFree(pi));
+    return ok;
+}
+
+/* --decode-attention: one decode token's attention (8B shape: 32 heads over 8 KV heads
+ * of 128, `ctx` cached positions, f32 KV; the kernel appends the token's own K/V) at
+ * several split counts, alternated, each the median of 20 (over 16 launches); every
+ * result checked against the unsplit launch (max |diff| / max |ref|). */
+static bool bench_decode_attention(int ctx) {
+    const int heads = 32, kv_heads = 8, dh = 128, bs = 16, n_blocks = (ctx + bs) / bs;
+    const int64_t q_n = (int64_t)heads * dh, kv_n = (int64_t)kv_heads * dh;
+    float *q, *k, *v, *kc, *vc, *out, *part;
+    int32_t *pos, *slot, *table;
+    unsigned *counters;
+    CHECK_CUDA(cudaMalloc(&q, q_n * 4));
+    CHECK_CUDA(cudaMalloc(&k, kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&v, kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&kc, (int64_t)n_blocks * bs * kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&vc, (int64_t)n_blocks * bs * kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&out, q_n * 4));
+    fill(q, q_n, 0, 31);
+    fill(k, kv_n, 0, 32);
+    fill(v, kv_n, 0, 33);
+    fill(kc, (int64_t)n_blocks * bs * kv_n, 0, 34);
+    fill(vc, (int64_t)n_blocks * bs * kv_n, 0, 35);
+    std::vector<int32_t> h_table(n_blocks);
+    for (int b = 0; b < n_blocks; b++) h_table[b] = n_blocks - 1 - b; /* blocks out of order */
+    const int32_t p = ctx; /* ctx positions cached before this token */
+    CHECK_CUDA(cudaMalloc(&pos, 4));
+    CHECK_CUDA(cudaMalloc(&slot, 4));
+    CHECK_CUDA(cudaMalloc(&table, n_blocks * 4));
+    CHECK_CUDA(cudaMemcpy(pos, &p, 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(slot, 0, 4));
+    CHECK_CUDA(cudaMemcpy(table, h_table.data(), n_blocks * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&part, cu_attention_part_floats(1, heads, dh, CU_ATT_MAX_SPLITS) * 4));
+    CHECK_CUDA(cudaMalloc(&counters, CU_ATT_COUNTERS * 4));
+    CHECK_CUDA(cudaMemset(counters, 0, CU_ATT_COUNTERS * 4));
+    struct cu_attention a = lab_attention(q, k, v, out, pos, slot, table, kc, vc, 1, heads, kv_heads, dh, bs, n_blocks);
+    a.part = part;
+    a.counters = counters;
+    const int splits[] = {1, 9, 16, 32, cu_attention_splits(1, heads, 40960)};
+    const int n_s = (int)(sizeof splits / sizeof splits[0]);
+    std::vector<float> ref((size_t)q_n), got((size_t)q_n);
+    bool ok = true;
+    double err[8] = {0};
+    for (int i = 0; i < n_s; i++) {
+        a.splits = splits[i];
+        CHECK_CUDA(cu_attention(0, &a));
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaMemcpy((i ? got : ref).data(), out, q_n * 4, cudaMemcpyDeviceToHost));
+        double mr = 0, md = 0;
+        for (int64_t j = 0; j < q_n; j++) {
+            mr = std::max(mr, (double)fabsf(ref[(size_t)j]));
+            md = std::max(md, fabs((double)got[(size_t)j] - ref[(size_t)j]));
+        }
+        err[i] = i ? md / (mr > 0 ? mr : 1) : 0;
+        ok = ok && err[i] <= 1e-5 && mr == mr;
+    }
+    std::vector<double> t[8];
+    for (int rep = 0; rep < 4; rep++)
+        for (int i = 0; i < n_s; i++) {
+            a.splits = splits[i];
+            t[i].push_back(time_median(1, 5, [&] {
+                               for (int r = 0; r < 16; r++) CHECK_CUDA(cu_attention(0, &a));
+                           }) / 16);
+        }
+    printf("decode attention H32/8 Dh128 f32 KV, %d cached positions (+1 own):", ctx);
+    for (int i = 0; i < n_s; i++)
+        printf("%s splits %d %6.2f us (err %.1e)", i ? "," : "", splits[i], median(t[i]) * 1e6, err[i]);
+    printf(" (last: the default) %s\n", ok ? "ok" : "FAIL");
+    for (float *pf : {q, k, v, kc, vc, out, part}) CHECK_CUDA(cudaFree(pf));
+    for (int32_t *pi : {pos, slot, table}) CHECK_CUDA(cudaFree(pi));
+    CHECK_CUDA(cudaFree(counters));
     return ok;
 }
 
@@ -586,9 +672,10 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     return all_ok;
 }
 
-/* --sweep [bf16|q8_0 [0|1]]: the 8B and 0.6B decode launch shapes (bf16, q8_0 with f32
- * and int8 x, or only the x mode given) at every cu_matvec_tune shape. */
-static int sweep(double copy_gbs, const char *only, int only_x) {
+/* --sweep [bf16|q8_0 [0|1|-1 [JOB]]]: the 8B and 0.6B decode launch shapes (bf16, q8_0
+ * with f32 and int8 x, or only the x mode given; -1 both) at every cu_matvec_tune
+ * shape; JOB: only the launches whose name begins with it. */
+static int sweep(double copy_gbs, const char *only, int only_x, const char *job) {
     const struct mv_job_shape jobs[] = {
         {"attn_o 4096x4096", 1, {4096}, 4096, false, false},
         {"ffn_down 4096x14336", 1, {4096}, 14336, false, false},
@@ -603,7 +690,8 @@ static int sweep(double copy_gbs, const char *only, int only_x) {
     for (int dtype : {CU_BF16, CU_Q8_0})
         for (int q8x = 0; q8x <= (dtype == CU_Q8_0 ? 1 : 0); q8x++)
             for (const auto &js : jobs)
-                if ((!only || !strcmp(only, dtype_name(dtype))) && (only_x < 0 || only_x == q8x))
+                if ((!only || !strcmp(only, dtype_name(dtype))) && (only_x < 0 || only_x == q8x) &&
+                    (!job || !strncmp(js.what, job, strlen(job))))
                     ok = sweep_job(dtype, js, copy_gbs, q8x) && ok;
     printf("sweep checks %s\n", ok ? "ok" : "FAILED");
     return ok ? 0 : 1;
@@ -653,8 +741,13 @@ int main(int argc, char **argv) {
     printf("device: %s\n", desc);
     double copy_gbs = copy_bandwidth();
     printf("device-to-device copy: %.1f GB/s (read + write, 2 GiB, median of 10)\n\n", copy_gbs);
-    if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : -1);
+    if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : -1, argc > 4 ? argv[4] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--persist")) return persist_ab(copy_gbs, argc > 2 ? argv[2] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "--decode-attention")) /* 8B decode attention at several split counts */
+        return bench_decode_attention(512) && bench_decode_attention(640) && bench_decode_attention(1024) &&
+                       bench_decode_attention(2048)
+                   ? 0
+                   : 1;
     if (argc > 1 && !strcmp(argv[1], "--attention")) { /* 8B and 0.6B-shaped layers (Dh 128), a 64-dim one */
         bool ok = bench_prefill_attention(512, 32, 8, 128) && bench_prefill_attention(2048, 32, 8, 128) &&
                   bench_prefill_attention(512, 16, 8, 128) && bench_prefill_attention(512, 32, 8, 64);

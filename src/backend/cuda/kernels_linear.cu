@@ -570,9 +570,12 @@ static void mv_launch_lif(cudaStream_t st, const struct mv_job &job, const float
  *   q/k/v with the rms_norm prologue (6144..16383 rows): bf16 2 rows and 16 loads,
  *     q8_0 4 rows and 8 loads;
  *   the gate/up pair from 8192 rows: bf16 1 row and 16 loads (q8_0 keeps 2 rows and 4
- *     loads: fastest once its scales are fetched with the loads). */
+ *     loads: fastest once its scales are fetched with the loads).
+ * Swept again with the persistent prologue launches (bench/results/cuda-bf16-2026-11-30.md):
+ * bf16 q/k/v 2 rows and 8 loads (16.7 against 17.6 us at 16 loads), bf16 attn_o
+ * (K <= 4096, below 16384 rows) 2 rows and 4 loads (10.7 against 11.4 us at 4 rows). */
 template <int DT, bool NORM, bool PAIR>
-static void mv_default_shape(int64_t streamed, int *nr, int *lif) {
+static void mv_default_shape(int64_t streamed, int64_t K, int *nr, int *lif) {
     constexpr bool BF = DT == CU_BF16, Q8 = DT == CU_Q8_0;
     *lif = MV_LIF;
     *nr = streamed >= 16384 ? (PAIR ? 2 : 4) : streamed >= 8192 && !PAIR ? 2 : 1;
@@ -582,9 +585,9 @@ static void mv_default_shape(int64_t streamed, int *nr, int *lif) {
         *lif = 16;
     } else if (!PAIR && NORM && streamed >= 6144 && streamed < 16384) {
         *nr = BF ? 2 : 4;
-        *lif = BF ? 16 : 8;
+        *lif = 8;
     } else if (!PAIR && !NORM && streamed >= 4096) {
-        *nr = 4;
+        *nr = BF && K <= 4096 && streamed < 16384 ? 2 : 4;
     }
 }
 
@@ -609,7 +612,7 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
     for (int k = 0; k < job.n_seg; k++) streamed += job.seg[k].w.rows;
     if (PAIR) streamed *= 2;
     int nr, lif;
-    mv_default_shape<DT, NORM, PAIR>(streamed, &nr, &lif);
+    mv_default_shape<DT, NORM, PAIR>(streamed, job.seg[0].w.cols, &nr, &lif);
     bool xq = false;
     if constexpr (DT == CU_Q8_0) xq = mv_q8_shape(job.seg[0].w.cols, streamed, NORM, PAIR, &nr, &lif);
     if (mv_tune.nr) nr = PAIR && mv_tune.nr == 4 ? 2 : mv_tune.nr;
