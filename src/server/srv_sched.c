@@ -381,9 +381,11 @@ static void sched_retire(struct srv_engine *e, struct srv_req *r) {
         r->finish = r->cancelled ? SRV_FINISH_CANCEL : SRV_FINISH_ERROR;
     enum srv_finish f = r->finish;
     pthread_mutex_unlock(&r->mu);
-    req_notify(r, true);
+    /* counted before the reader is told: a client that reads /metrics right after its
+     * reply must find its request in the counters */
     if (f == SRV_FINISH_CANCEL) srv_metrics_cancelled(e->metrics);
     srv_metrics_tokens(e->metrics, r->n_fed > 0 ? r->n_prompt : 0, r->n_cached, r->n_gen);
+    req_notify(r, true);
     req_unref(r);
 }
 
