@@ -66,7 +66,7 @@ struct srv_sched_opts {
      * llmopt_model_cpu_threads CPUs of the process, while each keeps >= 8 slots. */
     int32_t n_engines;
 };
-#define SRV_MAX_ENGINES 16
+#define SRV_MAX_ENGINES SRV_METRICS_MAX_ENGINES /* each engine has its gauges there */
 
 struct srv_sched;
 struct srv_req;
