@@ -37,13 +37,17 @@ struct hist {
     uint64_t n;
 };
 
+/* What one engine's scheduler last published (srv_metrics_gauges). */
+struct engine_gauges {
+    int64_t queue_depth, running, kv_blocks_in_use, kv_blocks_cached;
+};
+
 struct srv_metrics {
     pthread_mutex_t mu;
     uint64_t requests[SRV_EP_COUNT][N_STATUS];
     uint64_t prompt_tokens, cached_tokens, generated_tokens, cancelled;
     struct hist ttft, itl;
-    /* per engine: queue depth, running, KV blocks in use, KV blocks cached */
-    int64_t gauge[SRV_METRICS_MAX_ENGINES][4];
+    struct engine_gauges gauge[SRV_METRICS_MAX_ENGINES];
     uint64_t steps, step_tokens, step_rows;
     double phase_seconds[SRV_PHASE_COUNT];
 };
@@ -104,10 +108,7 @@ void srv_metrics_gauges(struct srv_metrics *m, int engine, int64_t queue_depth, 
                         int64_t kv_blocks_in_use, int64_t kv_blocks_cached) {
     if (engine < 0 || engine >= SRV_METRICS_MAX_ENGINES) return;
     pthread_mutex_lock(&m->mu);
-    m->gauge[engine][0] = queue_depth;
-    m->gauge[engine][1] = running;
-    m->gauge[engine][2] = kv_blocks_in_use;
-    m->gauge[engine][3] = kv_blocks_cached;
+    m->gauge[engine] = (struct engine_gauges){queue_depth, running, kv_blocks_in_use, kv_blocks_cached};
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -145,9 +146,13 @@ char *srv_metrics_render(struct srv_metrics *m, size_t *len) {
     struct srv_buf b;
     srv_buf_init(&b, 1 << 20);
     pthread_mutex_lock(&m->mu);
-    int64_t g[4] = {0}; /* the gauges summed over engines */
-    for (int e = 0; e < SRV_METRICS_MAX_ENGINES; e++)
-        for (int k = 0; k < 4; k++) g[k] += m->gauge[e][k];
+    struct engine_gauges g = {0}; /* summed over engines */
+    for (int e = 0; e < SRV_METRICS_MAX_ENGINES; e++) {
+        g.queue_depth += m->gauge[e].queue_depth;
+        g.running += m->gauge[e].running;
+        g.kv_blocks_in_use += m->gauge[e].kv_blocks_in_use;
+        g.kv_blocks_cached += m->gauge[e].kv_blocks_cached;
+    }
     srv_buf_puts(&b,
                  "# HELP llmopt_requests_total HTTP requests answered, by endpoint and status.\n"
                  "# TYPE llmopt_requests_total counter\n");
@@ -189,8 +194,8 @@ char *srv_metrics_render(struct srv_metrics *m, size_t *len) {
                    "llmopt_kv_blocks_cached %lld\n",
                    (unsigned long long)m->prompt_tokens, (unsigned long long)m->cached_tokens,
                    (unsigned long long)m->generated_tokens,
-                   (unsigned long long)m->cancelled, (long long)g[0], (long long)g[1], (long long)g[2],
-                   (long long)g[3]);
+                   (unsigned long long)m->cancelled, (long long)g.queue_depth, (long long)g.running,
+                   (long long)g.kv_blocks_in_use, (long long)g.kv_blocks_cached);
     srv_buf_printf(&b,
                    "# HELP llmopt_scheduler_steps_total Forwards run by the scheduler.\n"
                    "# TYPE llmopt_scheduler_steps_total counter\n"
