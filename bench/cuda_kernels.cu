@@ -16,8 +16,8 @@
  * Weights are random (never zeros), written on the device in the upload layout
  * (cu_weight); every timed run rotates over enough copies that the working set is
  * several times the L2. q8_0 matvecs run with each x mode (cu_matvec_q8_x). Usage:
- *   6. (--decode-attention) one decode token's attention (8B shape) at several split
- *      counts (cu_attention's splits).
+ *   6. (--decode-attention) one decode token's attention (8B and 0.6B shapes, f32 and
+ *      f16 KV): the warp kernel against the cluster kernel at several launch shapes.
  * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE [JOB]]] | --persist [TYPE] | --attention |
  *                     --decode-attention];
  * --sweep times the 8B and 0.6B decode launch shapes at every matvec launch shape
@@ -396,27 +396,32 @@ static bool bench_prefill_attention(int n_tok, int heads, int kv_heads, int dh) 
     return ok;
 }
 
-/* --decode-attention: one decode token's attention (8B shape: 32 heads over 8 KV heads
- * of 128, `ctx` cached positions, f32 KV; the kernel appends the token's own K/V) at
- * several split counts, alternated, each the median of 20 (over 16 launches); every
- * result checked against the unsplit launch (max |diff| / max |ref|). */
-static bool bench_decode_attention(int ctx) {
-    const int heads = 32, kv_heads = 8, dh = 128, bs = 16, n_blocks = (ctx + bs) / bs;
-    const int64_t q_n = (int64_t)heads * dh, kv_n = (int64_t)kv_heads * dh;
-    float *q, *k, *v, *kc, *vc, *out, *part;
+/* --decode-attention: one decode token's attention (`heads` query heads over 8 KV heads
+ * of 128: 32 the 8B shape, 16 the 0.6B one; `ctx` cached positions, f32 or f16 KV; the
+ * kernel appends the token's own K/V) through the warp kernel (at its default splits)
+ * and the cluster kernel at several shapes (splits x warps), alternated, each the
+ * median of 20 (over 16 launches); the launches rotate over enough cache copies that
+ * the L2 holds none of the rows read (as in a model, where each layer has its own).
+ * Every result is checked against the unsplit warp-kernel launch (max |diff| / max
+ * |ref|). */
+static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
+    const int kv_heads = 8, dh = 128, bs = 16, n_blocks = (ctx + bs) / bs, esz = kv_f16 ? 2 : 4;
+    const int64_t q_n = (int64_t)heads * dh, kv_n = (int64_t)kv_heads * dh, copy_n = (int64_t)n_blocks * bs * kv_n;
+    const int copies = (int)std::max<int64_t>(2, (256ll << 20) / (2 * copy_n * esz)); /* 256 MiB of K/V */
+    float *q, *k, *v, *out;
+    char *kc, *vc;
     int32_t *pos, *slot, *table;
-    unsigned *counters;
     CHECK_CUDA(cudaMalloc(&q, q_n * 4));
     CHECK_CUDA(cudaMalloc(&k, kv_n * 4));
     CHECK_CUDA(cudaMalloc(&v, kv_n * 4));
-    CHECK_CUDA(cudaMalloc(&kc, (int64_t)n_blocks * bs * kv_n * 4));
-    CHECK_CUDA(cudaMalloc(&vc, (int64_t)n_blocks * bs * kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&kc, copies * copy_n * esz));
+    CHECK_CUDA(cudaMalloc(&vc, copies * copy_n * esz));
     CHECK_CUDA(cudaMalloc(&out, q_n * 4));
     fill(q, q_n, 0, 31);
     fill(k, kv_n, 0, 32);
     fill(v, kv_n, 0, 33);
-    fill(kc, (int64_t)n_blocks * bs * kv_n, 0, 34);
-    fill(vc, (int64_t)n_blocks * bs * kv_n, 0, 35);
+    fill(kc, copies * copy_n, kv_f16 ? 1 : 0, 34);
+    fill(vc, copies * copy_n, kv_f16 ? 1 : 0, 35);
     std::vector<int32_t> h_table(n_blocks);
     for (int b = 0; b < n_blocks; b++) h_table[b] = n_blocks - 1 - b; /* blocks out of order */
     const int32_t p = ctx; /* ctx positions cached before this token */
@@ -426,43 +431,71 @@ static bool bench_decode_attention(int ctx) {
     CHECK_CUDA(cudaMemcpy(pos, &p, 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemset(slot, 0, 4));
     CHECK_CUDA(cudaMemcpy(table, h_table.data(), n_blocks * 4, cudaMemcpyHostToDevice));
+    struct cu_attention a = lab_attention(q, k, v, out, pos, slot, table, (float *)kc, (float *)vc, 1, heads, kv_heads,
+                                          dh, bs, n_blocks);
+    float *part;
+    unsigned *counters;
     CHECK_CUDA(cudaMalloc(&part, cu_attention_part_floats(1, heads, dh, CU_ATT_MAX_SPLITS) * 4));
     CHECK_CUDA(cudaMalloc(&counters, CU_ATT_COUNTERS * 4));
     CHECK_CUDA(cudaMemset(counters, 0, CU_ATT_COUNTERS * 4));
-    struct cu_attention a = lab_attention(q, k, v, out, pos, slot, table, kc, vc, 1, heads, kv_heads, dh, bs, n_blocks);
     a.part = part;
     a.counters = counters;
-    const int splits[] = {1, 9, 16, 32, cu_attention_splits(1, heads, 40960)};
-    const int n_s = (int)(sizeof splits / sizeof splits[0]);
+    a.kv_f16 = kv_f16;
+    /* {splits, dec_splits, dec_warps}: the reference, the warp kernel's default, cluster shapes */
+    const int var[][3] = {{1, 0, 0}, {cu_attention_splits(1, heads, ctx + 1), 0, 0}, {1, 8, 8}, {1, 8, 4}, {1, 4, 8}};
+    const int n_v = (int)(sizeof var / sizeof var[0]);
     std::vector<float> ref((size_t)q_n), got((size_t)q_n);
     bool ok = true;
     double err[8] = {0};
-    for (int i = 0; i < n_s; i++) {
-        a.splits = splits[i];
+    int clusters[8] = {0};
+    int rot = 0;
+    const auto set = [&](int i) {
+        a.splits = var[i][0];
+        a.dec_splits = var[i][1];
+        a.dec_warps = var[i][2];
+    };
+    const auto launch = [&]() { /* the next cache copy */
+        a.k_cache = kc + (int64_t)(rot % copies) * copy_n * esz;
+        a.v_cache = vc + (int64_t)(rot % copies) * copy_n * esz;
+        rot++;
         CHECK_CUDA(cu_attention(0, &a));
+    };
+    for (int i = 0; i < n_v; i++) {
+        set(i);
+        clusters[i] = a.dec_splits ? cu_attention_dec_clusters(&a) : 0;
+        CHECK_CUDA(cudaMemset(out, 0xff, q_n * 4)); /* NaN: every output must be written */
+        rot = 0;
+        launch();
         CHECK_CUDA(cudaDeviceSynchronize());
         CHECK_CUDA(cudaMemcpy((i ? got : ref).data(), out, q_n * 4, cudaMemcpyDeviceToHost));
         double mr = 0, md = 0;
         for (int64_t j = 0; j < q_n; j++) {
             mr = std::max(mr, (double)fabsf(ref[(size_t)j]));
-            md = std::max(md, fabs((double)got[(size_t)j] - ref[(size_t)j]));
+            md = std::max(md, fabs((double)(i ? got : ref)[(size_t)j] - ref[(size_t)j]));
         }
-        err[i] = i ? md / (mr > 0 ? mr : 1) : 0;
-        ok = ok && err[i] <= 1e-5 && mr == mr;
+        err[i] = md / (mr > 0 ? mr : 1);
+        ok = ok && err[i] <= 1e-5 && err[i] == err[i] && mr == mr && mr > 0;
     }
     std::vector<double> t[8];
     for (int rep = 0; rep < 4; rep++)
-        for (int i = 0; i < n_s; i++) {
-            a.splits = splits[i];
+        for (int i = 1; i < n_v; i++) {
+            set(i);
             t[i].push_back(time_median(1, 5, [&] {
-                               for (int r = 0; r < 16; r++) CHECK_CUDA(cu_attention(0, &a));
+                               for (int r = 0; r < 16; r++) launch();
                            }) / 16);
         }
-    printf("decode attention H32/8 Dh128 f32 KV, %d cached positions (+1 own):", ctx);
-    for (int i = 0; i < n_s; i++)
-        printf("%s splits %d %6.2f us (err %.1e)", i ? "," : "", splits[i], median(t[i]) * 1e6, err[i]);
-    printf(" (last: the default) %s\n", ok ? "ok" : "FAIL");
-    for (float *pf : {q, k, v, kc, vc, out, part}) CHECK_CUDA(cudaFree(pf));
+    printf("decode attention H%d/8 Dh128 %s KV, %d cached positions (+1 own), %d cache copies:\n", heads,
+           kv_f16 ? "f16" : "f32", ctx, copies);
+    for (int i = 1; i < n_v; i++) {
+        if (var[i][1])
+            printf("  cluster %2d splits x %d warps %6.2f us (err %.1e, %d clusters fit)\n", var[i][1], var[i][2],
+                   median(t[i]) * 1e6, err[i], clusters[i]);
+        else
+            printf("  warp kernel %2d splits      %6.2f us (err %.1e)\n", var[i][0], median(t[i]) * 1e6, err[i]);
+    }
+    printf("  %s\n", ok ? "ok" : "FAIL");
+    for (float *pf : {q, k, v, out, part}) CHECK_CUDA(cudaFree(pf));
+    for (char *pc : {kc, vc}) CHECK_CUDA(cudaFree(pc));
     for (int32_t *pi : {pos, slot, table}) CHECK_CUDA(cudaFree(pi));
     CHECK_CUDA(cudaFree(counters));
     return ok;
@@ -744,10 +777,13 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : -1, argc > 4 ? argv[4] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--persist")) return persist_ab(copy_gbs, argc > 2 ? argv[2] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--decode-attention")) /* 8B decode attention at several split counts */
-        return bench_decode_attention(512) && bench_decode_attention(640) && bench_decode_attention(1024) &&
-                       bench_decode_attention(2048)
-                   ? 0
-                   : 1;
+    {
+        bool ok = true;
+        for (int heads : {32, 16})
+            for (bool f16 : {false, true})
+                for (int ctx : {576, 640, 1024, 4096}) ok = bench_decode_attention(ctx, heads, f16) && ok;
+        return ok ? 0 : 1;
+    }
     if (argc > 1 && !strcmp(argv[1], "--attention")) { /* 8B and 0.6B-shaped layers (Dh 128), a 64-dim one */
         bool ok = bench_prefill_attention(512, 32, 8, 128) && bench_prefill_attention(2048, 32, 8, 128) &&
                   bench_prefill_attention(512, 16, 8, 128) && bench_prefill_attention(512, 32, 8, 64);

@@ -746,6 +746,27 @@ static void test_attention(void) {
      * per-position kernel stays for the rest and behind LLMOPT_CUDA_ATT_WARP=0 */
     attention_case("attention H4 Hkv2 Dh60 window 100 (warp kernel)", 4, 2, 60, 100, longer, 7, 1024, TOL_F32);
     attention_case("attention H4 Hkv2 Dh6 (per-position kernel)", 4, 2, 6, 0, mixed, 7, 64, TOL_F32);
+    /* one token, head dims % 8 == 0, LLMOPT_CUDA_ATT_DEC=S,W: the cluster kernel (query
+     * heads a block 4, 2 or 1 of a group: 8B-, 0.6B-shaped and odd groups; windows;
+     * several rounds a warp at 8 x 1 and 2 x 1; the empty blocks of short contexts) */
+    setenv("LLMOPT_CUDA_ATT_DEC", "8,8", 1);
+    attention_case("attention H32 Hkv8 Dh128 600+ positions (cluster decode 8,8)", 32, 8, 128, 0, long_ctx, 5, 1024,
+                   TOL_F32);
+    attention_case("attention H12 Hkv4 Dh64 window 100, 300+ positions (cluster decode 8,8)", 12, 4, 64, 100, longer,
+                   7, 1024, TOL_F32);
+    static const char *const dec_shapes[] = {"8,8", "8,4", "8,1", "2,1"};
+    for (int i = 0; i < 4; i++) {
+        char what[96];
+        setenv("LLMOPT_CUDA_ATT_DEC", dec_shapes[i], 1);
+        snprintf(what, sizeof what, "attention H16 Hkv8 Dh128 600+ positions (cluster decode %s)", dec_shapes[i]);
+        attention_case(what, 16, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
+        snprintf(what, sizeof what, "attention H6 Hkv1 Dh64 window 4 (cluster decode %s)", dec_shapes[i]);
+        attention_case(what, 6, 1, 64, 4, mixed, 7, 64, TOL_F32);
+    }
+    unsetenv("LLMOPT_CUDA_ATT_DEC");
+    /* the warp kernel at the 8B / 0.6B shapes over 600+ positions (5 and 9 splits) */
+    attention_case("attention H32 Hkv8 Dh128 600+ positions (warp kernel)", 32, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
+    attention_case("attention H16 Hkv8 Dh128 600+ positions (warp kernel)", 16, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
     setenv("LLMOPT_CUDA_ATT_WARP", "0", 1);
     attention_case("attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024, TOL_F32);
     attention_case("attention H8 Hkv8 Dh128 per-position", 8, 8, 128, 0, mixed, 7, 64, TOL_F32);
@@ -758,6 +779,14 @@ static void test_attention(void) {
     attention_case("f16 KV: attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512, TOL_F32);
     attention_case("f16 KV: attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512, TOL_F32);
     attention_case("f16 KV: attention H4 Hkv2 Dh6 (per-position kernel)", 4, 2, 6, 0, mixed, 7, 64, TOL_F32);
+    attention_case("f16 KV: attention H16 Hkv8 Dh128 600+ positions (warp kernel)", 16, 8, 128, 0, long_ctx, 5, 1024,
+                   TOL_F32);
+    setenv("LLMOPT_CUDA_ATT_DEC", "8,8", 1);
+    attention_case("f16 KV: attention H32 Hkv8 Dh128 600+ positions (cluster decode 8,8)", 32, 8, 128, 0, long_ctx, 5,
+                   1024, TOL_F32);
+    attention_case("f16 KV: attention H16 Hkv8 Dh128 600+ positions (cluster decode 8,8)", 16, 8, 128, 0, long_ctx, 5,
+                   1024, TOL_F32);
+    unsetenv("LLMOPT_CUDA_ATT_DEC");
     setenv("LLMOPT_CUDA_ATT_WARP", "0", 1);
     attention_case("f16 KV: attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024, TOL_F32);
     unsetenv("LLMOPT_CUDA_ATT_WARP");
@@ -911,11 +940,18 @@ static void test_decode_fusion(void) {
     fusion_case(IR_DTYPE_F32, 256, 4, 2, 64, 512, false, false, true, true);
     fusion_case(IR_DTYPE_BF16, 512, 8, 2, 128, 768, true, false, true, false);
     fusion_case(IR_DTYPE_F16, 256, 2, 1, 32, 256, false, true, true, false);
-    /* one-token steps at 600+ positions: 9 splits of 2 groups a warp, q/k rotated by the
-     * attention kernel; the 3-token step launches the chains apart */
+    /* head dim 60 (% 8 == 4): the warp kernel rotates q/k in shared memory, not in registers */
+    fusion_case(IR_DTYPE_F32, 256, 4, 2, 60, 512, true, false, false, false);
+    /* one-token steps at 600+ positions: q/k rotated by the attention kernel (the warp
+     * kernel's 9 splits of 2 groups a warp, then the cluster kernel); the 3-token step
+     * launches the chains apart */
     fusion_long = true;
     fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
     fusion_case(IR_DTYPE_F32, 256, 16, 8, 64, 256, false, false, false, true);
+    setenv("LLMOPT_CUDA_ATT_DEC", "8,8", 1); /* the cluster kernel's norm+rope */
+    fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
+    fusion_case(IR_DTYPE_F32, 256, 16, 8, 64, 256, false, false, false, true);
+    unsetenv("LLMOPT_CUDA_ATT_DEC");
     /* the same through f16 caches: a last-bit f32 difference in layer 0's output can flip
      * an f16 rounding of layer 1's K/V rows (seen: 1.5e-5 in the 300-token step) */
     test_kv = KV_DTYPE_F16;

@@ -43,6 +43,7 @@ static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
 #define CUDA_BLAS_WORKSPACE (32u << 20)
 #define CUDA_UPLOAD_STAGING (64u << 20)
 #define CUDA_DEQUANT_MIN_ROWS 64 /* block-quantized prefill via bf16 cuBLAS from this many rows */
+#define CUDA_ATT_DEC_WARPS 8 /* the cluster decode kernel's warps a block when $LLMOPT_CUDA_ATT_DEC names none */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -151,6 +152,7 @@ struct cuda_state {
     unsigned *att_counters;       /* device (CU_ATT_COUNTERS): split merge counters, zero between launches */
     bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
     bool att_late_kv;             /* $LLMOPT_CUDA_ATT_EARLY=0: no K/V loads before the PDL wait */
+    int att_dec_splits, att_dec_warps; /* $LLMOPT_CUDA_ATT_DEC: one-token cluster kernel shape (0: the warp kernel) */
     bool att_tiled_f32;           /* $LLMOPT_CUDA_ATT_MMA=0: prefill attention without tensor cores */
     int64_t att_part_floats;
     /* KV mirror */
@@ -529,6 +531,8 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.counters = s->att_counters;
     a.per_position = s->att_per_position;
     a.tiled_f32 = s->att_tiled_f32;
+    a.dec_splits = s->att_dec_splits;
+    a.dec_warps = s->att_dec_warps;
     if (!s->fused && s->pf_tok_major[i]) { /* the skipped permutes' sources */
         if (s->pf_tok_major[i] & 1) a.k = node_f32(s, s->g->nodes[n->in[1]].in[0]);
         if (s->pf_tok_major[i] & 2) a.v = node_f32(s, s->g->nodes[n->in[2]].in[0]);
@@ -1476,6 +1480,19 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     s->att_per_position = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_ATT_EARLY"); /* A/B: 0 loads the cached K/V rows after the PDL wait */
     s->att_late_kv = e && !strcmp(e, "0");
+    /* "S[,W]": the cluster decode kernel (splits, warps a block) instead of the warp kernel */
+    s->att_dec_splits = 0; /* off by default: no faster than the warp kernel in the models (docs/cuda.md) */
+    s->att_dec_warps = CUDA_ATT_DEC_WARPS;
+    e = getenv("LLMOPT_CUDA_ATT_DEC");
+    if (e && *e) {
+        int sp = 0, w = CUDA_ATT_DEC_WARPS;
+        if (sscanf(e, "%d,%d", &sp, &w) < 1 || (sp && (sp < 2 || sp > CU_ATT_DEC_MAX_SPLITS || w < 1 || w > 8)))
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "cuda: LLMOPT_CUDA_ATT_DEC=%s: want 0 or S[,W] with S in 2..%d and W in 1..8", e,
+                           CU_ATT_DEC_MAX_SPLITS);
+        s->att_dec_splits = sp;
+        s->att_dec_warps = w;
+    }
     e = getenv("LLMOPT_CUDA_ATT_MMA");
     s->att_tiled_f32 = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_KQ_X"); /* the K-quant matvec's x mode (A/B, tests) */

@@ -265,7 +265,19 @@ struct cu_attention {
      * and appends the rotated k row: the q/k norm+rope needs no launch of its own */
     const float *rope_c, *rope_s, *q_norm_w, *k_norm_w;
     float q_eps, k_eps;
+    /* One token, head dim a multiple of 8 and <= 128 (cu_attention_dec_ok): dec_splits
+     * > 0 takes the cluster kernel, the context split over that many blocks (2 to
+     * CU_ATT_DEC_MAX_SPLITS: a portable cluster) of
+     * dec_warps warps (1 to 8) for each (KV head, up to 4 of its query heads); part and
+     * counters are not used. 0: the warp kernel with `splits`. */
+    int dec_splits, dec_warps;
 };
+/* The cluster decode kernel's largest split (thread-block cluster) count. */
+#define CU_ATT_DEC_MAX_SPLITS 8
+bool cu_attention_dec_ok(const struct cu_attention *a);
+/* Clusters of a's cluster decode launch that fit on the device at once (its launch
+ * shape: dec_splits, dec_warps, the query heads a KV head), -1 where the query fails. */
+int cu_attention_dec_clusters(const struct cu_attention *a);
 /* Split attention launches have N * H < 264 (cu_attention_splits): counters enough. */
 #define CU_ATT_COUNTERS 512
 /* Splits that keep the device busy for n_tok tokens of n_heads heads; at most

@@ -22,15 +22,22 @@
  *    queries (the per-token kernel reads them once per query), then a warp per query
  *    (lanes over keys) for scores and the online softmax, lanes over the head dim for
  *    the weighted V sum. Keys outside a query's causal (and window) range, or of
- *    another sequence, get no weight. */
+ *    another sequence, get no weight.
+ * 2''. attention_dec (one token, opt-in: cu_attention's dec_splits): a thread-block
+ *    cluster per (KV head, query heads of its group) over the context, merged through
+ *    distributed shared memory (see the kernel). */
 #include "backend/cuda/cuda_device.cuh"
 
+#include <cooperative_groups.h>
 #include <limits.h>
+
+namespace cg = cooperative_groups;
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 64
 #define ATT_MAX_DH 512
 #define ATT_DH_PER_THREAD (ATT_MAX_DH / ATT_THREADS)
+#define ATT_MERGE_GROUP 16 /* splits whose partial results the merge loads at once */
 
 static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int max_blocks_per_slot,
                                                  int block_size, int32_t slot, int32_t pos) {
@@ -88,9 +95,8 @@ __global__ void kv_append_kernel(struct cu_attention a) {
 
 /* Merges a split's partial result into out once every split of (token, head) th has
  * left its (m, l, acc) in part: the last block to arrive (counters[th]) does it and
- * resets the counter. Called by all ATT_THREADS threads of each block. */
-static __device__ __forceinline__ void att_merge_splits(const struct cu_attention &a, int64_t th, bool *last_block,
-                                                        float *ms, float *ws) {
+ * resets the counter. Called by all threads of each block. */
+static __device__ __forceinline__ void att_merge_splits(const struct cu_attention &a, int64_t th, bool *last_block) {
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) *last_block = atomicAdd(&a.counters[th], 1u) == (unsigned)a.splits - 1;
@@ -99,24 +105,39 @@ static __device__ __forceinline__ void att_merge_splits(const struct cu_attentio
     __threadfence();
     const int Dh = a.head_dim;
     const float *pt = a.part + th * a.splits * (Dh + 2);
-    for (int sp = threadIdx.x; sp < a.splits; sp += blockDim.x) {
-        ms[sp] = __ldcg(pt + sp * (Dh + 2));
-        ws[sp] = __ldcg(pt + sp * (Dh + 2) + 1);
-    }
-    __syncthreads();
-    float mm = -INFINITY, ll = 0.0f;
-    for (int sp = 0; sp < a.splits; sp++)
-        if (ws[sp] > 0.0f) mm = fmaxf(mm, ms[sp]);
-    for (int sp = 0; sp < a.splits; sp++) /* the weight of each split, and the sum */
-        if (ws[sp] > 0.0f) ll += ws[sp] * expf(ms[sp] - mm);
-    __syncthreads();
-    for (int sp = threadIdx.x; sp < a.splits; sp += blockDim.x) ws[sp] = ws[sp] > 0.0f ? expf(ms[sp] - mm) : 0.0f;
-    __syncthreads();
     for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-        float o = 0.0f;
-#pragma unroll 8
-        for (int sp = 0; sp < a.splits; sp++)
-            if (ws[sp] > 0.0f) o += __ldcg(pt + sp * (Dh + 2) + 2 + d) * ws[sp];
+        /* 16 splits' (m, l, acc[d]) loaded at once: one round trip for up to 16 splits,
+         * not one for (m, l) and another for the acc values; groups merged online */
+        float mm = -INFINITY, ll = 0.0f, o = 0.0f;
+        for (int s0 = 0; s0 < a.splits; s0 += ATT_MERGE_GROUP) {
+            float mv[ATT_MERGE_GROUP], lv[ATT_MERGE_GROUP], ov[ATT_MERGE_GROUP];
+#pragma unroll
+            for (int j = 0; j < ATT_MERGE_GROUP; j++) {
+                lv[j] = 0.0f;
+                if (s0 + j < a.splits) {
+                    const float *ps = pt + (s0 + j) * (Dh + 2);
+                    mv[j] = __ldcg(ps);
+                    lv[j] = __ldcg(ps + 1);
+                    ov[j] = __ldcg(ps + 2 + d);
+                }
+            }
+            float gm = mm;
+#pragma unroll
+            for (int j = 0; j < ATT_MERGE_GROUP; j++)
+                if (lv[j] > 0.0f) gm = fmaxf(gm, mv[j]);
+            if (gm == -INFINITY) continue; /* no positions yet */
+            const float c = expf(mm - gm); /* 0 on the first group with positions */
+            ll *= c;
+            o *= c;
+#pragma unroll
+            for (int j = 0; j < ATT_MERGE_GROUP; j++) /* the weight of each split, and the sum */
+                if (lv[j] > 0.0f) {
+                    const float w = expf(mv[j] - gm);
+                    ll += lv[j] * w;
+                    o += ov[j] * w;
+                }
+            mm = gm;
+        }
         a.out[th * Dh + d] = o / ll;
     }
     if (threadIdx.x == 0) a.counters[th] = 0; /* ready for the next launch */
@@ -179,7 +200,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
     __shared__ const KV *krow[ATT_CHUNK], *vrow[ATT_CHUNK]; /* each position's K/V head row */
     __shared__ KV kown[ATT_MAX_DH], vown[ATT_MAX_DH];        /* the token's own row, as the cache holds it */
     __shared__ float red[32];
-    __shared__ float ms[CU_ATT_MAX_SPLITS], ws[CU_ATT_MAX_SPLITS];
     __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
@@ -289,7 +309,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
         part[0] = m;
         part[1] = l;
     }
-    att_merge_splits(a, th, &last_block, ms, ws);
+    att_merge_splits(a, th, &last_block);
 }
 
 /* Decode attention with warps as independent sub-splits (head dim a multiple of 4, at
@@ -304,9 +324,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
  * the cached rows were written by earlier steps, so the first group's rows are found
  * and loaded before the PDL wait, while the kernel before (the q/k/v product) runs; the
  * token's own row comes from the inputs after the wait.
- * rope_c (APPEND only): q and k are the raw [rms_norm ->] rope inputs; warps 0 and 1 of
- * every block normalize and rotate the block's q row and the token's k row into shared
- * memory (cu_norm_rope's arithmetic), and the appended K row is the rotated one. */
+ * rope_c (APPEND only): q and k are the raw [rms_norm ->] rope inputs; every warp
+ * normalizes and rotates the block's q row and the token's k row in registers
+ * (att_dec_rope: q, k, the rope rows and norm weights in one round of loads, no block
+ * barrier; head dims % 8 == 4: warps 0 and 1 into shared memory), cu_norm_rope's
+ * arithmetic, and the appended K row is the rotated one. The split merge loads up to 16
+ * splits' partial results in one round. */
 #define ATT_WPOS 16                        /* positions per warp per group */
 #define ATT_WCHUNK (ATT_WPOS * ATT_THREADS / CU_WARP)
 
@@ -342,6 +365,29 @@ static __device__ __forceinline__ void att_warp_load(const struct cu_attention &
     }
 }
 
+/* x (this lane's 4 dims, as given) [rms-normalized with weights w (NULL: none)] then
+ * rotated with the rope rows c, s: d < Dh/2 takes x[d] c[d] - x[d + Dh/2] s[d], the
+ * rest x[d] c[d] + x[d - Dh/2] s[d]; cu_norm_rope's arithmetic. All lanes call it. */
+static __device__ __forceinline__ float4 att_dec_rope(float4 x, const float *w, float4 wn, float4 c, float4 s,
+                                                      float eps, int Dh, int lane) {
+    if (w) {
+        float ss = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+        ss = cu_warp_sum(ss);
+        const float scale = 1.0f / sqrtf(ss / (float)Dh + eps);
+        x = make_float4(x.x * scale * wn.x, x.y * scale * wn.y, x.z * scale * wn.z, x.w * scale * wn.w);
+    }
+    const int hl = Dh / 8, lo = lane < hl;
+    const int src = lo ? lane + hl : (lane < 2 * hl ? lane - hl : lane);
+    float4 o;
+    o.x = __shfl_sync(0xffffffffu, x.x, src);
+    o.y = __shfl_sync(0xffffffffu, x.y, src);
+    o.z = __shfl_sync(0xffffffffu, x.z, src);
+    o.w = __shfl_sync(0xffffffffu, x.w, src);
+    const float sg = lo ? -1.0f : 1.0f;
+    return make_float4(x.x * c.x + sg * o.x * s.x, x.y * c.y + sg * o.y * s.y, x.z * c.z + sg * o.z * s.z,
+                       x.w * c.w + sg * o.w * s.w);
+}
+
 template <bool APPEND, typename KV>
 __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
@@ -351,7 +397,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
     __shared__ float wm[nw], wl[nw];
     __shared__ __align__(16) float wacc[nw][128];
     __shared__ __align__(16) float qk[2][128]; /* rope_c: the rotated q and own k rows */
-    __shared__ float ms[CU_ATT_MAX_SPLITS], ws[CU_ATT_MAX_SPLITS];
     __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int Dh = a.head_dim, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
@@ -364,9 +409,21 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
     int n_mine = att_warp_rows(a, sp, begin, warp, lane, &off);
     att_warp_load<KV>(a, off, n_mine, dl, lane, kk, vv);
     if (early) cu_pdl_wait(); /* q, k, v of this step, and the scratch of the last attention */
-    const float *k_own = sp.k_own;
-    float4 q;
-    if (APPEND && a.rope_c) {
+    float4 q, kown = zero4, vown = zero4; /* this lane's dims of the (rotated) q row and the own K/V rows */
+    if (APPEND && a.rope_c && Dh % 8 == 0) { /* every warp rotates q and k in registers: one round of loads */
+        float4 qw = zero4, kw = zero4, c = zero4, s = zero4;
+        q = zero4;
+        if (dl) {
+            q = *(const float4 *)(a.q + (int64_t)h * Dh + 4 * lane); /* one token: [H, Dh] */
+            kown = *(const float4 *)(sp.k_own + 4 * lane);
+            c = *(const float4 *)(a.rope_c + 4 * lane);
+            s = *(const float4 *)(a.rope_s + 4 * lane);
+            if (a.q_norm_w) qw = *(const float4 *)(a.q_norm_w + 4 * lane);
+            if (a.k_norm_w) kw = *(const float4 *)(a.k_norm_w + 4 * lane);
+        }
+        q = att_dec_rope(q, a.q_norm_w, qw, c, s, a.q_eps, Dh, lane);
+        kown = att_dec_rope(kown, a.k_norm_w, kw, c, s, a.k_eps, Dh, lane);
+    } else if (APPEND && a.rope_c) { /* Dh % 8 == 4: warps 0 and 1 rotate the rows into shared memory */
         if (warp < 2) {
             const float *x = warp == 0 ? a.q + (int64_t)h * Dh : sp.k_own; /* one token: [H, Dh] */
             const float *wn = warp == 0 ? a.q_norm_w : a.k_norm_w;
@@ -389,12 +446,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
             }
         }
         __syncthreads();
-        k_own = qk[1];
         q = dl ? *(const float4 *)&qk[0][4 * lane] : zero4;
+        kown = dl ? *(const float4 *)&qk[1][4 * lane] : zero4;
     } else {
         q = dl ? *(const float4 *)(a.q + ((int64_t)h * a.n_tok + t) * Dh + 4 * lane) : zero4;
+        if (dl) kown = *(const float4 *)(sp.k_own + 4 * lane);
     }
-    if (APPEND) att_append_own<KV>(a, sp, split, h, k_own);
+    if (dl) vown = *(const float4 *)(sp.v_own + 4 * lane);
+    typename kv_raw4<KV>::T kown_c, vown_c; /* the own row as the cache holds it */
+    kv_pack4(kown, &kown_c);
+    kv_pack4(vown, &vown_c);
+    if (APPEND && split == 0 && h % (a.n_heads / a.n_kv_heads) == 0 && warp == 0 && dl) { /* a block a KV head */
+        const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, p) * sp.row_elems +
+                            (int64_t)sp.kvh * Dh + 4 * lane;
+        *(typename kv_raw4<KV>::T *)((KV *)a.k_cache + row) = kown_c;
+        *(typename kv_raw4<KV>::T *)((KV *)a.v_cache + row) = vown_c;
+    }
     float m = -INFINITY, l = 0.0f;
     float4 acc = zero4;
     for (int32_t c0 = begin; c0 < end;) {
@@ -402,8 +469,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
 #pragma unroll
             for (int i = 0; i < ATT_WPOS; i++) /* the token's own row, from the inputs as the cache holds it */
                 if (c0 + warp + nw * i == p && dl) {
-                    kv_pack4(*(const float4 *)(k_own + 4 * lane), &kk[i]);
-                    kv_pack4(*(const float4 *)(sp.v_own + 4 * lane), &vv[i]);
+                    kk[i] = kown_c;
+                    vv[i] = vown_c;
                 }
             float sc[ATT_WPOS], cmax = -INFINITY;
 #pragma unroll
@@ -473,7 +540,249 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
         part[0] = bm;
         part[1] = bl;
     }
-    att_merge_splits(a, th, &last_block, ms, ws);
+    att_merge_splits(a, th, &last_block);
+}
+
+/* One-token decode attention as a thread-block cluster (head dim a multiple of 8, at
+ * most 128: a lane holds 4 dims of a row). A cluster of S blocks (the context split S
+ * ways, contiguous ranges) per GB query heads of one KV head (GB: 4, 2 or 1 of its
+ * group), so each cached K/V row is loaded once for GB heads; a block of W warps
+ * splits its range again, warp w taking positions w, w + W, ..., R rows a round (16;
+ * 8 where GB is 4): the lanes look up 32 rows in the block table at once, then every
+ * row's K and V (16-byte loads for f32 rows, 8-byte for f16, all 2R in flight, kept as
+ * cached until used). The GB x R partial dot products of a round are summed over the
+ * lanes by halving exchanges (V - 1 shuffles for V = GB x R sums instead of 5 V),
+ * leaving lane l the whole sum of product l / (32 / V); the running max, softmax
+ * weights and sums are then one lane's work per (head, row), the weights shared through
+ * shared memory for the weighted V sums (GB float4 a lane). The warps merge in shared
+ * memory, then the blocks of the cluster through distributed shared memory (every block
+ * reads the S partial results of its share of the outputs): no global scratch,
+ * counters or fences. kv_before_wait, rope_c: as in attention_warp_kernel (att_dec_rope
+ * in every warp), the norm weights loaded before the PDL wait and the rope rows
+ * (written by this step's kernels) with q and k after it. */
+#define ATT_DEC_MAX_WARPS 8
+#define ATT_DEC_MAX_SPLITS CU_ATT_DEC_MAX_SPLITS
+
+/* c ? a : b on values (a select of array elements written as such becomes a select of
+ * their addresses, and the array goes to local memory) */
+static __device__ __forceinline__ float att_sel(bool c, float a, float b) {
+    float r;
+    asm("{\n.reg .pred p;\nsetp.ne.u32 p, %3, 0;\nselp.f32 %0, %1, %2, p;\n}"
+        : "=f"(r)
+        : "f"(a), "f"(b), "r"((unsigned)c));
+    return r;
+}
+
+/* Sums each of V values (V a power of 2, <= 32) over the warp's lanes: returns, to
+ * lane l, the sum of value l / (32 / V). Halving exchanges: at offset 16 a lane keeps
+ * half its values (the upper half where the offset's bit is set) and adds its partner's
+ * copy of that half, and so on; then plain butterfly sums over the remaining bits. */
+template <int N, int OFF> struct att_xsum { /* N values left, exchanged at offset OFF */
+    static __device__ __forceinline__ float run(float *v, int lane) {
+        const bool up = lane & OFF;
+#pragma unroll
+        for (int k = 0; k < N / 2; k++) {
+            const float send = att_sel(up, v[k], v[k + N / 2]), keep = att_sel(up, v[k + N / 2], v[k]);
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+        }
+        return att_xsum<N / 2, OFF / 2>::run(v, lane);
+    }
+};
+template <int OFF> struct att_xsum<1, OFF> {
+    static __device__ __forceinline__ float run(float *v, int lane) {
+        float s = v[0];
+#pragma unroll
+        for (int off = OFF; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        return s;
+    }
+};
+template <int V>
+static __device__ __forceinline__ float att_sum_transposed(float (&v)[V], int lane) {
+    return att_xsum<V, 16>::run(v, lane);
+}
+
+template <typename KV, int GB, int R>
+__global__ void __launch_bounds__(ATT_DEC_MAX_WARPS *CU_WARP) attention_dec_kernel(struct cu_attention a) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    if (!a.kv_before_wait) cu_pdl_wait();
+    constexpr int V = GB * R, LPV = CU_WARP / V, LPH = CU_WARP / GB; /* lanes a value, a head */
+    typedef typename kv_raw4<KV>::T raw4;
+    __shared__ __align__(16) float wacc[ATT_DEC_MAX_WARPS][GB][128];
+    __shared__ float wm[ATT_DEC_MAX_WARPS][GB], wl[ATT_DEC_MAX_WARPS][GB];
+    __shared__ __align__(16) float pe[ATT_DEC_MAX_WARPS][V];
+    __shared__ float pc[ATT_DEC_MAX_WARPS][GB];
+    __shared__ __align__(16) float bacc[GB][128];
+    __shared__ float bm[GB], bl[GB];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int S = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const int nw = blockDim.x / CU_WARP, lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
+    const int Dh = a.head_dim, G = a.n_heads / a.n_kv_heads;
+    const int h0 = blockIdx.y * GB, kvh = h0 / G, row_elems = a.n_kv_heads * Dh;
+    const int32_t p = a.pos[0], slot = a.slot[0];
+    const int32_t first = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    int32_t per = (p + 1 - first + S - 1) / S;
+    per = (per + nw - 1) / nw * nw;
+    const int32_t begin = first + rank * per, end = min(p + 1, begin + per);
+    const int cnt = end - begin > warp ? (end - begin - warp + nw - 1) / nw : 0; /* the warp's positions */
+    const bool dl = 4 * lane < Dh;
+    const int64_t col = (int64_t)kvh * Dh + 4 * lane;
+    const KV *kc = (const KV *)a.k_cache, *vc = (const KV *)a.v_cache;
+    const auto lookup = [&](int j0) -> int64_t { /* lane j: the warp's position j0 + j (-1: none, or the own) */
+        const int j = j0 + lane;
+        const int32_t pj = begin + warp + nw * j;
+        return j < cnt && pj != p ? kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, pj) * row_elems
+                                  : -1;
+    };
+    raw4 kk[R], vv[R];
+    const auto load = [&](int64_t off, int r) { /* round r's rows; zeros where there is none */
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int64_t oi = __shfl_sync(0xffffffffu, off, (r % (CU_WARP / R)) * R + i);
+            kv_pack4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), &kk[i]);
+            vv[i] = kk[i];
+            if (dl && oi >= 0) {
+                kk[i] = kv_raw_ld4(kc + oi + col);
+                vv[i] = kv_raw_ld4(vc + oi + col);
+            }
+        }
+    };
+    int64_t off = cnt > 0 ? lookup(0) : -1;
+    if (cnt > 0) load(off, 0);
+    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const bool rope = a.rope_c != NULL;
+    const float4 qw = rope && a.q_norm_w && dl ? *(const float4 *)(a.q_norm_w + 4 * lane) : zero4;
+    const float4 kw = rope && a.k_norm_w && dl ? *(const float4 *)(a.k_norm_w + 4 * lane) : zero4;
+    if (a.kv_before_wait) cu_pdl_wait(); /* q, k, v and the rope rows of this step */
+    float4 q[GB], kown = zero4, vown = zero4;
+#pragma unroll
+    for (int g = 0; g < GB; g++) q[g] = dl ? *(const float4 *)(a.q + (int64_t)(h0 + g) * Dh + 4 * lane) : zero4;
+    if (dl) {
+        kown = *(const float4 *)(a.k + (int64_t)kvh * Dh + 4 * lane);
+        vown = *(const float4 *)(a.v + (int64_t)kvh * Dh + 4 * lane);
+    }
+    if (rope) {
+        const float4 c = dl ? *(const float4 *)(a.rope_c + 4 * lane) : zero4;
+        const float4 s = dl ? *(const float4 *)(a.rope_s + 4 * lane) : zero4;
+#pragma unroll
+        for (int g = 0; g < GB; g++) q[g] = att_dec_rope(q[g], a.q_norm_w, qw, c, s, a.q_eps, Dh, lane);
+        kown = att_dec_rope(kown, a.k_norm_w, kw, c, s, a.k_eps, Dh, lane);
+    }
+    raw4 kown_c, vown_c; /* the own row as the cache holds it */
+    kv_pack4(kown, &kown_c);
+    kv_pack4(vown, &vown_c);
+    if (rank == 0 && h0 % G == 0 && warp == 0 && dl) { /* APPEND: one block of each KV head */
+        const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, p) * row_elems + col;
+        *(raw4 *)((KV *)a.k_cache + row) = kown_c;
+        *(raw4 *)((KV *)a.v_cache + row) = vown_c;
+    }
+    const int vi = lane / LPV, gi = vi / R, ii = vi % R; /* the (head, row) of this lane's sum */
+    float m = -INFINITY, l = 0.0f;
+    float4 acc[GB];
+#pragma unroll
+    for (int g = 0; g < GB; g++) acc[g] = zero4;
+    for (int r = 0; r * R < cnt; r++) { /* warp-uniform */
+        if (r > 0) {
+            if (r % (CU_WARP / R) == 0) off = lookup(r * R);
+            load(off, r);
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (begin + warp + nw * (r * R + i) == p) {
+                kk[i] = kown_c;
+                vv[i] = vown_c;
+            }
+        float s[V];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float4 k4 = kv_widen4(kk[i]);
+#pragma unroll
+            for (int g = 0; g < GB; g++) s[g * R + i] = q[g].x * k4.x + q[g].y * k4.y + q[g].z * k4.z + q[g].w * k4.w;
+        }
+        float sc = att_sum_transposed<V>(s, lane);
+        sc = r * R + ii < cnt ? sc * a.scale : -INFINITY;
+        float cm = sc;
+#pragma unroll
+        for (int o = LPV; o < LPH; o *= 2) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+        const float new_m = fmaxf(m, cm); /* finite: a round has a row */
+        const float corr = expf(m - new_m), e = expf(sc - new_m);
+        float cs = e;
+#pragma unroll
+        for (int o = LPV; o < LPH; o *= 2) cs += __shfl_xor_sync(0xffffffffu, cs, o);
+        l = l * corr + cs;
+        m = new_m;
+        if (lane % LPV == 0) pe[warp][vi] = e;
+        if (lane % LPH == 0) pc[warp][gi] = corr;
+        __syncwarp();
+#pragma unroll
+        for (int g = 0; g < GB; g++) {
+            const float c = pc[warp][g];
+            float4 o = make_float4(acc[g].x * c, acc[g].y * c, acc[g].z * c, acc[g].w * c);
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const float w = pe[warp][g * R + i];
+                const float4 v4 = kv_widen4(vv[i]);
+                o.x += w * v4.x;
+                o.y += w * v4.y;
+                o.z += w * v4.z;
+                o.w += w * v4.w;
+            }
+            acc[g] = o;
+        }
+        __syncwarp(); /* pe and pc are rewritten by the next round */
+    }
+    /* the warps' results, merged by the block */
+    if (lane % LPH == 0) {
+        wm[warp][gi] = m;
+        wl[warp][gi] = l;
+    }
+#pragma unroll
+    for (int g = 0; g < GB; g++)
+        if (dl) *(float4 *)&wacc[warp][g][4 * lane] = acc[g];
+    __syncthreads();
+    for (int e = threadIdx.x; e < GB * Dh; e += blockDim.x) {
+        const int g = e / Dh, d = e % Dh;
+        float mm = -INFINITY, ll = 0.0f, o = 0.0f;
+        for (int w = 0; w < nw; w++)
+            if (wl[w][g] > 0.0f) mm = fmaxf(mm, wm[w][g]);
+        for (int w = 0; w < nw; w++)
+            if (wl[w][g] > 0.0f) {
+                const float f = expf(wm[w][g] - mm);
+                ll += wl[w][g] * f;
+                o += wacc[w][g][d] * f;
+            }
+        bacc[g][d] = o;
+        if (d == 0) {
+            bm[g] = mm;
+            bl[g] = ll;
+        }
+    }
+    cluster.sync(); /* every block's partial result written */
+    /* output e (head h0 + e / Dh, dim e % Dh) is block e % S's: the S partials merged,
+     * all S read at once */
+    for (int e = rank + threadIdx.x * S; e < GB * Dh; e += S * (int)blockDim.x) {
+        const int g = e / Dh, d = e % Dh;
+        float lb[ATT_DEC_MAX_SPLITS], mb[ATT_DEC_MAX_SPLITS], ob[ATT_DEC_MAX_SPLITS];
+#pragma unroll
+        for (int b = 0; b < ATT_DEC_MAX_SPLITS; b++)
+            if (b < S) {
+                lb[b] = *cluster.map_shared_rank(&bl[g], b);
+                mb[b] = *cluster.map_shared_rank(&bm[g], b);
+                ob[b] = *cluster.map_shared_rank(&bacc[g][d], b);
+            }
+        float mm = -INFINITY, ll = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int b = 0; b < ATT_DEC_MAX_SPLITS; b++)
+            if (b < S && lb[b] > 0.0f) mm = fmaxf(mm, mb[b]);
+#pragma unroll
+        for (int b = 0; b < ATT_DEC_MAX_SPLITS; b++)
+            if (b < S && lb[b] > 0.0f) {
+                const float f = expf(mb[b] - mm);
+                ll += lb[b] * f;
+                o += ob[b] * f;
+            }
+        a.out[(int64_t)(h0 + g) * Dh + d] = o / ll;
+    }
+    cluster.sync(); /* no block leaves while another reads its shared memory */
 }
 
 #define ATT_TQ 16      /* queries per block */
@@ -930,6 +1239,70 @@ bool cu_attention_mma_ok(const struct cu_attention *a) {
            a->n_heads / a->n_kv_heads <= FA_ROWS && (a->head_dim == 64 || a->head_dim == 96 || a->head_dim == 128);
 }
 
+bool cu_attention_dec_ok(const struct cu_attention *a) {
+    return a->dec_splits > 0 && a->n_tok == 1 && a->head_dim % 8 == 0 && a->head_dim <= 128 && !a->per_position;
+}
+
+/* The cluster decode launch: GB query heads a block (4, 2 or 1: the largest dividing
+ * the group), R rows a warp a round (GB x R <= 32 sums a round). */
+template <typename KV, int GB>
+static cudaError_t att_dec_config(const struct cu_attention *a, cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr,
+                                  void (**kernel)(struct cu_attention)) {
+    constexpr int R = GB == 4 ? 8 : 16;
+    *kernel = attention_dec_kernel<KV, GB, R>;
+    const int S = a->dec_splits;
+    cfg->gridDim = dim3(S, a->n_heads / GB, 1);
+    cfg->blockDim = dim3(a->dec_warps * CU_WARP);
+    cfg->dynamicSmemBytes = 0;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = S;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg->attrs = attr;
+    cfg->numAttrs = cu_pdl_enabled() ? 2 : 1;
+    return cudaSuccess;
+}
+
+template <typename KV>
+static cudaError_t att_dec_config_kv(const struct cu_attention *a, cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr,
+                                     void (**kernel)(struct cu_attention)) {
+    const int G = a->n_heads / a->n_kv_heads;
+    if (G % 4 == 0) return att_dec_config<KV, 4>(a, cfg, attr, kernel);
+    if (G % 2 == 0) return att_dec_config<KV, 2>(a, cfg, attr, kernel);
+    return att_dec_config<KV, 1>(a, cfg, attr, kernel);
+}
+
+static cudaError_t att_dec_launch(cudaStream_t st, const struct cu_attention *a) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2];
+    void (*kernel)(struct cu_attention) = NULL;
+    cudaError_t e = a->kv_f16 ? att_dec_config_kv<__half>(a, &cfg, attr, &kernel)
+                              : att_dec_config_kv<float>(a, &cfg, attr, &kernel);
+    if (e != cudaSuccess) return e;
+    cfg.stream = st;
+    if ((e = cudaLaunchKernelEx(&cfg, kernel, *a)) != cudaSuccess) return e;
+    return cudaGetLastError();
+}
+
+int cu_attention_dec_clusters(const struct cu_attention *a) {
+    if (!cu_attention_dec_ok(a)) return -1;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2];
+    void (*kernel)(struct cu_attention) = NULL;
+    if ((a->kv_f16 ? att_dec_config_kv<__half>(a, &cfg, attr, &kernel)
+                   : att_dec_config_kv<float>(a, &cfg, attr, &kernel)) != cudaSuccess)
+        return -1;
+    cfg.numAttrs = 1; /* the cluster shape alone */
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return n;
+}
+
 template <typename KV>
 static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *a) {
     bool tiled = cu_attention_tiled_ok(a);
@@ -951,6 +1324,7 @@ static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *
         attention_tiled_kernel<KV><<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
         return cudaGetLastError();
     }
+    if (cu_attention_dec_ok(a)) return att_dec_launch(st, a);
     dim3 grid(a->splits, a->n_heads, a->n_tok);
     if (a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position)
         e = cu_launch_pdl(a->n_tok == 1 ? attention_warp_kernel<true, KV> : attention_warp_kernel<false, KV>, grid,
@@ -968,6 +1342,9 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
         (a->splits > 1 && (!a->part || !a->counters || (int64_t)a->n_tok * a->n_heads > CU_ATT_COUNTERS)))
         return cudaErrorInvalidValue;
     if ((a->rope_c || a->kv_before_wait) && !cu_attention_rope_ok(a)) return cudaErrorInvalidValue;
+    if (a->dec_splits && (a->dec_splits < 2 || a->dec_splits > CU_ATT_DEC_MAX_SPLITS || a->dec_warps < 1 ||
+                          a->dec_warps > ATT_DEC_MAX_WARPS))
+        return cudaErrorInvalidValue;
     return a->kv_f16 ? attention_launch<__half>(st, a) : attention_launch<float>(st, a);
 }
 
