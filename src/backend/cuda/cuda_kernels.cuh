@@ -83,6 +83,13 @@ extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps); /* C: tests/unit
  * int8 launches have their own default launch shape. Until the first call:
  * $LLMOPT_CUDA_Q8_X. */
 extern "C" void cu_matvec_q8_x(int mode); /* C: tests/unit/test_cuda.c */
+/* Where int8 x is taken and a lane's x chunks fit in its one round of weight loads,
+ * each warp forms its int8 x in registers itself (no shared memory, no block barrier;
+ * the rms_norm prologue's sum of squares a warp sum) and a persistent loop issues the
+ * next row group's loads before storing the current one: mode 1 (the default), 0 every
+ * block quantizes x into shared memory as before. Until the first call:
+ * $LLMOPT_CUDA_MV_XW. */
+extern "C" void cu_matvec_q8_warp(int mode); /* C: tests/unit/test_cuda.c */
 /* Persistent one-row matvec launches (f32/f16/bf16/q8_0/q4_0), process-wide: a grid of
  * as many blocks as the device holds at once, each block taking every gridDim-th group
  * of rows, so the per-block prologue (rms_norm, x to int8) runs once a block, and K is
@@ -182,6 +189,10 @@ cudaError_t cu_concat_piece(cudaStream_t st, const float *x, float *o, int64_t o
                             int64_t len_out, int64_t at, int64_t inner);
 /* kind 0: i32 -> f32; 1: f32 -> i32 (non-finite or out of range -> 0). */
 cudaError_t cu_cast(cudaStream_t st, const void *x, void *o, int64_t n, int kind);
+/* c/s[t, d] = cos/sin(freqs[d % half] * (float)pos[t]) for d < 2 * half: a step's rope
+ * table (the models' cast -> matmul -> permute -> concat -> cos, sin) in one launch. */
+cudaError_t cu_rope_table(cudaStream_t st, const float *freqs, const int32_t *pos, int64_t n_tok, int64_t half,
+                          float *c, float *s);
 /* o[a, j, :] = x[a, rows[j], :]; a row index out of [0, rows_in) gives zeros. */
 cudaError_t cu_select_rows(cudaStream_t st, const float *x, const int32_t *rows, float *o,
                            int64_t outer, int64_t rows_in, int64_t m, int64_t d);
