@@ -83,13 +83,10 @@ extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps); /* C: tests/unit
  * int8 launches have their own default launch shape. Until the first call:
  * $LLMOPT_CUDA_Q8_X. */
 extern "C" void cu_matvec_q8_x(int mode); /* C: tests/unit/test_cuda.c */
-/* Where int8 x is taken and a lane's x chunks fit in its one round of weight loads,
- * each warp forms its int8 x in registers itself (no shared memory, no block barrier;
- * the rms_norm prologue's sum of squares a warp sum) and a persistent loop issues the
- * next row group's loads before storing the current one: mode 1 (the default), 0 every
- * block quantizes x into shared memory as before. Until the first call:
- * $LLMOPT_CUDA_MV_XW. */
-extern "C" void cu_matvec_q8_warp(int mode); /* C: tests/unit/test_cuda.c */
+/* The rms_norm prologue of int8-x launches with K <= 4096: 1 (the default) the norm
+ * weight loaded before the PDL wait and x once into registers, 0 two passes over x
+ * (the same bits). Until the first call: $LLMOPT_CUDA_MV_XREGS. */
+extern "C" void cu_matvec_x_regs(int on); /* C: tests/unit/test_cuda.c */
 /* Persistent one-row matvec launches (f32/f16/bf16/q8_0/q4_0), process-wide: a grid of
  * as many blocks as the device holds at once, each block taking every gridDim-th group
  * of rows, so the per-block prologue (rms_norm, x to int8) runs once a block, and K is

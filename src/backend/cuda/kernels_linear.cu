@@ -128,7 +128,7 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, uint16_t sc, float 
  * quantizes the row into shared memory as q8_0 blocks of 32, int8 with the f32 scale d
  * = amax / 127 of each block, q = nearbyint(x / d) (the CPU's activation quantization,
  * backend/cpu isa_scalar.c; the same int8 for finite x), and the products are dp4a. */
-enum { MV_X_F32 = 0, MV_X_Q8 = 1, MV_X_Q8W = 2 };
+enum { MV_X_F32 = 0, MV_X_Q8 = 1 };
 
 /* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
  * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */
@@ -176,65 +176,45 @@ static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict_
     }
 }
 
-/* MV_X_Q8W, the same int8 x formed by each warp for itself, without shared memory or
- * block barriers, for launches where every lane's chunks of a row fit in its loads in
- * flight (one round: n_chunks <= U * 32 * ksplit, the launch checks): after the PDL
- * wait a lane loads the x elements of its own chunks (and, with the prologue, sums the
- * squares of the whole row strided over the warp: one warp sum, no block sum), scales
- * them, takes the block amax with the neighbouring lane (chunks 2b and 2b + 1 of a
- * block of 32 are lanes l and l ^ 1) and keeps its int8 chunks and their scale in
- * registers for every row group it takes. One round trip to x (and the norm weight)
- * after the wait instead of two plus two block barriers; and in a persistent loop the
- * next row group's weight loads go out before the current group's sums are reduced
- * and stored. Same rounding rule as mv_quantize_x_q8 (the rms scale's f32 sum order
- * differs: per lane and warp instead of per thread and block). */
-template <int U>
-static __device__ __forceinline__ void mv_quantize_x_q8w(const float *__restrict__ x, const float *__restrict__ nw,
-                                                         float norm_eps, int64_t K, int64_t first, int64_t step,
-                                                         uint32_t (&xq)[U][4], float (&xd)[U]) {
-    const int lane = threadIdx.x % CU_WARP;
-    const int64_t n_chunks = K / 16;
-    float sc = 1.0f;
-    if (nw) {
-        const float4 *x4 = (const float4 *)x;
-        float ss = 0.0f;
-#pragma unroll 8
-        for (int64_t f = lane; f < K / 4; f += CU_WARP) {
-            const float4 v = __ldg(x4 + f);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        sc = 1.0f / sqrtf(cu_warp_sum(ss) / (float)K + norm_eps);
+/* MV_X_Q8 with the rms_norm prologue where K <= 4096 (x_regs): the same int8 x and
+ * scales as mv_sumsq + mv_quantize_x_q8 (the same f32 operations in the same order: a
+ * thread's elements f = threadIdx.x + i * MV_THREADS, its float4 squares summed in i
+ * order, then cu_block_sum), but the norm weight is loaded into registers before the
+ * PDL wait (nw_pre) and x once, all loads in flight, and quantized from registers:
+ * after the wait one round trip to x instead of x, then x again with the norm weight. */
+#define MV_XR_MAX 4 /* float4 of x a thread: K <= 4 * 4 * MV_THREADS */
+static __device__ __forceinline__ void mv_norm_quantize_x_q8(const float *__restrict__ x, const float4 (&w)[MV_XR_MAX],
+                                                             float eps, int64_t K, float *red, uint32_t *q, float *d) {
+    float4 v[MV_XR_MAX];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MV_XR_MAX; i++) {
+        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
+        v[i] = f < K / 4 ? __ldg((const float4 *)x + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
-    for (int u = 0; u < U; u++) { /* uniform bound: whole warps shuffle */
-        const int64_t c = first + u * step;
-        const bool in = c < n_chunks;
-        float v[16];
+    for (int i = 0; i < MV_XR_MAX; i++)
+        if (threadIdx.x + (int64_t)i * MV_THREADS < K / 4)
+            ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    const float sc = 1.0f / sqrtf(cu_block_sum(ss, red) / (float)K + eps);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (in) {
-                a = __ldg((const float4 *)x + c * 4 + i);
-                if (nw) {
-                    const float4 w = __ldg((const float4 *)nw + c * 4 + i);
-                    a = make_float4(a.x * sc * w.x, a.y * sc * w.y, a.z * sc * w.z, a.w * sc * w.w);
-                }
-            }
-            v[4 * i] = a.x;
-            v[4 * i + 1] = a.y;
-            v[4 * i + 2] = a.z;
-            v[4 * i + 3] = a.w;
-        }
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(v[i]));
+    for (int i = 0; i < MV_XR_MAX; i++) {
+        if ((int64_t)i * MV_THREADS >= K / 4) break; /* uniform: whole warps shuffle */
+        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
+        const bool in = f < K / 4;
+        const float4 a = in ? make_float4(v[i].x * sc * w[i].x, v[i].y * sc * w[i].y, v[i].z * sc * w[i].z,
+                                          v[i].w * sc * w[i].w)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
         float id;
-        xd[u] = mv_q8_scale(amax, &id);
-#pragma unroll
-        for (int i = 0; i < 4; i++) xq[u][i] = mv_q8_pack4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3], id);
+        const float db = mv_q8_scale(amax, &id);
+        if (!in) continue;
+        q[f] = mv_q8_pack4(a.x, a.y, a.z, a.w, id);
+        if (threadIdx.x % 8 == 0) d[f / 8] = db;
     }
-    (void)lane;
 }
 
 /* sum of 16 int8 products (a 16-byte chunk of q8_0 weights and of x) */
@@ -254,7 +234,16 @@ struct mv_job {
     int64_t g_end[CU_MV_MAX_SEGS];
     int n_seg;
     struct cu_weight up; /* data NULL: no pair */
+    bool x_regs;         /* mv_norm_quantize_x_q8: the rms_norm prologue of int8 x from registers */
 };
+
+static __device__ __forceinline__ void mv_norm_w_pre(const float *__restrict__ nw, int64_t K, float4 (&w)[MV_XR_MAX]) {
+#pragma unroll
+    for (int i = 0; i < MV_XR_MAX; i++) {
+        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
+        w[i] = f < K / 4 ? __ldg((const float4 *)nw + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
 
 
 /* sum of squares of x[0..K) (K % 4 == 0, 16-byte aligned) by the whole block, every
@@ -284,7 +273,6 @@ __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit, int64_t n_bg) {
     constexpr int E = mv_traits<DT>::E;
     static_assert(XM == MV_X_F32 || (DT == CU_Q8_0 && RMAX == 1), "int8 x: q8_0 weights, one x row");
-    constexpr bool XW = XM == MV_X_Q8W;
     constexpr int NW = PAIR ? 2 * NR : NR;         /* weight rows a warp streams */
     constexpr int U = LIF / NW > 1 ? LIF / NW : 1; /* U * NW loads in flight per lane */
     static_assert(RMAX == 1 || NR == 1, "several x rows take one output row per warp");
@@ -363,6 +351,9 @@ __global__ void __launch_bounds__(MV_THREADS)
     int64_t bg = blockIdx.x;
     setup(bg);
     if (j0 < n_out) load(first);
+    float4 nw_pre[XM == MV_X_Q8 && NORM ? MV_XR_MAX : 1];
+    if constexpr (XM == MV_X_Q8 && NORM)
+        if (job.x_regs) mv_norm_w_pre(job.seg[0].ep.norm_w, K, nw_pre); /* a parameter: before the wait */
     cu_pdl_wait();
     /* the rms_norm prologue (segment 0 carries it for the launch): every x row's scale,
      * by the whole block; with one row the normalized row goes to shared memory (xs,
@@ -371,14 +362,17 @@ __global__ void __launch_bounds__(MV_THREADS)
     extern __shared__ float4 xs_dyn[];
     const float *xs = (const float *)xs_dyn;
     const float *norm_w = job.seg[0].ep.norm_w;
-    uint32_t xwq[XW ? U : 1][4];
-    float xwd[XW ? U : 1];
-    if constexpr (XW) {
-        mv_quantize_x_q8w<U>(x, NORM ? norm_w : NULL, job.seg[0].ep.norm_eps, K, first, step, xwq, xwd);
+    if constexpr (XM == MV_X_Q8 && NORM) {
+        if (job.x_regs) {
+            mv_norm_quantize_x_q8(x, nw_pre, job.seg[0].ep.norm_eps, K, red, (uint32_t *)xs_dyn,
+                                  (float *)((uint8_t *)xs_dyn + K));
+        } else {
+            const float sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
+            mv_quantize_x_q8(x, norm_w, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
+        }
+        __syncthreads();
     } else if constexpr (XM == MV_X_Q8) {
-        float sc = 1.0f;
-        if constexpr (NORM) sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
-        mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
+        mv_quantize_x_q8(x, NULL, 1.0f, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
         __syncthreads();
     } else if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
@@ -401,29 +395,6 @@ __global__ void __launch_bounds__(MV_THREADS)
         for (int nr = 0; nr < NW; nr++)
 #pragma unroll
             for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
-        if constexpr (XW) { /* one round: chunk first + u * step is x chunk u of this lane */
-            if (j0 < n_out)
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (first + u * step < n_chunks)
-#pragma unroll
-                        for (int nr = 0; nr < NW; nr++)
-                            acc[nr][0] += (float)mv_dot16(raw[u][nr], xwq[u]) * (cu_f16(scl[u][nr]) * xwd[u]);
-            /* the next row group's loads before this one's sums are reduced and stored */
-            const int si_c = si;
-            const int64_t j0_c = j0, n_out_c = n_out;
-            bg += gridDim.x;
-            const bool more = bg < n_bg;
-            if (more) {
-                setup(bg);
-                if (j0 < n_out) load(first);
-            }
-            const struct cu_mv_seg seg = pick(si_c);
-            cu_matvec_finish<NR, RMAX, PAIR>(acc, part, ksplit, j0_c, n_out_c, rows, seg.y, seg.ep, seg.head_dim);
-            if (!more) break;
-            if (ksplit > 1) __syncthreads(); /* part is written again */
-            continue;
-        }
         if (j0 < n_out) {
             for (int64_t c0 = first; c0 < n_chunks; c0 += step * U) {
                 if (c0 != first) load(c0);
@@ -557,23 +528,6 @@ extern "C" void cu_matvec_q8_x(int mode) {
     mv_x_mode = mode == MV_X_F32 || mode == MV_X_Q8 ? mode : -1;
 }
 
-/* Whether int8-x launches form x per warp where one round of loads covers a lane's
- * chunks (MV_X_Q8W, cu_matvec_q8_warp): 1 yes (the default), 0 no (every block into
- * shared memory); -2: $LLMOPT_CUDA_MV_XW not read yet. */
-static int mv_xw_mode = -2;
-
-extern "C" void cu_matvec_q8_warp(int mode) {
-    mv_xw_mode = mode == 0 ? 0 : 1;
-}
-
-static bool mv_xw_on(void) {
-    if (mv_xw_mode == -2) {
-        const char *e = getenv("LLMOPT_CUDA_MV_XW");
-        cu_matvec_q8_warp(e && *e ? atoi(e) : 1);
-    }
-    return mv_xw_mode == 1;
-}
-
 static size_t mv_xq_smem(int64_t K) {
     return (size_t)K + (size_t)(K / 32) * sizeof(float);
 }
@@ -596,6 +550,35 @@ static bool mv_persistent(bool prologue) {
     return mv_persist_mode == 1 || (mv_persist_mode < 0 && prologue);
 }
 
+/* int8-x launches over many short rows (>= 16384 rows of K <= 2048: the 0.6B lm_head,
+ * with or without the rms_norm prologue): with 1 row a warp a lane has only K / 512 loads of a row in flight (2 at K =
+ * 1024, whatever the loads-in-flight setting), so they take 4 rows a warp and 4 loads
+ * (8 in flight at K = 1024); $LLMOPT_CUDA_MV_SHORT=0: 1 row and 8 loads as before (A/B,
+ * read once per process). */
+static int mv_short_state = -1;
+static bool mv_short_rows(void) {
+    if (mv_short_state < 0) {
+        const char *e = getenv("LLMOPT_CUDA_MV_SHORT");
+        mv_short_state = !(e && !strcmp(e, "0"));
+    }
+    return mv_short_state == 1;
+}
+
+/* The int8-x rms_norm prologue from registers (mv_norm_quantize_x_q8) where K <= 4096;
+ * $LLMOPT_CUDA_MV_XREGS=0: the two passes over x as before (A/B, read once per process;
+ * both give the same bits). */
+static int mv_x_regs_state = -1;
+extern "C" void cu_matvec_x_regs(int on) {
+    mv_x_regs_state = on != 0;
+}
+static bool mv_x_regs_on(void) {
+    if (mv_x_regs_state < 0) {
+        const char *e = getenv("LLMOPT_CUDA_MV_XREGS");
+        mv_x_regs_state = !(e && !strcmp(e, "0"));
+    }
+    return mv_x_regs_state == 1;
+}
+
 /* Whether a one-row q8_0 launch over rows of K (`streamed` weight rows, prologue
  * `norm`, SwiGLU `pair`) takes int8 x, and then its launch shape (output rows a warp
  * *nr, loads in flight *lif). The default, from the kernel lab's sweep on an H200
@@ -611,7 +594,10 @@ static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *
     }
     if (mv_xq_smem(K) > (48 << 10) || mv_x_mode == MV_X_F32) return false;
     if (mv_x_mode < 0 && !norm && !pair && (K > 4096 || (streamed >= 16384 && !mv_persistent(true)))) return false;
-    if (pair) { /* 2 row pairs, 8 loads */
+    if (!pair && streamed >= 16384 && K <= 2048 && mv_short_rows()) {
+        *nr = 4; /* 0.6B lm_head: 4 rows x 4 loads (bench/results/cuda-mv-2026-11-30.md) */
+        *lif = 4;
+    } else if (pair) { /* 2 row pairs, 8 loads */
         *nr = 2;
         *lif = 8;
     } else if (norm) { /* q/k/v: 1 row and 4 loads from 6144 rows (8B), else 2 and 4 (0.6B) */
@@ -631,8 +617,7 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const size_t smem = XM == MV_X_Q8W ? 0
-                        : XM == MV_X_Q8 ? mv_xq_smem(job.seg[0].w.cols)
+    const size_t smem = XM == MV_X_Q8 ? mv_xq_smem(job.seg[0].w.cols)
                            : NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
     auto kern = matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF, XM>;
     /* persistent: as many blocks as the device holds at once, and K split only while
@@ -652,11 +637,6 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
     }
     const int64_t target = mv_tune.warps ? mv_tune.warps : cap ? cap * MV_WARPS / 2 + 1 : 4096;
     const int ksplit = cu_matvec_ksplit(groups, n_chunks, MV_WARPS, target);
-    if constexpr (XM == MV_X_Q8W) { /* a lane's chunks must fit in one round of loads */
-        constexpr int NW = PAIR ? 2 * NR : NR, U = LIF / NW > 1 ? LIF / NW : 1;
-        if (n_chunks > (int64_t)U * CU_WARP * ksplit)
-            return mv_launch_nr<DT, RMAX, NR, NORM, PAIR, LIF, MV_X_Q8>(st, job, x, rows);
-    }
     const unsigned blocks = cu_blocks(groups, MV_WARPS / ksplit);
     const unsigned grid = cap && cap < (int64_t)blocks ? (unsigned)cap : blocks;
     cu_launch_pdl(kern, dim3(grid), dim3(MV_THREADS), smem, st, job, x, rows, ksplit, (int64_t)blocks);
@@ -730,10 +710,7 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
     if (mv_tune.nr) nr = PAIR && mv_tune.nr == 4 ? 2 : mv_tune.nr;
     if (mv_tune.lif) lif = mv_tune.lif;
     if constexpr (DT == CU_Q8_0)
-        if (xq) {
-            if (mv_xw_on()) return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8W>(st, job, x, nr, lif);
-            return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8>(st, job, x, nr, lif);
-        }
+        if (xq) return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8>(st, job, x, nr, lif);
     mv_launch_shape<DT, NORM, PAIR, MV_X_F32>(st, job, x, nr, lif);
 }
 
@@ -757,6 +734,7 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
     struct mv_job job;
     memset(&job, 0, sizeof job);
     job.n_seg = n_seg;
+    job.x_regs = segs[0].w.cols <= 4 * MV_XR_MAX * MV_THREADS && mv_x_regs_on();
     for (int k = 0; k < n_seg; k++) {
         const struct cu_weight *w = &segs[k].w;
         if (!cu_matvec_ok(w) || w->dtype != segs[0].w.dtype || w->cols != segs[0].w.cols ||
