@@ -83,7 +83,7 @@ extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps); /* C: tests/unit
  * int8 launches have their own default launch shape. Until the first call:
  * $LLMOPT_CUDA_Q8_X. */
 extern "C" void cu_matvec_q8_x(int mode); /* C: tests/unit/test_cuda.c */
-/* The rms_norm prologue of int8-x launches with K <= 4096: 1 (the default) the norm
+/* The rms_norm prologue of int8-x launches with K <= 4096 below 4 rows a warp: 1 (the default) the norm
  * weight loaded before the PDL wait and x once into registers, 0 two passes over x
  * (the same bits). Until the first call: $LLMOPT_CUDA_MV_XREGS. */
 extern "C" void cu_matvec_x_regs(int on); /* C: tests/unit/test_cuda.c */

@@ -128,7 +128,7 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, uint16_t sc, float 
  * quantizes the row into shared memory as q8_0 blocks of 32, int8 with the f32 scale d
  * = amax / 127 of each block, q = nearbyint(x / d) (the CPU's activation quantization,
  * backend/cpu isa_scalar.c; the same int8 for finite x), and the products are dp4a. */
-enum { MV_X_F32 = 0, MV_X_Q8 = 1 };
+enum { MV_X_F32 = 0, MV_X_Q8 = 1, MV_X_Q8R = 2 /* MV_X_Q8 after mv_norm_quantize_x_q8 */ };
 
 /* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
  * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */
@@ -176,7 +176,7 @@ static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict_
     }
 }
 
-/* MV_X_Q8 with the rms_norm prologue where K <= 4096 (x_regs): the same int8 x and
+/* MV_X_Q8R: MV_X_Q8 with the rms_norm prologue where K <= 4096: the same int8 x and
  * scales as mv_sumsq + mv_quantize_x_q8 (the same f32 operations in the same order: a
  * thread's elements f = threadIdx.x + i * MV_THREADS, its float4 squares summed in i
  * order, then cu_block_sum), but the norm weight is loaded into registers before the
@@ -234,7 +234,6 @@ struct mv_job {
     int64_t g_end[CU_MV_MAX_SEGS];
     int n_seg;
     struct cu_weight up; /* data NULL: no pair */
-    bool x_regs;         /* mv_norm_quantize_x_q8: the rms_norm prologue of int8 x from registers */
 };
 
 static __device__ __forceinline__ void mv_norm_w_pre(const float *__restrict__ nw, int64_t K, float4 (&w)[MV_XR_MAX]) {
@@ -273,6 +272,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit, int64_t n_bg) {
     constexpr int E = mv_traits<DT>::E;
     static_assert(XM == MV_X_F32 || (DT == CU_Q8_0 && RMAX == 1), "int8 x: q8_0 weights, one x row");
+    static_assert(XM != MV_X_Q8R || NORM, "the register prologue is an rms_norm prologue");
     constexpr int NW = PAIR ? 2 * NR : NR;         /* weight rows a warp streams */
     constexpr int U = LIF / NW > 1 ? LIF / NW : 1; /* U * NW loads in flight per lane */
     static_assert(RMAX == 1 || NR == 1, "several x rows take one output row per warp");
@@ -351,9 +351,8 @@ __global__ void __launch_bounds__(MV_THREADS)
     int64_t bg = blockIdx.x;
     setup(bg);
     if (j0 < n_out) load(first);
-    float4 nw_pre[XM == MV_X_Q8 && NORM ? MV_XR_MAX : 1];
-    if constexpr (XM == MV_X_Q8 && NORM)
-        if (job.x_regs) mv_norm_w_pre(job.seg[0].ep.norm_w, K, nw_pre); /* a parameter: before the wait */
+    float4 nw_pre[XM == MV_X_Q8R ? MV_XR_MAX : 1];
+    if constexpr (XM == MV_X_Q8R) mv_norm_w_pre(job.seg[0].ep.norm_w, K, nw_pre); /* a parameter: before the wait */
     cu_pdl_wait();
     /* the rms_norm prologue (segment 0 carries it for the launch): every x row's scale,
      * by the whole block; with one row the normalized row goes to shared memory (xs,
@@ -362,17 +361,14 @@ __global__ void __launch_bounds__(MV_THREADS)
     extern __shared__ float4 xs_dyn[];
     const float *xs = (const float *)xs_dyn;
     const float *norm_w = job.seg[0].ep.norm_w;
-    if constexpr (XM == MV_X_Q8 && NORM) {
-        if (job.x_regs) {
-            mv_norm_quantize_x_q8(x, nw_pre, job.seg[0].ep.norm_eps, K, red, (uint32_t *)xs_dyn,
-                                  (float *)((uint8_t *)xs_dyn + K));
-        } else {
-            const float sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
-            mv_quantize_x_q8(x, norm_w, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
-        }
+    if constexpr (XM == MV_X_Q8R) {
+        mv_norm_quantize_x_q8(x, nw_pre, job.seg[0].ep.norm_eps, K, red, (uint32_t *)xs_dyn,
+                              (float *)((uint8_t *)xs_dyn + K));
         __syncthreads();
     } else if constexpr (XM == MV_X_Q8) {
-        mv_quantize_x_q8(x, NULL, 1.0f, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
+        float sc = 1.0f;
+        if constexpr (NORM) sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
+        mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
         __syncthreads();
     } else if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
@@ -402,7 +398,7 @@ __global__ void __launch_bounds__(MV_THREADS)
                 for (int u = 0; u < U; u++) {
                     int64_t c = c0 + u * step;
                     if (c >= n_chunks) break;
-                    if constexpr (XM == MV_X_Q8) { /* 16 int8 of x and its block's scale */
+                    if constexpr (XM != MV_X_F32) { /* 16 int8 of x and its block's scale */
                         const uint4 xv = ((const uint4 *)xs_dyn)[c];
                         const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
                         const float xd = ((const float *)((const uint8_t *)xs_dyn + K))[c / 2];
@@ -617,14 +613,14 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const size_t smem = XM == MV_X_Q8 ? mv_xq_smem(job.seg[0].w.cols)
+    const size_t smem = XM != MV_X_F32 ? mv_xq_smem(job.seg[0].w.cols)
                            : NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
     auto kern = matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF, XM>;
     /* persistent: as many blocks as the device holds at once, and K split only while
      * the split rows still fit in their warps (split K costs two barriers a row group,
      * and more blocks than fit mean a second, partial round) */
     int64_t cap = 0;
-    if (mv_persistent(NORM || XM == MV_X_Q8)) {
+    if (mv_persistent(NORM || XM != MV_X_F32)) {
         static size_t occ_smem = (size_t)-1;
         static int occ = 1;
         if (occ_smem != smem) {
@@ -685,7 +681,7 @@ static void mv_default_shape(int64_t streamed, int64_t K, int *nr, int *lif) {
 
 template <int DT, bool NORM, bool PAIR, int XM>
 static void mv_launch_shape(cudaStream_t st, const struct mv_job &job, const float *x, int nr, int lif) {
-    if constexpr (!PAIR)
+    if constexpr (!PAIR && XM != MV_X_Q8R) /* (the register prologue is not taken at 4 rows) */
         if (nr == 4) return mv_launch_lif<DT, 4, NORM, PAIR, XM>(st, job, x, lif);
     if (nr >= 2)
         mv_launch_lif<DT, 2, NORM, PAIR, XM>(st, job, x, lif);
@@ -710,7 +706,15 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
     if (mv_tune.nr) nr = PAIR && mv_tune.nr == 4 ? 2 : mv_tune.nr;
     if (mv_tune.lif) lif = mv_tune.lif;
     if constexpr (DT == CU_Q8_0)
-        if (xq) return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8>(st, job, x, nr, lif);
+        if (xq) {
+            /* the register prologue, but not at 4 rows a warp: there it takes the kernel
+             * from 75 to 106 registers, 3 to 2 blocks an SM (0.6B lm_head +norm, the lab:
+             * 55.8 us, plain 48.1: bench/results/cuda-mv-2026-11-30.md) */
+            if constexpr (NORM)
+                if (nr < 4 && job.seg[0].w.cols <= 4 * MV_XR_MAX * MV_THREADS && mv_x_regs_on())
+                    return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8R>(st, job, x, nr, lif);
+            return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8>(st, job, x, nr, lif);
+        }
     mv_launch_shape<DT, NORM, PAIR, MV_X_F32>(st, job, x, nr, lif);
 }
 
@@ -734,7 +738,6 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
     struct mv_job job;
     memset(&job, 0, sizeof job);
     job.n_seg = n_seg;
-    job.x_regs = segs[0].w.cols <= 4 * MV_XR_MAX * MV_THREADS && mv_x_regs_on();
     for (int k = 0; k < n_seg; k++) {
         const struct cu_weight *w = &segs[k].w;
         if (!cu_matvec_ok(w) || w->dtype != segs[0].w.dtype || w->cols != segs[0].w.cols ||
