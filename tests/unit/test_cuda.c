@@ -717,8 +717,9 @@ static void test_rope_table(void) {
     }
     uint64_t fused_steps = 0;
     for (int k = 0; k < N_PLAIN; k++) fused_steps += plain_steps[k].n <= 8;
-    CHECK_MSG(kernels[0] + 5 * fused_steps == kernels[1], "rope table: %llu kernels fused, %llu unfused (expected %llu fewer)",
-              (unsigned long long)kernels[0], (unsigned long long)kernels[1], (unsigned long long)(5 * fused_steps));
+    CHECK_MSG(kernels[0] + 5 * fused_steps == kernels[1],
+              "rope table: %llu kernels fused, %llu unfused (expected %llu fewer)", (unsigned long long)kernels[0],
+              (unsigned long long)kernels[1], (unsigned long long)(5 * fused_steps));
 }
 
 /* q, k, v from random tables, shaped [1, heads, N, Dh]. */

@@ -112,7 +112,9 @@ struct cuda_upload {
  *                  frequencies -> permute -> concat(p, p) -> cos, sin): one cu_rope_table
  *                  launch writes cos and sin (sin into storage of its own)
  *   FUSE_SKIP      computed by another node's launch (or not needed at all) */
-enum cuda_fuse_kind { FUSE_NONE = 0, FUSE_SKIP, FUSE_MV_MULTI, FUSE_MV_PAIR, FUSE_NORM_ROPE, FUSE_ATT_ROPE, FUSE_ROPE_TABLE };
+enum cuda_fuse_kind {
+    FUSE_NONE = 0, FUSE_SKIP, FUSE_MV_MULTI, FUSE_MV_PAIR, FUSE_NORM_ROPE, FUSE_ATT_ROPE, FUSE_ROPE_TABLE
+};
 #define CUDA_FUSE_MAX 3
 static_assert(CUDA_FUSE_MAX == CU_MV_MAX_SEGS && CUDA_FUSE_MAX == CU_NR_MAX_PARTS, "one member array");
 struct cuda_fuse {
@@ -1119,8 +1121,8 @@ static bool rope_table_chain(const struct cuda_state *s, const int32_t *uses, in
         if (g->nodes[j].op == IR_OP_SIN && g->nodes[j].in[0] == cc && s->fuse[j].kind == FUSE_NONE) *sin_i = j;
     const int32_t p = cat->in[0];
     const struct ir_node *pn = &g->nodes[p];
-    if (*sin_i < 0 || pn->op != IR_OP_PERMUTE || pn->shape.rank != 3 || pn->attrs.axes[0] != 0 || pn->attrs.axes[1] != 2 ||
-        pn->attrs.axes[2] != 1 || uses[p] != 2 || s->fuse[p].kind != FUSE_NONE)
+    if (*sin_i < 0 || pn->op != IR_OP_PERMUTE || pn->shape.rank != 3 || pn->attrs.axes[0] != 0 ||
+        pn->attrs.axes[1] != 2 || pn->attrs.axes[2] != 1 || uses[p] != 2 || s->fuse[p].kind != FUSE_NONE)
         return false;
     *mm = pn->in[0];
     const struct ir_node *mn = &g->nodes[*mm];

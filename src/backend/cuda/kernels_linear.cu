@@ -244,7 +244,6 @@ static __device__ __forceinline__ void mv_norm_w_pre(const float *__restrict__ n
     }
 }
 
-
 /* sum of squares of x[0..K) (K % 4 == 0, 16-byte aligned) by the whole block, every
  * thread gets it: float4 loads, up to 4 in flight a thread (K = 4096: one round trip) */
 static __device__ __forceinline__ float mv_sumsq(const float *__restrict__ x, int64_t K, float *red) {
@@ -547,10 +546,10 @@ static bool mv_persistent(bool prologue) {
 }
 
 /* int8-x launches over many short rows (>= 16384 rows of K <= 2048: the 0.6B lm_head,
- * with or without the rms_norm prologue): with 1 row a warp a lane has only K / 512 loads of a row in flight (2 at K =
- * 1024, whatever the loads-in-flight setting), so they take 4 rows a warp and 4 loads
- * (8 in flight at K = 1024); $LLMOPT_CUDA_MV_SHORT=0: 1 row and 8 loads as before (A/B,
- * read once per process). */
+ * with or without the rms_norm prologue): with 1 row a warp a lane has only K / 512
+ * loads of a row in flight (2 at K = 1024, whatever the loads-in-flight setting), so
+ * they take 4 rows a warp and 4 loads (8 in flight at K = 1024); $LLMOPT_CUDA_MV_SHORT=0:
+ * 1 row and 4 (prologue) or 8 (plain) loads as before (A/B, read once per process). */
 static int mv_short_state = -1;
 static bool mv_short_rows(void) {
     if (mv_short_state < 0) {
@@ -560,7 +559,7 @@ static bool mv_short_rows(void) {
     return mv_short_state == 1;
 }
 
-/* The int8-x rms_norm prologue from registers (mv_norm_quantize_x_q8) where K <= 4096;
+/* The int8-x rms_norm prologue from registers (MV_X_Q8R) where K <= 4096 below 4 rows;
  * $LLMOPT_CUDA_MV_XREGS=0: the two passes over x as before (A/B, read once per process;
  * both give the same bits). */
 static int mv_x_regs_state = -1;
