@@ -718,6 +718,8 @@ static int sweep(double copy_gbs, const char *only, int only_x, const char *job)
         {"0.6B ffn_down 1024x3072", 1, {1024}, 3072, false, false},
         {"0.6B q/k/v (2048+1024+1024)x1024 +norm", 3, {2048, 1024, 1024}, 1024, false, true},
         {"0.6B gate/up pair 2x3072x1024 +norm", 1, {3072}, 1024, true, true},
+        {"0.6B lm_head 151936x1024", 1, {151936}, 1024, false, false},
+        {"0.6B lm_head 151936x1024 +norm", 1, {151936}, 1024, false, true},
     };
     bool ok = true;
     for (int dtype : {CU_BF16, CU_Q8_0})

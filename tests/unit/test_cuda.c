@@ -338,6 +338,7 @@ static double linear_small_tol; /* up to 8 rows, when not 0 (a matvec that round
 /* kernels_linear.cu (C linkage, cuda_kernels.cuh): the one-row q8_0 matvec's x mode, 1
  * int8 (the default), 0 f32; the exact f32 checks below run q8_0 with 0 */
 void cu_matvec_q8_x(int mode);
+void cu_matvec_x_regs(int on);
 
 static void run_linear_case(const struct linear_case *lc, bool no_blas) {
     struct gb b;
@@ -677,6 +678,50 @@ static void test_layout_ops(void) {
     }
 }
 
+/* The models' rope table (programs/qwen3/graph.json and the others): cast(positions) [1, 1, N], matmul with
+ * the [1, half, 1] frequencies, permute to [1, N, half], concat(p, p), cos and sin: the
+ * fused steps (<= 8 tokens) compute it in one launch (FUSE_ROPE_TABLE), the 37-token
+ * step node by node; both against the reference, and 5 counted kernels fewer a fused
+ * step than with LLMOPT_CUDA_FUSE=0. */
+static void test_rope_table(void) {
+    uint64_t kernels[2] = {0, 0};
+    for (int unfused = 0; unfused < 2; unfused++) {
+        struct gb b;
+        gb_init(&b);
+        int32_t f = gb_add(&b, IR_OP_ROPE_FREQS, NULL, 0);
+        if (b.ok) {
+            b.g.nodes[f].attrs.axis = 24;
+            b.g.nodes[f].attrs.value = 10000.0;
+        }
+        gb_infer(&b, f);
+        int32_t fr = gb_reshape(&b, f, SHAPE(DC(1), DC(12), DC(1)));
+        int32_t pr = gb_reshape(&b, b.g.inputs[IR_INPUT_POSITIONS], SHAPE(DC(1), DC(1), DN(1)));
+        int32_t pc = gb_add(&b, IR_OP_CAST, &pr, 1);
+        if (b.ok) b.g.nodes[pc].attrs.cast_to = IR_DTYPE_F32;
+        gb_infer(&b, pc);
+        int32_t p = gb_permute(&b, gb_op2(&b, IR_OP_MATMUL, fr, pc), 3, (const int[]){0, 2, 1});
+        int32_t in[2] = {p, p};
+        int32_t cat = gb_add(&b, IR_OP_CONCAT, in, 2);
+        if (b.ok) b.g.nodes[cat].attrs.axis = 2;
+        gb_infer(&b, cat);
+        int32_t cs[2] = {gb_op1(&b, IR_OP_COS, cat), gb_op1(&b, IR_OP_SIN, cat)};
+        int32_t y = gb_add(&b, IR_OP_CONCAT, cs, 2); /* cos then sin: a swap would show */
+        if (b.ok) b.g.nodes[y].attrs.axis = 2;
+        gb_infer(&b, y);
+        if (unfused) setenv("LLMOPT_CUDA_FUSE", "0", 1);
+        compare_graph(unfused ? "rope table, unfused" : "rope table (one launch a fused step)", &b, y, plain_steps,
+                      N_PLAIN, 64, TOL_F32);
+        unsetenv("LLMOPT_CUDA_FUSE");
+        kernels[unfused] = last_kernels_run;
+        gb_free(&b);
+    }
+    uint64_t fused_steps = 0;
+    for (int k = 0; k < N_PLAIN; k++) fused_steps += plain_steps[k].n <= 8;
+    CHECK_MSG(kernels[0] + 5 * fused_steps == kernels[1],
+              "rope table: %llu kernels fused, %llu unfused (expected %llu fewer)", (unsigned long long)kernels[0],
+              (unsigned long long)kernels[1], (unsigned long long)(5 * fused_steps));
+}
+
 /* q, k, v from random tables, shaped [1, heads, N, Dh]. */
 static int32_t gb_heads(struct gb *b, int64_t heads, int64_t dh) {
     int32_t x = gb_reshape(b, gb_source(b, heads * dh, 1.0f), SHAPE(DN(1), DC(heads), DC(dh)));
@@ -1013,6 +1058,7 @@ static void test_linear_q8x(void) {
         {IR_DTYPE_Q8_0, 4096, 9, 0, IR_OP_INPUT},
         {IR_DTYPE_Q8_0, 256, 4100, IR_LINEAR_BIAS, IR_OP_INPUT},
         {IR_DTYPE_Q8_0, 3072, 1030, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+        {IR_DTYPE_Q8_0, 1024, 16400, 0, IR_OP_INPUT}, /* many short rows (lm_head): 4 rows x 4 loads, a tail */
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     for (int m = -1; m <= 1; m += 2) {
@@ -1034,6 +1080,11 @@ static void test_linear_q8x(void) {
         fusion_tol = 0;
         ref_backend = &cpu_ref_backend_ops;
     }
+    /* the rms_norm prologue's older two passes over x (cu_matvec_x_regs 0; K <= 4096 take
+     * the register prologue by default): the same rule, so the same bound */
+    cu_matvec_x_regs(0);
+    for (int c = 0; c < n_cases; c++) q8x_vs_cpu(&cases[c], true, 2);
+    cu_matvec_x_regs(1);
     cu_matvec_q8_x(-1);
 }
 
@@ -1352,10 +1403,10 @@ int main(void) {
     cuda_device_describe(desc, sizeof desc);
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
-                           test_reductions_softmax, test_norms_rope, test_layout_ops, test_attention,
+                           test_reductions_softmax, test_norms_rope, test_layout_ops, test_rope_table, test_attention,
                            test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_short_conv, test_stories_greedy, test_goldens};
     const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
-                           "reductions_softmax", "norms_rope", "layout_ops", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "matvec_persist", "short_conv",
+                           "reductions_softmax", "norms_rope", "layout_ops", "rope_table", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "matvec_persist", "short_conv",
                            "stories_greedy",
                            "goldens"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");

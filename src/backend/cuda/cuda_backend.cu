@@ -109,14 +109,20 @@ struct cuda_upload {
  *   FUSE_ATT_ROPE  an attention whose q and k are the two parts of one such launch,
  *                  read by it alone: one-token steps rotate q/k inside the attention
  *                  kernel (cu_attention's rope_c), other steps launch the chains first
+ *   FUSE_ROPE_TABLE the cos node of the rope table (cast(positions) -> matmul with the
+ *                  frequencies -> permute -> concat(p, p) -> cos, sin): one cu_rope_table
+ *                  launch writes cos and sin (sin into storage of its own)
  *   FUSE_SKIP      computed by another node's launch (or not needed at all) */
-enum cuda_fuse_kind { FUSE_NONE = 0, FUSE_SKIP, FUSE_MV_MULTI, FUSE_MV_PAIR, FUSE_NORM_ROPE, FUSE_ATT_ROPE };
+enum cuda_fuse_kind {
+    FUSE_NONE = 0, FUSE_SKIP, FUSE_MV_MULTI, FUSE_MV_PAIR, FUSE_NORM_ROPE, FUSE_ATT_ROPE, FUSE_ROPE_TABLE
+};
 #define CUDA_FUSE_MAX 3
 static_assert(CUDA_FUSE_MAX == CU_MV_MAX_SEGS && CUDA_FUSE_MAX == CU_NR_MAX_PARTS, "one member array");
 struct cuda_fuse {
     int8_t kind, n;
     /* MULTI: the linears ([0] this node); PAIR: [0] the gate's linear; NORM_ROPE: the
-     * rope nodes; ATT_ROPE: the q and k rope nodes */
+     * rope nodes; ATT_ROPE: the q and k rope nodes; ROPE_TABLE: the sin, the matmul and
+     * the cast */
     int32_t m[CUDA_FUSE_MAX];
     /* MULTI: the node each segment's result is stored as (the linear, or the permute
      * it fills head-major); NORM_ROPE, ATT_ROPE: the rms_norm of the part, or IR_NONE */
@@ -627,6 +633,26 @@ static enum llmopt_status run_reduce(struct cuda_state *s, const struct ir_node 
     return LLMOPT_OK;
 }
 
+/* FUSE_ROPE_TABLE at the cos node i: cos and sin of the step's positions in one launch
+ * (the plan checked the chain's ops and ranks; the extents are checked here) */
+static enum llmopt_status run_rope_table(struct cuda_state *s, int32_t i, const struct cuda_fuse *f,
+                                         struct llmopt_err *err) {
+    const struct ir_node *m = &s->g->nodes[f->m[1]], *ca = &s->g->nodes[f->m[2]];
+    const struct ir_extent *ea = &s->extent[m->in[0]], *eb = &s->extent[m->in[1]], *eo = &s->extent[i];
+    const int64_t half = ea->dims[1], n_tok = eb->dims[2];
+    if (ea->dims[0] != 1 || ea->dims[2] != 1 || eb->dims[0] != 1 || eb->dims[1] != 1 || eo->dims[0] != 1 ||
+        eo->dims[1] != n_tok || eo->dims[2] != 2 * half || ir_extent_numel(&s->extent[ca->in[0]]) != n_tok)
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                       "cuda: rope table at node %d: frequencies [%lld, %lld, %lld] x positions [%lld, %lld, %lld] "
+                       "do not give its [1, N, 2 * half] extent",
+                       i, (long long)ea->dims[0], (long long)ea->dims[1], (long long)ea->dims[2], (long long)eb->dims[0],
+                       (long long)eb->dims[1], (long long)eb->dims[2]);
+    s->prof_tag = "rope table (cos+sin)";
+    CU_TRY(cu_rope_table(s->stream, node_f32(s, m->in[0]), (const int32_t *)node_ptr(s, ca->in[0]), n_tok, half,
+                         node_f32(s, i), node_f32(s, f->m[0])));
+    return LLMOPT_OK;
+}
+
 static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
     const struct ir_node *n = &g->nodes[i];
@@ -634,6 +660,7 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     cudaStream_t st = s->stream;
     const struct cuda_fuse *f = s->fused ? &s->fuse[i] : &s->pf_fuse[i];
     if (f->kind == FUSE_NORM_ROPE) return run_norm_rope(s, f, err);
+    if (f->kind == FUSE_ROPE_TABLE) return run_rope_table(s, i, f, err);
     switch (n->op) {
     case IR_OP_INPUT:
     case IR_OP_PARAM:
@@ -1079,6 +1106,43 @@ static int32_t norm_rope_chain(const struct cuda_state *s, const int32_t *uses, 
  * structure, and gives every result the schedule writes ahead of its own position
  * device storage of its own (priv), sized for CUDA_MATVEC_MAX_ROWS tokens: the memory
  * plan only knows the node order. */
+/* Whether cos node i heads the rope table cos(concat(p, p)), sin(concat(p, p)) with
+ * p = permute_(0,2,1)(matmul(freqs, cast(positions))), rank 3, every intermediate used
+ * only in the chain; *sin_i, *mm, *cast: its other nodes. */
+static bool rope_table_chain(const struct cuda_state *s, const int32_t *uses, int32_t i, int32_t *sin_i, int32_t *mm,
+                             int32_t *cast) {
+    const struct ir_graph *g = s->g;
+    const struct ir_node *cn = &g->nodes[i];
+    if (cn->op != IR_OP_COS || cn->dtype != IR_DTYPE_F32 || cn->shape.rank != 3 || s->fuse[i].kind != FUSE_NONE)
+        return false;
+    const int32_t cc = cn->in[0];
+    const struct ir_node *cat = &g->nodes[cc];
+    if (cat->op != IR_OP_CONCAT || cat->n_in != 2 || cat->in[0] != cat->in[1] || cat->attrs.axis != 2 ||
+        uses[cc] != 2 || s->fuse[cc].kind != FUSE_NONE)
+        return false;
+    *sin_i = -1;
+    for (int32_t j = i + 1; j < g->n_nodes && *sin_i < 0; j++)
+        if (g->nodes[j].op == IR_OP_SIN && g->nodes[j].in[0] == cc && s->fuse[j].kind == FUSE_NONE) *sin_i = j;
+    const int32_t p = cat->in[0];
+    const struct ir_node *pn = &g->nodes[p];
+    if (*sin_i < 0 || pn->op != IR_OP_PERMUTE || pn->shape.rank != 3 || pn->attrs.axes[0] != 0 ||
+        pn->attrs.axes[1] != 2 || pn->attrs.axes[2] != 1 || uses[p] != 2 || s->fuse[p].kind != FUSE_NONE)
+        return false;
+    *mm = pn->in[0];
+    const struct ir_node *mn = &g->nodes[*mm];
+    if (mn->op != IR_OP_MATMUL || mn->shape.rank != 3 || uses[*mm] != 1 || s->fuse[*mm].kind != FUSE_NONE) return false;
+    const struct ir_node *fr = &g->nodes[s->plan.root[mn->in[0]]];
+    *cast = mn->in[1];
+    const struct ir_node *ct = &g->nodes[*cast];
+    if (g->nodes[mn->in[0]].shape.rank != 3 || g->nodes[mn->in[0]].dtype != IR_DTYPE_F32 ||
+        !(fr->op == IR_OP_ROPE_FREQS || fr->op == IR_OP_CONST || fr->op == IR_OP_PARAM || fr->constant) ||
+        ct->op != IR_OP_CAST || ct->dtype != IR_DTYPE_F32 || ct->shape.rank != 3 || uses[*cast] != 1 ||
+        s->fuse[*cast].kind != FUSE_NONE)
+        return false;
+    const struct ir_node *pos = &g->nodes[ct->in[0]];
+    return pos->dtype == IR_DTYPE_I32 && g->nodes[s->plan.root[ct->in[0]]].op == IR_OP_INPUT;
+}
+
 static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
     int32_t n = g->n_nodes;
@@ -1244,6 +1308,18 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
         struct cuda_fuse fa = {FUSE_ATT_ROPE, 2, {an->in[0], an->in[1], 0}, {f->out[qk], f->out[1 - qk], 0}, {0, 0, 0}};
         s->fuse[a] = fa;
         f->kind = FUSE_SKIP;
+    }
+    /* the rope table: one launch at the cos node (sin written ahead of its place);
+     * $LLMOPT_CUDA_ROPE_TABLE=0: node by node (A/B) */
+    const char *rt = getenv("LLMOPT_CUDA_ROPE_TABLE");
+    for (int32_t i = 0; i < n && !(rt && !strcmp(rt, "0")); i++) {
+        int32_t sn, mm, ct;
+        if (!rope_table_chain(s, c.uses, i, &sn, &mm, &ct)) continue;
+        s->fuse[i] = (struct cuda_fuse){FUSE_ROPE_TABLE, 3, {sn, mm, ct}, {0, 0, 0}, {0, 0, 0}};
+        const int32_t cc = g->nodes[i].in[0];
+        s->fuse[sn].kind = s->fuse[mm].kind = s->fuse[ct].kind = s->fuse[cc].kind = s->fuse[g->nodes[cc].in[0]].kind =
+            FUSE_SKIP;
+        early[s->plan.root[sn]] = true;
     }
     size_t total = 0, at = 0;
     int64_t nb = s->n_max < CUDA_MATVEC_MAX_ROWS ? s->n_max : CUDA_MATVEC_MAX_ROWS;

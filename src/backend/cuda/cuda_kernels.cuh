@@ -83,6 +83,10 @@ extern "C" void cu_matvec_tune(int nr, int lif, int64_t warps); /* C: tests/unit
  * int8 launches have their own default launch shape. Until the first call:
  * $LLMOPT_CUDA_Q8_X. */
 extern "C" void cu_matvec_q8_x(int mode); /* C: tests/unit/test_cuda.c */
+/* The rms_norm prologue of int8-x launches with K <= 4096 below 4 rows a warp: 1 (the default) the norm
+ * weight loaded before the PDL wait and x once into registers, 0 two passes over x
+ * (the same bits). Until the first call: $LLMOPT_CUDA_MV_XREGS. */
+extern "C" void cu_matvec_x_regs(int on); /* C: tests/unit/test_cuda.c */
 /* Persistent one-row matvec launches (f32/f16/bf16/q8_0/q4_0), process-wide: a grid of
  * as many blocks as the device holds at once, each block taking every gridDim-th group
  * of rows, so the per-block prologue (rms_norm, x to int8) runs once a block, and K is
@@ -182,6 +186,10 @@ cudaError_t cu_concat_piece(cudaStream_t st, const float *x, float *o, int64_t o
                             int64_t len_out, int64_t at, int64_t inner);
 /* kind 0: i32 -> f32; 1: f32 -> i32 (non-finite or out of range -> 0). */
 cudaError_t cu_cast(cudaStream_t st, const void *x, void *o, int64_t n, int kind);
+/* c/s[t, d] = cos/sin(freqs[d % half] * (float)pos[t]) for d < 2 * half: a step's rope
+ * table (the models' cast -> matmul -> permute -> concat -> cos, sin) in one launch. */
+cudaError_t cu_rope_table(cudaStream_t st, const float *freqs, const int32_t *pos, int64_t n_tok, int64_t half,
+                          float *c, float *s);
 /* o[a, j, :] = x[a, rows[j], :]; a row index out of [0, rows_in) gives zeros. */
 cudaError_t cu_select_rows(cudaStream_t st, const float *x, const int32_t *rows, float *o,
                            int64_t outer, int64_t rows_in, int64_t m, int64_t d);

@@ -128,7 +128,7 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, uint16_t sc, float 
  * quantizes the row into shared memory as q8_0 blocks of 32, int8 with the f32 scale d
  * = amax / 127 of each block, q = nearbyint(x / d) (the CPU's activation quantization,
  * backend/cpu isa_scalar.c; the same int8 for finite x), and the products are dp4a. */
-enum { MV_X_F32 = 0, MV_X_Q8 = 1 };
+enum { MV_X_F32 = 0, MV_X_Q8 = 1, MV_X_Q8R = 2 /* MV_X_Q8 after mv_norm_quantize_x_q8 */ };
 
 /* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
  * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */
@@ -176,6 +176,47 @@ static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict_
     }
 }
 
+/* MV_X_Q8R: MV_X_Q8 with the rms_norm prologue where K <= 4096: the same int8 x and
+ * scales as mv_sumsq + mv_quantize_x_q8 (the same f32 operations in the same order: a
+ * thread's elements f = threadIdx.x + i * MV_THREADS, its float4 squares summed in i
+ * order, then cu_block_sum), but the norm weight is loaded into registers before the
+ * PDL wait (nw_pre) and x once, all loads in flight, and quantized from registers:
+ * after the wait one round trip to x instead of x, then x again with the norm weight. */
+#define MV_XR_MAX 4 /* float4 of x a thread: K <= 4 * 4 * MV_THREADS */
+static __device__ __forceinline__ void mv_norm_quantize_x_q8(const float *__restrict__ x, const float4 (&w)[MV_XR_MAX],
+                                                             float eps, int64_t K, float *red, uint32_t *q, float *d) {
+    float4 v[MV_XR_MAX];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MV_XR_MAX; i++) {
+        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
+        v[i] = f < K / 4 ? __ldg((const float4 *)x + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < MV_XR_MAX; i++)
+        if (threadIdx.x + (int64_t)i * MV_THREADS < K / 4)
+            ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    const float sc = 1.0f / sqrtf(cu_block_sum(ss, red) / (float)K + eps);
+#pragma unroll
+    for (int i = 0; i < MV_XR_MAX; i++) {
+        if ((int64_t)i * MV_THREADS >= K / 4) break; /* uniform: whole warps shuffle */
+        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
+        const bool in = f < K / 4;
+        const float4 a = in ? make_float4(v[i].x * sc * w[i].x, v[i].y * sc * w[i].y, v[i].z * sc * w[i].z,
+                                          v[i].w * sc * w[i].w)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+        float id;
+        const float db = mv_q8_scale(amax, &id);
+        if (!in) continue;
+        q[f] = mv_q8_pack4(a.x, a.y, a.z, a.w, id);
+        if (threadIdx.x % 8 == 0) d[f / 8] = db;
+    }
+}
+
 /* sum of 16 int8 products (a 16-byte chunk of q8_0 weights and of x) */
 static __device__ __forceinline__ int mv_dot16(uint4 w, const uint32_t xq[4]) {
     int dot = __dp4a((int)w.x, (int)xq[0], 0);
@@ -195,6 +236,13 @@ struct mv_job {
     struct cu_weight up; /* data NULL: no pair */
 };
 
+static __device__ __forceinline__ void mv_norm_w_pre(const float *__restrict__ nw, int64_t K, float4 (&w)[MV_XR_MAX]) {
+#pragma unroll
+    for (int i = 0; i < MV_XR_MAX; i++) {
+        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
+        w[i] = f < K / 4 ? __ldg((const float4 *)nw + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
 
 /* sum of squares of x[0..K) (K % 4 == 0, 16-byte aligned) by the whole block, every
  * thread gets it: float4 loads, up to 4 in flight a thread (K = 4096: one round trip) */
@@ -223,6 +271,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit, int64_t n_bg) {
     constexpr int E = mv_traits<DT>::E;
     static_assert(XM == MV_X_F32 || (DT == CU_Q8_0 && RMAX == 1), "int8 x: q8_0 weights, one x row");
+    static_assert(XM != MV_X_Q8R || NORM, "the register prologue is an rms_norm prologue");
     constexpr int NW = PAIR ? 2 * NR : NR;         /* weight rows a warp streams */
     constexpr int U = LIF / NW > 1 ? LIF / NW : 1; /* U * NW loads in flight per lane */
     static_assert(RMAX == 1 || NR == 1, "several x rows take one output row per warp");
@@ -301,6 +350,8 @@ __global__ void __launch_bounds__(MV_THREADS)
     int64_t bg = blockIdx.x;
     setup(bg);
     if (j0 < n_out) load(first);
+    float4 nw_pre[XM == MV_X_Q8R ? MV_XR_MAX : 1];
+    if constexpr (XM == MV_X_Q8R) mv_norm_w_pre(job.seg[0].ep.norm_w, K, nw_pre); /* a parameter: before the wait */
     cu_pdl_wait();
     /* the rms_norm prologue (segment 0 carries it for the launch): every x row's scale,
      * by the whole block; with one row the normalized row goes to shared memory (xs,
@@ -309,7 +360,11 @@ __global__ void __launch_bounds__(MV_THREADS)
     extern __shared__ float4 xs_dyn[];
     const float *xs = (const float *)xs_dyn;
     const float *norm_w = job.seg[0].ep.norm_w;
-    if constexpr (XM == MV_X_Q8) {
+    if constexpr (XM == MV_X_Q8R) {
+        mv_norm_quantize_x_q8(x, nw_pre, job.seg[0].ep.norm_eps, K, red, (uint32_t *)xs_dyn,
+                              (float *)((uint8_t *)xs_dyn + K));
+        __syncthreads();
+    } else if constexpr (XM == MV_X_Q8) {
         float sc = 1.0f;
         if constexpr (NORM) sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
         mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
@@ -342,7 +397,7 @@ __global__ void __launch_bounds__(MV_THREADS)
                 for (int u = 0; u < U; u++) {
                     int64_t c = c0 + u * step;
                     if (c >= n_chunks) break;
-                    if constexpr (XM == MV_X_Q8) { /* 16 int8 of x and its block's scale */
+                    if constexpr (XM != MV_X_F32) { /* 16 int8 of x and its block's scale */
                         const uint4 xv = ((const uint4 *)xs_dyn)[c];
                         const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
                         const float xd = ((const float *)((const uint8_t *)xs_dyn + K))[c / 2];
@@ -490,6 +545,35 @@ static bool mv_persistent(bool prologue) {
     return mv_persist_mode == 1 || (mv_persist_mode < 0 && prologue);
 }
 
+/* int8-x launches over many short rows (>= 16384 rows of K <= 2048: the 0.6B lm_head,
+ * with or without the rms_norm prologue): with 1 row a warp a lane has only K / 512
+ * loads of a row in flight (2 at K = 1024, whatever the loads-in-flight setting), so
+ * they take 4 rows a warp and 4 loads (8 in flight at K = 1024); $LLMOPT_CUDA_MV_SHORT=0:
+ * 1 row and 4 (prologue) or 8 (plain) loads as before (A/B, read once per process). */
+static int mv_short_state = -1;
+static bool mv_short_rows(void) {
+    if (mv_short_state < 0) {
+        const char *e = getenv("LLMOPT_CUDA_MV_SHORT");
+        mv_short_state = !(e && !strcmp(e, "0"));
+    }
+    return mv_short_state == 1;
+}
+
+/* The int8-x rms_norm prologue from registers (MV_X_Q8R) where K <= 4096 below 4 rows;
+ * $LLMOPT_CUDA_MV_XREGS=0: the two passes over x as before (A/B, read once per process;
+ * both give the same bits). */
+static int mv_x_regs_state = -1;
+extern "C" void cu_matvec_x_regs(int on) {
+    mv_x_regs_state = on != 0;
+}
+static bool mv_x_regs_on(void) {
+    if (mv_x_regs_state < 0) {
+        const char *e = getenv("LLMOPT_CUDA_MV_XREGS");
+        mv_x_regs_state = !(e && !strcmp(e, "0"));
+    }
+    return mv_x_regs_state == 1;
+}
+
 /* Whether a one-row q8_0 launch over rows of K (`streamed` weight rows, prologue
  * `norm`, SwiGLU `pair`) takes int8 x, and then its launch shape (output rows a warp
  * *nr, loads in flight *lif). The default, from the kernel lab's sweep on an H200
@@ -505,7 +589,10 @@ static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *
     }
     if (mv_xq_smem(K) > (48 << 10) || mv_x_mode == MV_X_F32) return false;
     if (mv_x_mode < 0 && !norm && !pair && (K > 4096 || (streamed >= 16384 && !mv_persistent(true)))) return false;
-    if (pair) { /* 2 row pairs, 8 loads */
+    if (!pair && streamed >= 16384 && K <= 2048 && mv_short_rows()) {
+        *nr = 4; /* 0.6B lm_head: 4 rows x 4 loads (bench/results/cuda-mv-2026-11-30.md) */
+        *lif = 4;
+    } else if (pair) { /* 2 row pairs, 8 loads */
         *nr = 2;
         *lif = 8;
     } else if (norm) { /* q/k/v: 1 row and 4 loads from 6144 rows (8B), else 2 and 4 (0.6B) */
@@ -525,14 +612,14 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const size_t smem = XM == MV_X_Q8 ? mv_xq_smem(job.seg[0].w.cols)
+    const size_t smem = XM != MV_X_F32 ? mv_xq_smem(job.seg[0].w.cols)
                            : NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
     auto kern = matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF, XM>;
     /* persistent: as many blocks as the device holds at once, and K split only while
      * the split rows still fit in their warps (split K costs two barriers a row group,
      * and more blocks than fit mean a second, partial round) */
     int64_t cap = 0;
-    if (mv_persistent(NORM || XM == MV_X_Q8)) {
+    if (mv_persistent(NORM || XM != MV_X_F32)) {
         static size_t occ_smem = (size_t)-1;
         static int occ = 1;
         if (occ_smem != smem) {
@@ -593,7 +680,7 @@ static void mv_default_shape(int64_t streamed, int64_t K, int *nr, int *lif) {
 
 template <int DT, bool NORM, bool PAIR, int XM>
 static void mv_launch_shape(cudaStream_t st, const struct mv_job &job, const float *x, int nr, int lif) {
-    if constexpr (!PAIR)
+    if constexpr (!PAIR && XM != MV_X_Q8R) /* (the register prologue is not taken at 4 rows) */
         if (nr == 4) return mv_launch_lif<DT, 4, NORM, PAIR, XM>(st, job, x, lif);
     if (nr >= 2)
         mv_launch_lif<DT, 2, NORM, PAIR, XM>(st, job, x, lif);
@@ -618,7 +705,15 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
     if (mv_tune.nr) nr = PAIR && mv_tune.nr == 4 ? 2 : mv_tune.nr;
     if (mv_tune.lif) lif = mv_tune.lif;
     if constexpr (DT == CU_Q8_0)
-        if (xq) return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8>(st, job, x, nr, lif);
+        if (xq) {
+            /* the register prologue, but not at 4 rows a warp: there it takes the kernel
+             * from 75 to 106 registers, 3 to 2 blocks an SM (0.6B lm_head +norm, the lab:
+             * 55.8 us, plain 48.1: bench/results/cuda-mv-2026-11-30.md) */
+            if constexpr (NORM)
+                if (nr < 4 && job.seg[0].w.cols <= 4 * MV_XR_MAX * MV_THREADS && mv_x_regs_on())
+                    return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8R>(st, job, x, nr, lif);
+            return mv_launch_shape<DT, NORM, PAIR, MV_X_Q8>(st, job, x, nr, lif);
+        }
     mv_launch_shape<DT, NORM, PAIR, MV_X_F32>(st, job, x, nr, lif);
 }
 

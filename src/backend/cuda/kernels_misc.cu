@@ -124,6 +124,27 @@ cudaError_t cu_cast(cudaStream_t st, const void *x, void *o, int64_t n, int kind
     return cudaGetLastError();
 }
 
+/* The rope table of a step in one launch: the chain cast(positions) -> matmul with the
+ * [1, half, 1] frequencies (one product a element) -> permute -> concat(p, p) -> cos,
+ * sin, same arithmetic (int to float, one f32 product, cu_unary_apply's cosf/sinf). */
+__global__ void rope_table_kernel(const float *freqs, const int32_t *pos, int64_t half, float *c, float *s, int64_t n) {
+    cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    const int64_t t = e / (2 * half), d = e % (2 * half);
+    const float ang = freqs[d % half] * (float)pos[t];
+    c[e] = cu_unary_apply(IR_OP_COS, ang);
+    s[e] = cu_unary_apply(IR_OP_SIN, ang);
+}
+
+cudaError_t cu_rope_table(cudaStream_t st, const float *freqs, const int32_t *pos, int64_t n_tok, int64_t half,
+                          float *c, float *s) {
+    const int64_t n = n_tok * 2 * half;
+    if (n <= 0) return cudaSuccess;
+    rope_table_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(freqs, pos, half, c, s, n);
+    return cudaGetLastError();
+}
+
 __global__ void select_rows_kernel(const float *x, const int32_t *rows, float *o, int64_t rows_in,
                                    int64_t m, int64_t d, int64_t n) {
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
