@@ -83,30 +83,27 @@ enum llmopt_status file_map_open(const char *path, struct file_map *out,
     }
     out->data = p;
     out->size = (size_t)sb.st_size;
-    out->fd = fd; /* kept for file_map_make_resident */
-    return LLMOPT_OK;
 
 close_fd:
-    close(fd);
+    close(fd); /* the mapping keeps its own reference to the file */
     return st;
 }
 
 void file_map_close(struct file_map *m) {
-    if (m->data && m->size) {
+    if (m->data && m->size)
         munmap((void *)m->data, m->size);
-        close(m->fd);
-    }
     *m = (struct file_map){0};
 }
 
-/* Bytes a read of file_map_make_resident asks for. */
+/* Bytes copied between two drops of file pages in file_map_make_resident. */
 #define RESIDENT_CHUNK_BYTES ((size_t)64 << 20)
 
-enum llmopt_status file_map_make_resident(const struct file_map *m, struct llmopt_err *err) {
-    const uint8_t *data = m->data;
-    size_t size = m->size;
+enum llmopt_status file_map_make_resident(const uint8_t *data, size_t size, struct llmopt_err *err) {
     if (!data || !size) return LLMOPT_OK;
     size_t page = page_bytes(), len = round_up(size, page);
+    if ((uintptr_t)data % page)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "make resident: %p is not the start of a mapping",
+                       (const void *)data);
     uint8_t *copy = reserve_aligned(len, PROT_READ | PROT_WRITE, 0);
     if (copy == MAP_FAILED)
         return err_set(err, LLMOPT_ERR_NOMEM, "make resident: cannot map %zu anonymous bytes: %s", len,
@@ -114,17 +111,11 @@ enum llmopt_status file_map_make_resident(const struct file_map *m, struct llmop
     /* A hint: without transparent huge pages (or with none free) the copy still works,
      * in 4 KiB pages */
     (void)madvise(copy, len, MADV_HUGEPAGE);
-    for (size_t off = 0; off < size;) {
-        size_t want = size - off < RESIDENT_CHUNK_BYTES ? size - off : RESIDENT_CHUNK_BYTES;
-        ssize_t got = pread(m->fd, copy + off, want, (off_t)off);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) {
-            int e = got < 0 ? errno : 0;
-            munmap(copy, len);
-            return err_set(err, LLMOPT_ERR_IO, "make resident: read at byte %zu of %zu failed: %s", off, size,
-                           e ? strerror(e) : "the file is shorter than its mapping");
-        }
-        off += (size_t)got;
+    for (size_t off = 0; off < size; off += RESIDENT_CHUNK_BYTES) {
+        size_t n = size - off < RESIDENT_CHUNK_BYTES ? size - off : RESIDENT_CHUNK_BYTES;
+        memcpy(copy + off, data + off, n);
+        /* the file pages just read leave this process (the page cache keeps them) */
+        (void)madvise((void *)(uintptr_t)(data + off), round_up(n, page), MADV_DONTNEED);
     }
     if (mprotect(copy, len, PROT_READ) != 0) {
         int e = errno;

@@ -19,24 +19,23 @@
 struct file_map {
     const uint8_t *data; /* (size) bytes; NULL when size == 0 (empty file: nothing mapped) */
     size_t size;         /* bytes */
-    int fd;              /* the file, open while data is mapped (file_map_make_resident reads
-                          * it); meaningless when data is NULL (a zeroed map holds nothing) */
 };
 
 /* Maps path read-only. On failure *out is zeroed and err says which call failed
  * (LLMOPT_ERR_IO). Directories and files that cannot be mapped are errors. */
 enum llmopt_status file_map_open(const char *path, struct file_map *out,
                                  struct llmopt_err *err);
-/* Unmaps and closes; safe on a zeroed or already-closed map. */
+/* Unmaps; safe on a zeroed or already-closed map. */
 void file_map_close(struct file_map *m);
 
-/* Replaces the file-backed pages of m by an anonymous read-only copy at the same
- * address, asking the kernel for transparent huge pages: every pointer into the mapping
- * stays valid and reads the same bytes, which no longer depend on the file (nor on the
- * page cache keeping it). The copy is read from m->fd in large reads (from a cold page
- * cache, faulting the mapping in reads it several times slower). No thread may read the mapping while
+/* Replaces the file-backed pages of the mapping (data, size) from file_map_open by an
+ * anonymous read-only copy at the same address, asking the kernel for transparent huge
+ * pages: every pointer into the mapping stays valid and reads the same bytes, which no
+ * longer depend on the file (nor on the page cache keeping it). The copy goes a chunk
+ * at a time, dropping each copied chunk's file pages from this process, so the extra
+ * resident memory while it runs is one chunk. No thread may read the mapping while
  * this runs (the move itself is one mremap). On failure the mapping is left as it was
  * (file-backed) and err says which call failed. */
-enum llmopt_status file_map_make_resident(const struct file_map *m, struct llmopt_err *err);
+enum llmopt_status file_map_make_resident(const uint8_t *data, size_t size, struct llmopt_err *err);
 
 #endif

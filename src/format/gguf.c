@@ -235,7 +235,6 @@ _Static_assert(offsetof(struct gguf_tensor, name) == 0,
  * name sets built while checking for duplicates. */
 struct gguf_file_impl {
     struct gguf_file pub;
-    int map_fd; /* the mapped file (pub.mapped), for gguf_make_resident and gguf_close */
     struct name_set kv_names;
     struct name_set tensor_names;
 };
@@ -738,28 +737,15 @@ enum llmopt_status gguf_open(const char *path, struct gguf_file **out, struct ll
         return st;
     }
     f->mapped = map.size > 0;
-    ((struct gguf_file_impl *)f)->map_fd = map.fd;
     *out = f;
     return LLMOPT_OK;
-}
-
-/* The mapping gguf_open made of f (f->mapped). */
-static struct file_map file_mapping(const struct gguf_file *f) {
-    return (struct file_map){.data = f->base, .size = f->size, .fd = ((const struct gguf_file_impl *)f)->map_fd};
-}
-
-enum llmopt_status gguf_make_resident(const struct gguf_file *f, struct llmopt_err *err) {
-    if (!f->mapped)
-        return err_set(err, LLMOPT_ERR_INVALID_ARG, "gguf: the file's bytes are borrowed, not mapped");
-    struct file_map map = file_mapping(f);
-    return file_map_make_resident(&map, err);
 }
 
 void gguf_close(struct gguf_file *f) {
     if (!f)
         return;
     if (f->mapped) {
-        struct file_map map = file_mapping(f);
+        struct file_map map = {.data = f->base, .size = f->size};
         file_map_close(&map);
     }
     file_free((struct gguf_file_impl *)f);

@@ -107,9 +107,6 @@ enum llmopt_status gguf_open(const char *path, struct gguf_file **out, struct ll
 enum llmopt_status gguf_parse(const uint8_t *data, size_t size, struct gguf_file **out,
                               struct llmopt_err *err);
 void gguf_close(struct gguf_file *f);
-/* Moves an opened file's bytes into huge-page memory at the same addresses
- * (file_map_make_resident); every pointer into f stays valid. */
-enum llmopt_status gguf_make_resident(const struct gguf_file *f, struct llmopt_err *err);
 
 /* Lookups. Return NULL / false when absent or of another type. */
 const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key);

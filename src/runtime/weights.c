@@ -1,5 +1,6 @@
 #include "runtime/weights.h"
 
+#include "base/file_map.h"
 #include "format/graph_file.h"
 
 #include <inttypes.h>
@@ -125,7 +126,7 @@ enum weights_memory weights_make_resident(const struct weights_source *w) {
                                                      sizeof thp),
                                            getenv("LLMOPT_MMAP"), r->why, sizeof r->why)) {
             struct llmopt_err err = {0};
-            if (gguf_make_resident(f, &err) == LLMOPT_OK)
+            if (file_map_make_resident(f->base, f->size, &err) == LLMOPT_OK)
                 r->state = WEIGHTS_RESIDENT;
             else /* the mapping is unchanged: run from it */
                 snprintf(r->why, sizeof r->why, "%.180s", err.msg);
