@@ -43,10 +43,6 @@ struct llmopt_load_opts {
     bool verbose;             /* print which program bound and why to stderr */
     bool vocab_only;          /* load only the tokenizer (works on vocab-only GGUFs) */
     bool no_passes;           /* run the graph as imported: no canonicalization/fusion */
-    /* Keep the weights on the file mapping. Otherwise the first CPU session copies a
-     * GGUF's weights into transparent huge pages when that fits (docs/cpu.md, "Weights
-     * in memory"); $LLMOPT_MMAP=1 does the same as this. */
-    bool keep_mmap;
 };
 
 /* What the compiler's passes did to the imported graph. */
@@ -65,10 +61,6 @@ int32_t llmopt_model_ctx_train(const struct llmopt_model *m);   /* positions it 
 /* Threads a CPU session with n_threads 0 runs its kernels on: every CPU this process may
  * use, at most one per 16 MiB of weights read per token (tiny models: 1). */
 int32_t llmopt_model_cpu_threads(const struct llmopt_model *m);
-/* Where the weights are read from now: "resident" (copied into anonymous memory with
- * transparent huge pages by the first CPU session) or "mapped" (the file mapping; why,
- * cap bytes, says why not resident). */
-const char *llmopt_model_weights_memory(const struct llmopt_model *m, char *why, size_t cap);
 /* Prints a GGUF file's metadata and tensor table (llmopt inspect). */
 enum llmopt_status llmopt_inspect_gguf(const char *path, FILE *out, struct llmopt_err *err);
 void llmopt_model_compile_stats(const struct llmopt_model *m, struct llmopt_compile_stats *out);

@@ -68,22 +68,18 @@ int cmd_bench(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     struct llmopt_compile_stats cs;
     llmopt_model_compile_stats(model, &cs);
-    char why[200];
-    const char *weights_mem = llmopt_model_weights_memory(model, why, sizeof why);
-    bool resident = !strcmp(weights_mem, "resident");
     if (o.json) {
         printf("{\"model\": \"%s\", \"program\": \"%s\", \"backend\": \"%s\", \"threads\": %lld, \"n_prompt\": %lld, "
                "\"n_gen\": %lld, \"reps\": %lld, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, "
                "\"ttft_ms\": %.3f, \"itl_ms_p50\": %.3f, \"itl_ms_p95\": %.3f, \"itl_ms_p99\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"read_bandwidth_gbps\": %.2f, \"decode_roofline_tok_s\": %.2f, "
                "\"roofline_fraction\": %.3f, \"kernels_per_step\": %.1f, \"graph_kernels\": %d, \"peak_rss_mib\": %.1f, "
-               "\"kv_type\": \"%s\", \"kv_bytes\": %llu, \"weights_memory\": \"%s\"}\n",
+               "\"kv_type\": \"%s\", \"kv_bytes\": %llu}\n",
                o.model, llmopt_model_program(model), o.backend ? o.backend : "cpu", o.threads, o.n_prompt,
                o.n_gen, o.reps, pp, tg, prefill_s[o.reps / 2] * 1e3, percentile(itl, n_itl, 50) * 1e3,
                percentile(itl, n_itl, 95) * 1e3, percentile(itl, n_itl, 99) * 1e3, (unsigned long long)bytes, bw,
                roof, roof > 0 ? tg / roof : 0, kernels_per_step, cs.kernels_compiled, ru.ru_maxrss / 1024.0,
-               llmopt_kv_type_name(llmopt_session_kv_type(s)), (unsigned long long)llmopt_session_kv_bytes(s),
-               weights_mem);
+               llmopt_kv_type_name(llmopt_session_kv_type(s)), (unsigned long long)llmopt_session_kv_bytes(s));
     } else {
         char thr[32];
         snprintf(thr, sizeof thr, o.threads ? "%lld" : "auto", o.threads);
@@ -102,8 +98,6 @@ int cmd_bench(int argc, char **argv) {
                    roof, 100.0 * tg / roof);
         printf("kv cache        %s, %.1f MiB for %lld positions\n", llmopt_kv_type_name(llmopt_session_kv_type(s)),
                (double)llmopt_session_kv_bytes(s) / (1024.0 * 1024.0), o.n_prompt + o.n_gen + 1);
-        printf("weights         %s%s%s\n", resident ? "resident in huge pages (a copy of the file)" : "mapped (",
-               resident ? "" : why, resident ? "" : ")");
         printf("peak RSS        %.1f MiB\n", ru.ru_maxrss / 1024.0);
     }
     rc = 0;

@@ -33,7 +33,6 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
     char prog[PATH_MAX + 16];
     if (!(opts && opts->vocab_only) && program_path(path, prog, sizeof prog)) {
         enum llmopt_status pst = program_load(prog, false, out, err);
-        if (!pst && opts && opts->keep_mmap) weights_keep_mapped(&(*out)->weights);
         if (!pst && opts && opts->verbose)
             fprintf(stderr, "llmopt: loaded the compiled program %s (program '%s', no passes run)\n", prog,
                     (*out)->program_name);
@@ -59,7 +58,6 @@ enum llmopt_status llmopt_model_load(const char *path, const struct llmopt_load_
         return st;
     }
     m->gguf = m->weights.gguf;
-    if (opts && opts->keep_mmap) weights_keep_mapped(&m->weights);
     char dir_buf[PATH_MAX];
     const char *dir = model_programs_dir(opts, dir_buf, sizeof dir_buf);
     DIR *d = opendir(dir);
@@ -156,9 +154,6 @@ void llmopt_model_free(struct llmopt_model *m) {
 }
 
 const char *llmopt_model_program(const struct llmopt_model *m) { return m->program_name; }
-const char *llmopt_model_weights_memory(const struct llmopt_model *m, char *why, size_t cap) {
-    return weights_memory(&m->weights, why, cap) == WEIGHTS_RESIDENT ? "resident" : "mapped";
-}
 int32_t llmopt_model_n_vocab(const struct llmopt_model *m) { return m->n_vocab; }
 int32_t llmopt_model_ctx_train(const struct llmopt_model *m) { return m->ctx_train; }
 enum llmopt_status llmopt_inspect_gguf(const char *path, FILE *out, struct llmopt_err *err) {

@@ -141,10 +141,6 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
                        o.backend);
     }
 
-    /* the CPU reads every weight each token: from huge pages when they fit (once per
-     * model, before any forward of it) */
-    if (backend == &cpu_backend_ops) weights_make_resident(&m->weights);
-
     struct llmopt_session *s = calloc(1, sizeof *s);
     if (!s) return err_set(err, LLMOPT_ERR_NOMEM, "session: out of memory");
     s->model = m;

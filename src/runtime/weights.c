@@ -1,21 +1,9 @@
 #include "runtime/weights.h"
 
-#include "base/file_map.h"
 #include "format/graph_file.h"
 
-#include <inttypes.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-struct weights_residency {
-    pthread_mutex_t lock;
-    bool decided;              /* the copy was made, refused or failed: never tried again */
-    enum weights_memory state;
-    char why[200];             /* WEIGHTS_MAPPED after a decision: the reason */
-};
 
 const char *weights_kind_section(enum weights_kind kind) {
     static const char *const names[WEIGHTS_KIND_COUNT] = {[WEIGHTS_GGUF] = "gguf",
@@ -42,119 +30,16 @@ enum llmopt_status weights_open(const char *path, struct weights_source *out,
         return st;
     }
     out->kind = WEIGHTS_GGUF;
-    enum llmopt_status st = gguf_open(path, &out->gguf, err);
-    if (st) return st;
-    if (!(out->residency = calloc(1, sizeof *out->residency))) {
-        weights_close(out);
-        return err_set(err, LLMOPT_ERR_NOMEM, "out of memory");
-    }
-    pthread_mutex_init(&out->residency->lock, NULL);
-    return LLMOPT_OK;
+    return gguf_open(path, &out->gguf, err);
 }
 
 void weights_close(struct weights_source *w) {
-    if (w->residency) {
-        pthread_mutex_destroy(&w->residency->lock);
-        free(w->residency);
-        w->residency = NULL;
-    }
     if (w->gguf) gguf_close(w->gguf);
     if (w->st) st_close(w->st);
     json_decref(w->config);
     w->gguf = NULL;
     w->st = NULL;
     w->config = NULL;
-}
-
-bool weights_resident_wanted(uint64_t file_bytes, uint64_t mem_available, const char *thp_enabled,
-                             const char *env_mmap, char *why, size_t cap) {
-    if (env_mmap && !strcmp(env_mmap, "1")) {
-        snprintf(why, cap, "$LLMOPT_MMAP=1");
-        return false;
-    }
-    bool forced = env_mmap && !strcmp(env_mmap, "0"); /* tests: copy small files too */
-    /* the kernel's choice is the bracketed word: "always [madvise] never" */
-    if (!forced && (!thp_enabled || strstr(thp_enabled, "[never]") || !strchr(thp_enabled, '['))) {
-        snprintf(why, cap, "no transparent huge pages");
-        return false;
-    }
-    if (!forced && file_bytes < WEIGHTS_RESIDENT_MIN_BYTES) {
-        snprintf(why, cap, "file under %" PRIu64 " MiB", WEIGHTS_RESIDENT_MIN_BYTES >> 20);
-        return false;
-    }
-    if (file_bytes > mem_available / 2) {
-        snprintf(why, cap, "file of %" PRIu64 " MiB over half of the %" PRIu64 " MiB available", file_bytes >> 20,
-                 mem_available >> 20);
-        return false;
-    }
-    return true;
-}
-
-/* MemAvailable of /proc/meminfo in bytes; 0 when unreadable. */
-static uint64_t mem_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    uint64_t kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1) break;
-    fclose(f);
-    return kib * 1024;
-}
-
-/* The first line of path into buf; NULL when unreadable. */
-static const char *read_line(const char *path, char *buf, size_t cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    const char *r = fgets(buf, (int)cap, f);
-    fclose(f);
-    return r;
-}
-
-enum weights_memory weights_make_resident(const struct weights_source *w) {
-    struct weights_residency *r = w->residency;
-    if (!r) return WEIGHTS_MAPPED;
-    pthread_mutex_lock(&r->lock);
-    if (!r->decided) {
-        r->decided = true;
-        char thp[128];
-        const struct gguf_file *f = w->gguf;
-        if (!f->mapped) {
-            snprintf(r->why, sizeof r->why, "weights in borrowed memory");
-        } else if (weights_resident_wanted(f->size, mem_available_bytes(),
-                                           read_line("/sys/kernel/mm/transparent_hugepage/enabled", thp,
-                                                     sizeof thp),
-                                           getenv("LLMOPT_MMAP"), r->why, sizeof r->why)) {
-            struct llmopt_err err = {0};
-            if (file_map_make_resident(f->base, f->size, &err) == LLMOPT_OK)
-                r->state = WEIGHTS_RESIDENT;
-            else /* the mapping is unchanged: run from it */
-                snprintf(r->why, sizeof r->why, "%.180s", err.msg);
-        }
-    }
-    enum weights_memory state = r->state;
-    pthread_mutex_unlock(&r->lock);
-    return state;
-}
-
-void weights_keep_mapped(const struct weights_source *w) {
-    if (!w->residency) return;
-    pthread_mutex_lock(&w->residency->lock);
-    if (!w->residency->decided) snprintf(w->residency->why, sizeof w->residency->why, "asked to keep the mapping");
-    w->residency->decided = true;
-    pthread_mutex_unlock(&w->residency->lock);
-}
-
-enum weights_memory weights_memory(const struct weights_source *w, char *why, size_t cap) {
-    if (!w->residency) {
-        snprintf(why, cap, "%s", w->kind == WEIGHTS_GGUF ? "not decided" : "checkpoint directory");
-        return WEIGHTS_MAPPED;
-    }
-    pthread_mutex_lock(&w->residency->lock);
-    enum weights_memory state = w->residency->state;
-    snprintf(why, cap, "%s", w->residency->decided ? w->residency->why : "no session of the cpu backend yet");
-    pthread_mutex_unlock(&w->residency->lock);
-    return state;
 }
 
 int64_t weights_n_tensors(const struct weights_source *w) {

@@ -30,45 +30,18 @@ struct weights_tensor {
     uint64_t n_bytes;
 };
 
-/* Whether the weights stay on the file mapping or were copied into huge-page memory
- * (weights_make_resident). */
-enum weights_memory { WEIGHTS_MAPPED, WEIGHTS_RESIDENT };
-struct weights_residency; /* weights.c: the decision, once per source, under a lock */
-
 struct weights_source {
     enum weights_kind kind;
     struct gguf_file *gguf;  /* WEIGHTS_GGUF */
     struct st_file *st;      /* WEIGHTS_SAFETENSORS */
     json_t *config;          /* config.json of a checkpoint directory */
     char path[4096];
-    struct weights_residency *residency; /* GGUF only; NULL for checkpoint directories */
 };
 
 /* Opens a .gguf file or a directory with config.json and safetensors. */
 enum llmopt_status weights_open(const char *path, struct weights_source *out,
                                 struct llmopt_err *err);
 void weights_close(struct weights_source *w);
-
-/* For backends that stream the weights from host memory every token (the CPU): once
- * per source, copies a GGUF's mapping into anonymous memory backed by transparent huge
- * pages, at the same addresses (file_map_make_resident), when all of these hold:
- * keep_mapped was never set, $LLMOPT_MMAP is not 1, the kernel offers transparent huge
- * pages, the file is at least WEIGHTS_RESIDENT_MIN_BYTES and at most half of the
- * memory available now ($LLMOPT_MMAP=0 drops the first two conditions: tests copy
- * small files with it). Otherwise, or if the copy fails, the weights stay mapped
- * (nothing is lost: the mapping is unchanged). Thread-safe; must run before any
- * thread reads the weights of this source for a forward. Returns what holds now. */
-#define WEIGHTS_RESIDENT_MIN_BYTES ((uint64_t)64 << 20)
-enum weights_memory weights_make_resident(const struct weights_source *w);
-/* Never copy this source's weights (llmopt_load_opts.keep_mmap). */
-void weights_keep_mapped(const struct weights_source *w);
-/* What holds now; when mapped, why (cap bytes) says why not resident. */
-enum weights_memory weights_memory(const struct weights_source *w, char *why, size_t cap);
-/* The policy of weights_make_resident as a pure function (for tests): file bytes, the
- * memory available (bytes), the text of /sys/kernel/mm/transparent_hugepage/enabled
- * (NULL: unreadable) and $LLMOPT_MMAP (NULL: unset). Writes why not into why. */
-bool weights_resident_wanted(uint64_t file_bytes, uint64_t mem_available, const char *thp_enabled,
-                             const char *env_mmap, char *why, size_t cap);
 
 int64_t weights_n_tensors(const struct weights_source *w);
 /* Tensor by name / by index; name_buf (cap bytes) holds the name. */

@@ -16,16 +16,6 @@ want_ids=$(json "' '.join(map(str, d['runs']['stories260K-F32.gguf']['ids']))")
 got_ids=$("$LLMOPT" run $M/stories260K-F32.gguf -n 256 --temp 0 --ids 2>/dev/null)
 [ "$got_ids" = "$want_ids" ] && ok "F32 greedy ids (256)" || { bad "F32 greedy ids"; echo "  got:  ${got_ids:0:200}"; echo "  want: ${want_ids:0:200}"; }
 
-# 1b. Weights copied into huge-page memory (what the CPU backend does with files of 64
-# MiB and more; LLMOPT_MMAP=0 forces it for this small one) give the same 256 ids, and
-# bench says where the weights were read from.
-got_res=$(LLMOPT_MMAP=0 "$LLMOPT" run $M/stories260K-F32.gguf -n 256 --temp 0 --ids 2>/dev/null)
-[ "$got_res" = "$want_ids" ] && ok "F32 greedy ids (256) from resident weights" || bad "F32 greedy ids from resident weights"
-LLMOPT_MMAP=0 "$LLMOPT" bench $M/stories260K-F32.gguf -p 8 -n 8 -r 1 2>&1 | grep -q "^weights  *resident in huge pages" &&
-    ok "bench: weights resident with LLMOPT_MMAP=0" || bad "bench: weights resident with LLMOPT_MMAP=0"
-"$LLMOPT" bench $M/stories260K-F32.gguf -p 8 -n 8 -r 1 2>&1 | grep -q "^weights  *mapped (file under 64 MiB)" &&
-    ok "bench: a small file stays mapped" || bad "bench: a small file stays mapped"
-
 # 2. The text form equals the expected text (stdout is the text plus a final newline).
 "$LLMOPT" run $M/stories260K-F32.gguf -n 256 --temp 0 2>/dev/null > /tmp/llmopt_story_$$.txt
 python3 - "$EXPECTED" /tmp/llmopt_story_$$.txt <<'PY' && ok "F32 greedy text" || bad "F32 greedy text"

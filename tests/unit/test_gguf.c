@@ -3,11 +3,9 @@
 #include "rng.h"
 #include "test.h"
 
-#include "base/file_map.h"
 #include "base/fp16.h"
 #include "format/gguf.h"
 #include "format/quant.h"
-#include "runtime/weights.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -1088,84 +1086,6 @@ static void test_open_errors(void) {
     gguf_close(NULL);
 }
 
-/* AnonHugePages (kB) of the mapping that starts at addr in /proc/self/smaps; -1 if
- * not found. */
-static long smaps_anon_huge_kb(const void *addr) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return -1;
-    char line[512];
-    long kb = -1;
-    bool in = false;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            in = lo == (unsigned long)(uintptr_t)addr;
-            continue;
-        }
-        if (in && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
-    }
-    fclose(f);
-    return kb;
-}
-
-/* A file of two and a half huge pages (and a ragged tail): the mapping starts on a huge
- * page boundary; after file_map_make_resident the same addresses hold the same bytes,
- * which no longer follow the file; closing unmaps it. */
-static void test_file_map_resident(void) {
-    char path[] = "/tmp/llmopt_test_map_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0) return;
-    size_t n = FILE_MAP_HUGE_BYTES * 5 / 2 + 777;
-    uint8_t *want = malloc(n);
-    rng_seed_fresh("file_map_resident");
-    for (size_t i = 0; i < n; i++) want[i] = (uint8_t)(rng_next() >> 24);
-    CHECK(write(fd, want, n) == (ssize_t)n);
-    struct file_map m;
-    struct llmopt_err err = {0};
-    CHECK_EQ_INT(file_map_open(path, &m, &err), LLMOPT_OK);
-    CHECK(m.size == n && (uintptr_t)m.data % FILE_MAP_HUGE_BYTES == 0);
-    CHECK(memcmp(m.data, want, n) == 0);
-    const uint8_t *before = m.data;
-    CHECK_EQ_INT(file_map_make_resident(m.data, m.size, &err), LLMOPT_OK);
-    CHECK(m.data == before && memcmp(m.data, want, n) == 0);
-    /* the file changes under it: the resident copy does not */
-    uint8_t zeros[4096] = {0};
-    CHECK(pwrite(fd, zeros, sizeof zeros, 0) == (ssize_t)sizeof zeros);
-    CHECK(ftruncate(fd, 4096) == 0);
-    CHECK(memcmp(m.data, want, n) == 0);
-    long kb = smaps_anon_huge_kb(m.data);
-    printf("  note: resident copy holds %ld kB in transparent huge pages (0 when the kernel has none to give)\n", kb);
-    CHECK(kb >= 0); /* the mapping is anonymous now: smaps lists it with the field */
-    file_map_close(&m);
-    CHECK(m.data == NULL && m.size == 0);
-    /* not the start of a mapping: refused, nothing touched */
-    CHECK_EQ_INT(file_map_make_resident(want + 1, 100, &err), LLMOPT_ERR_INVALID_ARG);
-    CHECK(strstr(err.msg, "not the start of a mapping") != NULL);
-    close(fd);
-    unlink(path);
-    free(want);
-}
-
-/* When weights_make_resident copies a file (the policy as a pure function). */
-static void test_weights_resident_policy(void) {
-    const uint64_t MiB = 1u << 20, GiB = 1024 * MiB;
-    char why[200];
-    const char *thp = "always [madvise] never\n";
-    CHECK(weights_resident_wanted(1200 * MiB, 20 * GiB, thp, NULL, why, sizeof why));
-    CHECK(weights_resident_wanted(1200 * MiB, 20 * GiB, "[always] madvise never", NULL, why, sizeof why));
-    CHECK(!weights_resident_wanted(1200 * MiB, 20 * GiB, "always madvise [never]", NULL, why, sizeof why) &&
-          strstr(why, "huge pages"));
-    CHECK(!weights_resident_wanted(1200 * MiB, 20 * GiB, NULL, NULL, why, sizeof why) && strstr(why, "huge pages"));
-    CHECK(!weights_resident_wanted(1200 * MiB, 20 * GiB, thp, "1", why, sizeof why) && strstr(why, "LLMOPT_MMAP"));
-    CHECK(!weights_resident_wanted(MiB, 20 * GiB, thp, NULL, why, sizeof why) && strstr(why, "under 64 MiB"));
-    CHECK(!weights_resident_wanted(11 * GiB, 20 * GiB, thp, NULL, why, sizeof why) && strstr(why, "half"));
-    CHECK(!weights_resident_wanted(1200 * MiB, 0, thp, NULL, why, sizeof why)); /* meminfo unreadable */
-    /* $LLMOPT_MMAP=0 copies small files and without huge pages, never past memory */
-    CHECK(weights_resident_wanted(MiB, 20 * GiB, NULL, "0", why, sizeof why));
-    CHECK(!weights_resident_wanted(11 * GiB, 20 * GiB, thp, "0", why, sizeof why));
-}
-
 static void test_type_names(void) {
     CHECK(strcmp(gguf_type_name(GGUF_TYPE_STRING), "string") == 0);
     CHECK(strcmp(gguf_type_name(GGUF_TYPE_FLOAT64), "f64") == 0);
@@ -1192,5 +1112,4 @@ TEST_MAIN(test_open_stories_f32, test_open_stories_q8_0, test_open_stories_q4_0,
           test_open_llama_tiny, test_string_arrays, test_print, test_fp16_bf16,
           test_quant_q8_0, test_quant_q4_0, test_dequant_float_types,
           test_q8_0_file_matches_f32, test_q4_0_file_matches_f32, test_small_valid,
-          test_truncated_everywhere, test_malformed, test_open_errors, test_file_map_resident,
-          test_weights_resident_policy, test_type_names)
+          test_truncated_everywhere, test_malformed, test_open_errors, test_type_names)
