@@ -147,6 +147,21 @@ static __device__ __forceinline__ float mv_q8_scale(float amax, float *id) {
     return d;
 }
 
+/* Stores one thread's 4 values a (element group f) of x as int8 in q, and its q8_0
+ * block's scale in d from the block's first lane: the amax is taken over the 8 lanes
+ * of the block, so every lane of the warp must call this (in: whether f is in range). */
+static __device__ __forceinline__ void mv_put_x_q8(float4 a, bool in, int64_t f, uint32_t *q, float *d) {
+    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    float id;
+    const float db = mv_q8_scale(amax, &id);
+    if (!in) return;
+    q[f] = mv_q8_pack4(a.x, a.y, a.z, a.w, id);
+    if (threadIdx.x % 8 == 0) d[f / 8] = db;
+}
+
 /* MV_X_Q8: x (times sc * nw, the rms_norm prologue, when nw is set) -> K int8 in
  * q and K / 32 scales in d, by `threads` threads of the block: a thread converts 4
  * consecutive elements, 8 neighbouring lanes a block (K % 32 == 0, so the 8 lanes of a
@@ -164,15 +179,7 @@ static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict_
                 v = make_float4(v.x * sc * w.x, v.y * sc * w.y, v.z * sc * w.z, v.w * sc * w.w);
             }
         }
-        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-        float id;
-        const float db = mv_q8_scale(amax, &id);
-        if (!in) continue;
-        q[f] = mv_q8_pack4(v.x, v.y, v.z, v.w, id);
-        if (threadIdx.x % 8 == 0) d[f / 8] = db;
+        mv_put_x_q8(v, in, f, q, d);
     }
 }
 
@@ -205,15 +212,7 @@ static __device__ __forceinline__ void mv_norm_quantize_x_q8(const float *__rest
         const float4 a = in ? make_float4(v[i].x * sc * w[i].x, v[i].y * sc * w[i].y, v[i].z * sc * w[i].z,
                                           v[i].w * sc * w[i].w)
                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-        float id;
-        const float db = mv_q8_scale(amax, &id);
-        if (!in) continue;
-        q[f] = mv_q8_pack4(a.x, a.y, a.z, a.w, id);
-        if (threadIdx.x % 8 == 0) d[f / 8] = db;
+        mv_put_x_q8(a, in, f, q, d);
     }
 }
 
