@@ -1102,10 +1102,6 @@ static int32_t norm_rope_chain(const struct cuda_state *s, const int32_t *uses, 
     return norm ? r : p;
 }
 
-/* Decides the fused schedule of small batches (struct cuda_fuse) from the graph's
- * structure, and gives every result the schedule writes ahead of its own position
- * device storage of its own (priv), sized for CUDA_MATVEC_MAX_ROWS tokens: the memory
- * plan only knows the node order. */
 /* Whether cos node i heads the rope table cos(concat(p, p)), sin(concat(p, p)) with
  * p = permute_(0,2,1)(matmul(freqs, cast(positions))), rank 3, every intermediate used
  * only in the chain; *sin_i, *mm, *cast: its other nodes. */
@@ -1143,6 +1139,10 @@ static bool rope_table_chain(const struct cuda_state *s, const int32_t *uses, in
     return pos->dtype == IR_DTYPE_I32 && g->nodes[s->plan.root[ct->in[0]]].op == IR_OP_INPUT;
 }
 
+/* Decides the fused schedule of small batches (struct cuda_fuse) from the graph's
+ * structure, and gives every result the schedule writes ahead of its own position
+ * device storage of its own (priv), sized for CUDA_MATVEC_MAX_ROWS tokens: the memory
+ * plan only knows the node order. */
 static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
     int32_t n = g->n_nodes;
