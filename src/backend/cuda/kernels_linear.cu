@@ -190,15 +190,20 @@ static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict_
  * PDL wait (nw_pre) and x once, all loads in flight, and quantized from registers:
  * after the wait one round trip to x instead of x, then x again with the norm weight. */
 #define MV_XR_MAX 4 /* float4 of x a thread: K <= 4 * 4 * MV_THREADS */
+/* A thread's float4 of v[0..K) (elements f = threadIdx.x + i * MV_THREADS; zeros past
+ * K / 4) into registers, all loads in flight: the norm weight and x of MV_X_Q8R. */
+static __device__ __forceinline__ void mv_load_regs(const float *__restrict__ v, int64_t K, float4 (&r)[MV_XR_MAX]) {
+#pragma unroll
+    for (int i = 0; i < MV_XR_MAX; i++) {
+        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
+        r[i] = f < K / 4 ? __ldg((const float4 *)v + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
 static __device__ __forceinline__ void mv_norm_quantize_x_q8(const float *__restrict__ x, const float4 (&w)[MV_XR_MAX],
                                                              float eps, int64_t K, float *red, uint32_t *q, float *d) {
     float4 v[MV_XR_MAX];
     float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < MV_XR_MAX; i++) {
-        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
-        v[i] = f < K / 4 ? __ldg((const float4 *)x + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    mv_load_regs(x, K, v);
 #pragma unroll
     for (int i = 0; i < MV_XR_MAX; i++)
         if (threadIdx.x + (int64_t)i * MV_THREADS < K / 4)
@@ -234,14 +239,6 @@ struct mv_job {
     int n_seg;
     struct cu_weight up; /* data NULL: no pair */
 };
-
-static __device__ __forceinline__ void mv_norm_w_pre(const float *__restrict__ nw, int64_t K, float4 (&w)[MV_XR_MAX]) {
-#pragma unroll
-    for (int i = 0; i < MV_XR_MAX; i++) {
-        const int64_t f = threadIdx.x + (int64_t)i * MV_THREADS;
-        w[i] = f < K / 4 ? __ldg((const float4 *)nw + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-}
 
 /* sum of squares of x[0..K) (K % 4 == 0, 16-byte aligned) by the whole block, every
  * thread gets it: float4 loads, up to 4 in flight a thread (K = 4096: one round trip) */
@@ -350,7 +347,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     setup(bg);
     if (j0 < n_out) load(first);
     float4 nw_pre[XM == MV_X_Q8R ? MV_XR_MAX : 1];
-    if constexpr (XM == MV_X_Q8R) mv_norm_w_pre(job.seg[0].ep.norm_w, K, nw_pre); /* a parameter: before the wait */
+    if constexpr (XM == MV_X_Q8R) mv_load_regs(job.seg[0].ep.norm_w, K, nw_pre); /* a parameter: before the wait */
     cu_pdl_wait();
     /* the rms_norm prologue (segment 0 carries it for the launch): every x row's scale,
      * by the whole block; with one row the normalized row goes to shared memory (xs,
