@@ -9,6 +9,7 @@
  * of the same quants, and loosely against the f32 product. */
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pool.h"
+#include "backend/op_math.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 #include "format/quant_k.h"
@@ -237,7 +238,7 @@ struct linear_case {
 };
 
 static double act_d(enum ir_op op, double x) {
-    return (double)cpu_act_apply(op, (float)x);
+    return (double)op_unary_apply(op, (float)x);
 }
 
 /* Runs one case on one ISA and thread count; returns false on a mismatch (reported). */

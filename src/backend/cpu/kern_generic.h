@@ -24,6 +24,7 @@
 #define LLMOPT_BACKEND_CPU_KERN_GENERIC_H
 
 #include "backend/cpu/kernels.h"
+#include "backend/op_math.h"
 
 #include <float.h>
 #include <math.h>
@@ -215,7 +216,7 @@ static void kg_exp_row(const float *src, float *dst, int64_t n) {
 
 /* y = act(x + bias) * gate + residual over n values (the linear epilogue, one output
  * row of a tile). bias, gate, residual may be NULL; act is IR_OP_INPUT for none. The
- * common activations use the vector exp; others fall back to cpu_act_apply. */
+ * common activations use the vector exp; others fall back to op_unary_apply. */
 KG_INLINE vf kg_act(vf x, const int act) {
     const vf one = v_set1(1.0f);
     if (act == IR_OP_SILU) return v_div(x, v_add(one, v_exp(v_sub(v_zero(), x))));
@@ -257,7 +258,7 @@ static void kg_epilogue_row(const float *x, int64_t n, const float *bias, enum i
     }
     for (int64_t i = 0; i < n; i++) {
         float v = x[i] + (bias ? bias[i] : 0.0f);
-        v = cpu_act_apply(act, v);
+        v = op_unary_apply(act, v);
         if (gate) v *= gate[i];
         if (residual) v += residual[i];
         y[i] = v;

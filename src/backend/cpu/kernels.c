@@ -90,29 +90,6 @@ void cpu_qact_bind(struct cpu_qact *qa, void *buf, int64_t rows, int64_t k) {
 
 /* ---- linear ----------------------------------------------------------------------- */
 
-float cpu_act_apply(enum ir_op op, float x) {
-    switch (op) {
-    case IR_OP_INPUT: return x;
-    case IR_OP_NEG: return -x;
-    case IR_OP_EXP: return expf(x);
-    case IR_OP_SQRT: return sqrtf(x);
-    case IR_OP_RSQRT: return 1.0f / sqrtf(x);
-    case IR_OP_RECIP: return 1.0f / x;
-    case IR_OP_SILU: return x / (1.0f + expf(-x));
-    case IR_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case IR_OP_TANH: return tanhf(x);
-    case IR_OP_RELU: return x > 0 ? x : 0;
-    case IR_OP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case IR_OP_GELU_TANH:
-        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    case IR_OP_COS: return cosf(x);
-    case IR_OP_SIN: return sinf(x);
-    default: break;
-    }
-    LLMOPT_ASSERT(0);
-    return 0;
-}
-
 /* Activation rows from which a linear packs weights for the GEMM micro-kernels (when
  * the ISA has them); below it the dot-product tiles read the weights as stored. 0: by
  * weight type, where the kernel lab measured the crossover (AVX-512, k 1024, n 3072:

@@ -240,7 +240,4 @@ void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernel
 void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,
                   struct cpu_pool *pool);
 
-/* The epilogue's activation, the same function as the reference executor's. */
-float cpu_act_apply(enum ir_op op, float x);
-
 #endif

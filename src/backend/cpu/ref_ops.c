@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pool.h"
+#include "backend/op_math.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 #include "passes/memplan.h"
@@ -116,43 +117,6 @@ static void index_step(const struct ir_extent *ext, int64_t *idx, int n_off, int
     }
 }
 
-static float unary_apply(enum ir_op op, float x) {
-    switch (op) {
-    case IR_OP_NEG: return -x;
-    case IR_OP_EXP: return expf(x);
-    case IR_OP_SQRT: return sqrtf(x);
-    case IR_OP_RSQRT: return 1.0f / sqrtf(x);
-    case IR_OP_RECIP: return 1.0f / x;
-    case IR_OP_SILU: return x / (1.0f + expf(-x));
-    case IR_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case IR_OP_TANH: return tanhf(x);
-    case IR_OP_RELU: return x > 0 ? x : 0;
-    case IR_OP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case IR_OP_GELU_TANH:
-        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    case IR_OP_COS: return cosf(x);
-    case IR_OP_SIN: return sinf(x);
-    default: break;
-    }
-    LLMOPT_ASSERT(0);
-    return 0;
-}
-
-static float binary_apply(enum ir_op op, float a, float b) {
-    switch (op) {
-    case IR_OP_ADD: return a + b;
-    case IR_OP_SUB: return a - b;
-    case IR_OP_MUL: return a * b;
-    case IR_OP_DIV: return a / b;
-    case IR_OP_POW: return b == 2.0f ? a * a : powf(a, b);
-    case IR_OP_MAXIMUM: return a > b ? a : b;
-    case IR_OP_MINIMUM: return a < b ? a : b;
-    default: break;
-    }
-    LLMOPT_ASSERT(0);
-    return 0;
-}
-
 static void run_binary(struct cpu_state *s, const struct ir_node *n, int32_t i) {
     const struct ir_extent *eo = &s->extent[i];
     const float *a = node_f32(s, n->in[0]), *b = node_f32(s, n->in[1]);
@@ -164,7 +128,7 @@ static void run_binary(struct cpu_state *s, const struct ir_node *n, int32_t i) 
     broadcast_strides(&s->extent[n->in[1]], eo, strides[1]);
     int64_t idx[IR_MAX_RANK] = {0}, off[2] = {0, 0};
     for (int64_t e = 0; e < numel; e++) {
-        o[e] = binary_apply(n->op, a[off[0]], b[off[1]]);
+        o[e] = op_binary_apply(n->op, a[off[0]], b[off[1]]);
         index_step(eo, idx, 2, off, strides);
     }
 }
@@ -300,7 +264,7 @@ static void run_linear(struct cpu_state *s, const struct ir_node *n, int32_t i) 
             float acc = 0;
             for (int64_t k = 0; k < k_len; k++) acc += xr[k] * w[k];
             acc += bias ? bias[j] : 0.0f;
-            if (act != IR_OP_INPUT) acc = unary_apply(act, acc);
+            if (act != IR_OP_INPUT) acc = op_unary_apply(act, acc);
             if (gate) acc *= gate[r * n_out + j];
             if (residual) acc += residual[r * n_out + j];
             o[r * n_out + j] = acc;
@@ -667,7 +631,7 @@ static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct
             const float *x = node_f32(s, n->in[0]);
             float *o = node_f32(s, i);
             int64_t numel = ir_extent_numel(eo);
-            for (int64_t e = 0; e < numel; e++) o[e] = unary_apply(n->op, x[e]);
+            for (int64_t e = 0; e < numel; e++) o[e] = op_unary_apply(n->op, x[e]);
             return LLMOPT_OK;
         }
         if (ir_op_is_binary_elementwise(n->op)) {

@@ -1,6 +1,6 @@
-/* Device-side helpers shared by the kernel files: the IR's unary/binary formulas (the
- * same expressions as the CPU reference, in f32, without fast-math), f16/bf16 bits,
- * warp and block reductions. */
+/* Device-side helpers shared by the kernel files: f16/bf16 bits, warp and block
+ * reductions; the IR's unary/binary formulas are backend/op_math.h's, shared with the CPU
+ * reference. */
 #ifndef LLMOPT_BACKEND_CUDA_CUDA_DEVICE_CUH
 #define LLMOPT_BACKEND_CUDA_CUDA_DEVICE_CUH
 
@@ -9,6 +9,7 @@
 extern "C" {
 #include "ir/ir.h"
 }
+#include "backend/op_math.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,39 +27,6 @@ static __device__ __forceinline__ float cu_bf16(uint16_t h) {
 static __device__ __forceinline__ void cu_put(float *p, float v) { *p = v; }
 static __device__ __forceinline__ void cu_put(__half *p, float v) { *p = __float2half_rn(v); }
 static __device__ __forceinline__ void cu_put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
-
-static __device__ __forceinline__ float cu_unary_apply(int op, float x) {
-    switch (op) {
-    case IR_OP_NEG: return -x;
-    case IR_OP_EXP: return expf(x);
-    case IR_OP_SQRT: return sqrtf(x);
-    case IR_OP_RSQRT: return 1.0f / sqrtf(x);
-    case IR_OP_RECIP: return 1.0f / x;
-    case IR_OP_SILU: return x / (1.0f + expf(-x));
-    case IR_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case IR_OP_TANH: return tanhf(x);
-    case IR_OP_RELU: return x > 0 ? x : 0;
-    case IR_OP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case IR_OP_GELU_TANH:
-        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    case IR_OP_COS: return cosf(x);
-    case IR_OP_SIN: return sinf(x);
-    default: return x; /* IR_OP_INPUT / -1: no activation */
-    }
-}
-
-static __device__ __forceinline__ float cu_binary_apply(int op, float a, float b) {
-    switch (op) {
-    case IR_OP_ADD: return a + b;
-    case IR_OP_SUB: return a - b;
-    case IR_OP_MUL: return a * b;
-    case IR_OP_DIV: return a / b;
-    case IR_OP_POW: return b == 2.0f ? a * a : powf(a, b);
-    case IR_OP_MAXIMUM: return a > b ? a : b;
-    case IR_OP_MINIMUM: return a < b ? a : b;
-    default: return 0.0f;
-    }
-}
 
 static __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
@@ -177,7 +145,7 @@ static __device__ __forceinline__ void cu_matvec_finish(float (&acc)[NR * (PAIR 
         if (j >= n_out) break;
         for (int r = 0; r < rows && r < RMAX; r++) {
             float v = acc[nr][r] + (ep.bias ? ep.bias[j] : 0.0f);
-            if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+            if (ep.act >= 0) v = op_unary_apply(ep.act, v);
             const size_t o = (size_t)r * n_out + j;
             if constexpr (PAIR)
                 v *= acc[NR + nr][r];

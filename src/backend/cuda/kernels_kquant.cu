@@ -756,7 +756,7 @@ __global__ void __launch_bounds__(KM_THREADS, PF || RM > 1 ? 2 : 3)
                         const int64_t j = cc.j0 + nr, rr = job.r0 + r;
                         if (j >= n_out || r >= rows) continue;
                         float y = acc[nr][r] + (sg.ep.bias ? sg.ep.bias[j] : 0.0f);
-                        if (sg.ep.act >= 0) y = cu_unary_apply(sg.ep.act, y);
+                        if (sg.ep.act >= 0) y = op_unary_apply(sg.ep.act, y);
                         const size_t o = (size_t)(rr * n_out + j);
                         if constexpr (PAIR)
                             y *= acc[NR + nr][r];

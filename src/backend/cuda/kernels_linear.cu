@@ -826,7 +826,7 @@ __global__ void __launch_bounds__(LT_THREADS)
             int64_t n = n0 + tx * 4 + jj;
             if (n >= n_out) continue;
             float v = acc[i][jj] + (ep.bias ? ep.bias[n] : 0.0f);
-            if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+            if (ep.act >= 0) v = op_unary_apply(ep.act, v);
             size_t o = (size_t)m * n_out + n;
             if (ep.gate) v *= ep.gate[o];
             if (ep.residual) v += ep.residual[o];
@@ -851,7 +851,7 @@ __global__ void epilogue_kernel(const float *y, O *out, int64_t n, int64_t n_out
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     float v = y[e] + (ep.bias ? ep.bias[e % n_out] : 0.0f);
-    if (ep.act >= 0) v = cu_unary_apply(ep.act, v);
+    if (ep.act >= 0) v = op_unary_apply(ep.act, v);
     if (ep.gate) v *= ep.gate[e];
     if (ep.residual) v += ep.residual[e];
     cu_put(out + e, v);

@@ -36,7 +36,7 @@ static int64_t strided_numel(const struct cu_strided *s) {
 __global__ void unary_kernel(int op, const float *x, float *o, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e < n) o[e] = cu_unary_apply(op, x[e]);
+    if (e < n) o[e] = op_unary_apply(op, x[e]);
 }
 
 cudaError_t cu_unary(cudaStream_t st, int op, const float *x, float *o, int64_t n) {
@@ -48,7 +48,7 @@ cudaError_t cu_unary(cudaStream_t st, int op, const float *x, float *o, int64_t 
 __global__ void binary_contig_kernel(int op, const float *a, const float *b, float *o, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e < n) o[e] = cu_binary_apply(op, a[e], b[e]);
+    if (e < n) o[e] = op_binary_apply(op, a[e], b[e]);
 }
 
 __global__ void binary_strided_kernel(int op, const float *a, const float *b, float *o,
@@ -58,7 +58,7 @@ __global__ void binary_strided_kernel(int op, const float *a, const float *b, fl
     if (e >= n) return;
     int64_t oa, ob;
     strided_offsets(s, e, &oa, &ob);
-    o[e] = cu_binary_apply(op, a[oa], b[ob]);
+    o[e] = op_binary_apply(op, a[oa], b[ob]);
 }
 
 cudaError_t cu_binary(cudaStream_t st, int op, const float *a, const float *b, float *o,
@@ -126,15 +126,15 @@ cudaError_t cu_cast(cudaStream_t st, const void *x, void *o, int64_t n, int kind
 
 /* The rope table of a step in one launch: the chain cast(positions) -> matmul with the
  * [1, half, 1] frequencies (one product a element) -> permute -> concat(p, p) -> cos,
- * sin, same arithmetic (int to float, one f32 product, cu_unary_apply's cosf/sinf). */
+ * sin, same arithmetic (int to float, one f32 product, op_unary_apply's cosf/sinf). */
 __global__ void rope_table_kernel(const float *freqs, const int32_t *pos, int64_t half, float *c, float *s, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     const int64_t t = e / (2 * half), d = e % (2 * half);
     const float ang = freqs[d % half] * (float)pos[t];
-    c[e] = cu_unary_apply(IR_OP_COS, ang);
-    s[e] = cu_unary_apply(IR_OP_SIN, ang);
+    c[e] = op_unary_apply(IR_OP_COS, ang);
+    s[e] = op_unary_apply(IR_OP_SIN, ang);
 }
 
 cudaError_t cu_rope_table(cudaStream_t st, const float *freqs, const int32_t *pos, int64_t n_tok, int64_t half,
