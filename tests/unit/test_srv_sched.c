@@ -174,7 +174,9 @@ static void test_park_stream_and_whole(void) {
     CHECK_EQ_INT(pw.wakes, pw.parks);
     /* woken at most once per SRV_EVENT_CAP - 2 events and at the end */
     CHECK_MSG(pw.wakes <= n / (SRV_EVENT_CAP - 2) + 2, "%d wakes for %d tokens", pw.wakes, n);
-    CHECK(ps.parks > pw.parks);
+    /* (how often the stream parked is not checked against the whole reader's count: a
+     * stream reader descheduled while the scheduler generates every token parks once,
+     * which a loaded 2-core machine did in a ctest run) */
     fprintf(stderr, "  %d tokens: stream %d events, %d parks; whole %d parks\n", n, events, ps.parks,
             pw.parks);
     stop(s, m, metrics);
