@@ -268,20 +268,7 @@ static void store_f16(const float *src, uint8_t *dst, int64_t n) {
 
 const struct cpu_isa_kernels cpu_isa_kernels_avx2 = {
     .isa = CPU_ISA_AVX2,
-    .tile_f32 = kg_tile_f32,
-    .tile_f16 = kg_tile_f16,
-    .tile_bf16 = kg_tile_bf16,
-    .tile_q8_0 = tile_q8_0,
-    .tile_q4_0 = tile_q4_0,
-    .quantize_row = quantize_row,
-    .rms_norm_row = kg_rms_norm_row,
-    .rope_row = kg_rope_row,
-    .attention_block = kg_attention_block,
-    .attention_heads_ok = kg_attention_heads_ok,
-    .attention_heads = kg_attention_heads,
-    .store_f16 = store_f16,
-    .exp_row = kg_exp_row,
-    .epilogue_row = kg_epilogue_row,
+    KG_ISA_TABLE_ENTRIES,
     .kq = &cpu_kq_kernels_avx2,
 };
 

@@ -1411,4 +1411,16 @@ static void kg_attention_heads(const struct cpu_attention *a, int64_t t, float *
     KG_HEADS_G(KV_DTYPE_F32, 1)
 }
 
+/* The entries of an ISA's kernel table (struct cpu_isa_kernels, kernels.h) that every ISA
+ * file fills the same way: this file's generic kernels, and the four that each ISA file
+ * defines itself under these names (static tile_q8_0, tile_q4_0, quantize_row,
+ * store_f16). The table adds its .isa, its K-quant table and any GEMM micro-kernels. */
+#define KG_ISA_TABLE_ENTRIES                                                                 \
+    .tile_f32 = kg_tile_f32, .tile_f16 = kg_tile_f16, .tile_bf16 = kg_tile_bf16,           \
+    .tile_q8_0 = tile_q8_0, .tile_q4_0 = tile_q4_0, .quantize_row = quantize_row,           \
+    .rms_norm_row = kg_rms_norm_row, .rope_row = kg_rope_row,                               \
+    .attention_block = kg_attention_block, .attention_heads_ok = kg_attention_heads_ok,     \
+    .attention_heads = kg_attention_heads, .store_f16 = store_f16, .exp_row = kg_exp_row,   \
+    .epilogue_row = kg_epilogue_row
+
 #endif
