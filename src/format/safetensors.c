@@ -14,6 +14,7 @@
 #include "base/arena.h"
 #include "base/file_map.h"
 #include "base/fp16.h"
+#include "base/json_kind.h"
 #include "base/strmap.h"
 
 #include <errno.h>
@@ -146,27 +147,6 @@ static const char *escape_name(char *buf, size_t cap, const char *s) {
     }
     buf[o] = '\0';
     return buf;
-}
-
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "?";
 }
 
 /* A JSON value as found, for "expected X, found Y" messages. */

@@ -3,6 +3,8 @@
  * clients that surface the message read naturally. */
 #include "server/srv_request.h"
 
+#include "base/json_kind.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -95,31 +97,10 @@ bool srv_json_too_deep(const char *s, size_t n, int max_depth) {
     return false;
 }
 
-static const char *json_type_word(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "something else";
-}
-
 static bool wrong_type(struct srv_error *e, const char *param, const char *want, const json_t *v) {
     return bad_request(e, "invalid_type", param,
                        "Invalid type for '%s': expected %s, but got %s instead.", param, want,
-                       json_type_word(v));
+                       json_kind(v));
 }
 
 /* Each getter: a missing key or JSON null leaves *out untouched and *present false. */
