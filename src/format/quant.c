@@ -60,6 +60,36 @@ static void dequantize_q5_0(const uint8_t *src, float *dst, int64_t n_blocks) {
     }
 }
 
+/* The types both sides name (quant_ir_dtype_of / quant_ggml_type_of). */
+static const struct {
+    enum ggml_type ggml;
+    enum ir_dtype ir;
+} type_names[] = {
+    {GGML_TYPE_F32, IR_DTYPE_F32},   {GGML_TYPE_F16, IR_DTYPE_F16},
+    {GGML_TYPE_BF16, IR_DTYPE_BF16}, {GGML_TYPE_Q8_0, IR_DTYPE_Q8_0},
+    {GGML_TYPE_Q4_0, IR_DTYPE_Q4_0}, {GGML_TYPE_Q5_0, IR_DTYPE_Q5_0},
+    {GGML_TYPE_Q4_K, IR_DTYPE_Q4_K}, {GGML_TYPE_Q5_K, IR_DTYPE_Q5_K},
+    {GGML_TYPE_Q6_K, IR_DTYPE_Q6_K}, {GGML_TYPE_IQ4_XS, IR_DTYPE_IQ4_XS},
+};
+
+bool quant_ir_dtype_of(enum ggml_type type, enum ir_dtype *out) {
+    for (size_t i = 0; i < sizeof type_names / sizeof type_names[0]; i++)
+        if (type_names[i].ggml == type) {
+            *out = type_names[i].ir;
+            return true;
+        }
+    return false;
+}
+
+bool quant_ggml_type_of(enum ir_dtype dtype, enum ggml_type *out) {
+    for (size_t i = 0; i < sizeof type_names / sizeof type_names[0]; i++)
+        if (type_names[i].ir == dtype) {
+            *out = type_names[i].ggml;
+            return true;
+        }
+    return false;
+}
+
 void quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n) {
     const uint8_t *s = src;
     LLMOPT_ASSERT(n >= 0);

@@ -8,6 +8,7 @@
 #define LLMOPT_FORMAT_QUANT_H
 
 #include "format/gguf.h"
+#include "ir/ir.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -50,6 +51,11 @@ size_t quant_row_bytes(enum ggml_type type, int64_t n);
  * multiple of the block size and the type supported (asserted: a caller bug). src
  * needs no particular alignment. */
 void quant_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n);
+
+/* The IR's name for a GGUF tensor type and back (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K,
+ * Q5_K, Q6_K, IQ4_XS): false, *out untouched, for a type the other side has no name for. */
+bool quant_ir_dtype_of(enum ggml_type type, enum ir_dtype *out);
+bool quant_ggml_type_of(enum ir_dtype dtype, enum ggml_type *out);
 
 /* Reference quantizers, bit-identical to ggml's reference ones for finite input
  * (non-finite input gives unspecified quants but no undefined behaviour).

@@ -200,6 +200,20 @@ int64_t ir_extent_numel(const struct ir_extent *e) {
     return n;
 }
 
+void ir_extent_broadcast_strides(const struct ir_extent *in, const struct ir_extent *out,
+                                 int64_t *strides) {
+    int64_t stride = 1;
+    for (int i = out->rank - 1; i >= 0; i--) {
+        const int k = i - (out->rank - in->rank);
+        if (k < 0) {
+            strides[i] = 0;
+            continue;
+        }
+        strides[i] = in->dims[k] == 1 && out->dims[i] != 1 ? 0 : stride;
+        stride *= in->dims[k];
+    }
+}
+
 /* numel as a monomial: coef * N^n_pow * M^m_pow */
 struct ir_numel {
     int64_t coef;

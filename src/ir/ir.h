@@ -186,6 +186,11 @@ int32_t ir_count_kernels(const struct ir_graph *g);
 
 void ir_extent_of(const struct ir_shape *s, int64_t n, int64_t m, struct ir_extent *out);
 int64_t ir_extent_numel(const struct ir_extent *e);
+/* Element strides of a contiguous extent `in` read as `out` under broadcasting: the dims
+ * right-aligned, a dim of 1 facing a larger output dim (or a missing leading dim) gets
+ * stride 0. strides: out->rank entries. */
+void ir_extent_broadcast_strides(const struct ir_extent *in, const struct ir_extent *out,
+                                 int64_t *strides);
 bool ir_dim_eq(struct ir_dim a, struct ir_dim b);
 bool ir_shape_eq(const struct ir_shape *a, const struct ir_shape *b);
 /* "[1, N, 64]" into buf. */

@@ -55,23 +55,6 @@ static bool owned_push(struct llmopt_model *m, void *p) {
     return true;
 }
 
-static enum ggml_type ggml_of_dtype(enum ir_dtype t, bool *ok) {
-    *ok = true;
-    switch (t) {
-    case IR_DTYPE_F32: return GGML_TYPE_F32;
-    case IR_DTYPE_F16: return GGML_TYPE_F16;
-    case IR_DTYPE_BF16: return GGML_TYPE_BF16;
-    case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
-    case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
-    case IR_DTYPE_Q5_0: return GGML_TYPE_Q5_0;
-    case IR_DTYPE_Q4_K: return GGML_TYPE_Q4_K;
-    case IR_DTYPE_Q5_K: return GGML_TYPE_Q5_K;
-    case IR_DTYPE_Q6_K: return GGML_TYPE_Q6_K;
-    case IR_DTYPE_IQ4_XS: return GGML_TYPE_IQ4_XS;
-    default: *ok = false; return GGML_TYPE_F32;
-    }
-}
-
 /* A tensor's row-major shape at `rank`: leading dims of 1 may be dropped or added.
  * False if it cannot be expressed at that rank. */
 static bool tensor_shape(const struct weights_tensor *t, int rank, int64_t *dims) {
@@ -512,8 +495,10 @@ enum llmopt_status model_bind_tensor(struct llmopt_model *m, const char *pname,
             free(f);
             return err_set(err, LLMOPT_ERR_NOMEM, "bind: out of memory");
         }
-        bool ok;
-        quant_dequantize_row(ggml_of_dtype(out->dtype, &ok), out->data, f, n);
+        enum ggml_type type = GGML_TYPE_F32;
+        const bool known = quant_ggml_type_of(out->dtype, &type);
+        LLMOPT_ASSERT(known); /* dtype_known above: every type weights.c reads has a GGUF name */
+        quant_dequantize_row(type, out->data, f, n);
         row_len = n;
         out->data = f;
         out->dtype = IR_DTYPE_F32;

@@ -1,6 +1,7 @@
 #include "runtime/weights.h"
 
 #include "format/graph_file.h"
+#include "format/quant.h"
 
 #include <string.h>
 #include <sys/stat.h>
@@ -51,20 +52,7 @@ static void from_gguf(const struct gguf_file *f, const struct gguf_tensor *t, st
     out->n_dims = (int)t->n_dims;
     for (int d = 0; d < out->n_dims; d++) out->shape[d] = (int64_t)t->ne[t->n_dims - 1 - d];
     out->raw_type = (int)t->type;
-    out->dtype_known = true;
-    switch (t->type) {
-    case GGML_TYPE_F32: out->dtype = IR_DTYPE_F32; break;
-    case GGML_TYPE_F16: out->dtype = IR_DTYPE_F16; break;
-    case GGML_TYPE_BF16: out->dtype = IR_DTYPE_BF16; break;
-    case GGML_TYPE_Q8_0: out->dtype = IR_DTYPE_Q8_0; break;
-    case GGML_TYPE_Q4_0: out->dtype = IR_DTYPE_Q4_0; break;
-    case GGML_TYPE_Q5_0: out->dtype = IR_DTYPE_Q5_0; break;
-    case GGML_TYPE_Q4_K: out->dtype = IR_DTYPE_Q4_K; break;
-    case GGML_TYPE_Q5_K: out->dtype = IR_DTYPE_Q5_K; break;
-    case GGML_TYPE_Q6_K: out->dtype = IR_DTYPE_Q6_K; break;
-    case GGML_TYPE_IQ4_XS: out->dtype = IR_DTYPE_IQ4_XS; break;
-    default: out->dtype_known = false; break;
-    }
+    out->dtype_known = quant_ir_dtype_of(t->type, &out->dtype);
     out->data = t->data;
     out->n_bytes = t->n_bytes;
 }

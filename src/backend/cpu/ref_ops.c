@@ -61,48 +61,17 @@ static int32_t *node_i32(struct cpu_state *s, int32_t i) {
     return (int32_t *)(s->arena + s->plan.offset[i]);
 }
 
-static enum ggml_type weight_ggml_type(enum ir_dtype t) {
-    switch (t) {
-    case IR_DTYPE_F32: return GGML_TYPE_F32;
-    case IR_DTYPE_F16: return GGML_TYPE_F16;
-    case IR_DTYPE_BF16: return GGML_TYPE_BF16;
-    case IR_DTYPE_Q8_0: return GGML_TYPE_Q8_0;
-    case IR_DTYPE_Q4_0: return GGML_TYPE_Q4_0;
-    case IR_DTYPE_Q5_0: return GGML_TYPE_Q5_0;
-    case IR_DTYPE_Q4_K: return GGML_TYPE_Q4_K;
-    case IR_DTYPE_Q5_K: return GGML_TYPE_Q5_K;
-    case IR_DTYPE_Q6_K: return GGML_TYPE_Q6_K;
-    case IR_DTYPE_IQ4_XS: return GGML_TYPE_IQ4_XS;
-    default: break;
-    }
-    LLMOPT_ASSERT(0);
-    return GGML_TYPE_F32;
-}
-
 /* Row r of a bound weight [rows, len] as f32: a pointer into the weight when it is
  * already f32, else dequantized into buf. */
 static const float *weight_row(const struct ir_weight *w, int64_t r, int64_t len, float *buf) {
     size_t row_bytes = ir_dtype_row_bytes(w->dtype, len);
     const uint8_t *src = (const uint8_t *)w->data + (size_t)r * row_bytes;
     if (w->dtype == IR_DTYPE_F32) return (const float *)src;
-    quant_dequantize_row(weight_ggml_type(w->dtype), src, buf, len);
+    enum ggml_type type = GGML_TYPE_F32;
+    const bool known = quant_ggml_type_of(w->dtype, &type);
+    LLMOPT_ASSERT(known); /* bind admits only the types quant.c names */
+    quant_dequantize_row(type, src, buf, len);
     return buf;
-}
-
-/* Element strides of a contiguous extent, with broadcasting against `out` (a dim of 1
- * facing a larger output dim gets stride 0). Extents are right-aligned. */
-static void broadcast_strides(const struct ir_extent *in, const struct ir_extent *out,
-                              int64_t *strides) {
-    int64_t stride = 1;
-    for (int i = out->rank - 1; i >= 0; i--) {
-        int k = i - (out->rank - in->rank);
-        if (k < 0) {
-            strides[i] = 0;
-            continue;
-        }
-        strides[i] = in->dims[k] == 1 && out->dims[i] != 1 ? 0 : stride;
-        stride *= in->dims[k];
-    }
 }
 
 /* Advances a multi-index over `ext`; adds the stride deltas to each offset. */
@@ -124,8 +93,8 @@ static void run_binary(struct cpu_state *s, const struct ir_node *n, int32_t i) 
     int64_t numel = ir_extent_numel(eo);
     if (numel == 0) return;
     int64_t strides[2][IR_MAX_RANK];
-    broadcast_strides(&s->extent[n->in[0]], eo, strides[0]);
-    broadcast_strides(&s->extent[n->in[1]], eo, strides[1]);
+    ir_extent_broadcast_strides(&s->extent[n->in[0]], eo, strides[0]);
+    ir_extent_broadcast_strides(&s->extent[n->in[1]], eo, strides[1]);
     int64_t idx[IR_MAX_RANK] = {0}, off[2] = {0, 0};
     for (int64_t e = 0; e < numel; e++) {
         o[e] = op_binary_apply(n->op, a[off[0]], b[off[1]]);
@@ -284,7 +253,7 @@ static void run_rope(struct cpu_state *s, const struct ir_node *n, int32_t i) {
     rows_ext.dims[rows_ext.rank - 1] = 1;
     struct ir_extent cs_ext = s->extent[n->in[1]];
     int64_t strides[1][IR_MAX_RANK];
-    broadcast_strides(&cs_ext, eo, strides[0]);
+    ir_extent_broadcast_strides(&cs_ext, eo, strides[0]);
     int64_t idx[IR_MAX_RANK] = {0}, off[1] = {0};
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d, *cr = c + off[0], *sr = sn + off[0];
@@ -306,8 +275,8 @@ static void run_matmul(struct cpu_state *s, const struct ir_node *n, int32_t i) 
     batch_a.rank -= 2;
     batch_b.rank -= 2;
     int64_t strides[2][IR_MAX_RANK];
-    broadcast_strides(&batch_a, &batch_o, strides[0]);
-    broadcast_strides(&batch_b, &batch_o, strides[1]);
+    ir_extent_broadcast_strides(&batch_a, &batch_o, strides[0]);
+    ir_extent_broadcast_strides(&batch_b, &batch_o, strides[1]);
     const float *a = node_f32(s, n->in[0]), *b = node_f32(s, n->in[1]);
     float *o = node_f32(s, i);
     int64_t n_batch = ir_extent_numel(&batch_o), idx[IR_MAX_RANK] = {0}, off[2] = {0, 0};
@@ -459,7 +428,7 @@ static void run_rms_norm_fast(struct cpu_state *s, const struct ir_node *n, int3
 static void run_rope_fast(struct cpu_state *s, const struct ir_node *n, int32_t i) {
     const struct ir_extent *eo = &s->extent[i];
     int64_t strides[IR_MAX_RANK];
-    broadcast_strides(&s->extent[n->in[1]], eo, strides);
+    ir_extent_broadcast_strides(&s->extent[n->in[1]], eo, strides);
     struct cpu_rope op = {
         .x = node_f32(s, n->in[0]),
         .o = node_f32(s, i),
@@ -562,7 +531,7 @@ static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct
     }
     case IR_OP_EXPAND: {
         int64_t strides[IR_MAX_RANK];
-        broadcast_strides(&s->extent[n->in[0]], eo, strides);
+        ir_extent_broadcast_strides(&s->extent[n->in[0]], eo, strides);
         strided_copy(node_f32(s, n->in[0]), strides, eo, node_f32(s, i));
         return LLMOPT_OK;
     }

@@ -220,21 +220,6 @@ struct cuda_state {
 
 /* ---- shapes ------------------------------------------------------------------------- */
 
-/* Element strides of a contiguous extent, broadcast against `out` (right-aligned; a
- * dim of 1 facing a larger dim gets stride 0): the reference's rule. */
-static void broadcast_strides(const struct ir_extent *in, const struct ir_extent *out, int64_t *strides) {
-    int64_t stride = 1;
-    for (int i = out->rank - 1; i >= 0; i--) {
-        int k = i - (out->rank - in->rank);
-        if (k < 0) {
-            strides[i] = 0;
-            continue;
-        }
-        strides[i] = in->dims[k] == 1 && out->dims[i] != 1 ? 0 : stride;
-        stride *= in->dims[k];
-    }
-}
-
 static void contiguous_strides(const struct ir_extent *e, int64_t *strides) {
     int64_t st = 1;
     for (int i = e->rank - 1; i >= 0; i--) {
@@ -363,7 +348,7 @@ static int64_t norm_rope_part(struct cuda_state *s, int32_t o_i, int32_t norm_i,
     part->s = node_f32(s, o->in[2]);
     part->o = node_f32(s, o_i);
     int64_t cs[IR_MAX_RANK], in_strides[IR_MAX_RANK];
-    broadcast_strides(&s->extent[o->in[1]], eo, cs);
+    ir_extent_broadcast_strides(&s->extent[o->in[1]], eo, cs);
     contiguous_strides(&s->extent[pin], in_strides);
     part->rows = strided_of(eo);
     part->rows.rank = eo->rank - 1;
@@ -697,7 +682,7 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     case IR_OP_ROPE: {
         int64_t d = eo->dims[eo->rank - 1], rows = d ? ir_extent_numel(eo) / d : 0;
         int64_t cs[IR_MAX_RANK];
-        broadcast_strides(&s->extent[n->in[1]], eo, cs);
+        ir_extent_broadcast_strides(&s->extent[n->in[1]], eo, cs);
         struct cu_strided r = strided_of(eo);
         r.rank = eo->rank - 1;
         for (int k = 0; k < r.rank; k++) r.sa[k] = cs[k];
@@ -712,8 +697,8 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
         ba.rank -= 2;
         bb.rank -= 2;
         struct cu_strided b = strided_of(&bo);
-        broadcast_strides(&ba, &bo, b.sa);
-        broadcast_strides(&bb, &bo, b.sb);
+        ir_extent_broadcast_strides(&ba, &bo, b.sa);
+        ir_extent_broadcast_strides(&bb, &bo, b.sb);
         CU_TRY(cu_matmul(st, node_f32(s, n->in[0]), node_f32(s, n->in[1]), node_f32(s, i),
                          ea->dims[ea->rank - 2], ea->dims[ea->rank - 1], eb->dims[eb->rank - 1], &b));
         return LLMOPT_OK;
@@ -734,7 +719,7 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
     }
     case IR_OP_EXPAND: {
         struct cu_strided c = strided_of(eo);
-        broadcast_strides(&s->extent[n->in[0]], eo, c.sa);
+        ir_extent_broadcast_strides(&s->extent[n->in[0]], eo, c.sa);
         CU_TRY(cu_strided_copy(st, node_f32(s, n->in[0]), 0, node_f32(s, i), &c));
         return LLMOPT_OK;
     }
@@ -787,8 +772,8 @@ static enum llmopt_status run_node(struct cuda_state *s, int32_t i, struct llmop
         if (ir_op_is_binary_elementwise(n->op)) {
             const struct ir_extent *ea = &s->extent[n->in[0]], *eb = &s->extent[n->in[1]];
             struct cu_strided c = strided_of(eo);
-            broadcast_strides(ea, eo, c.sa);
-            broadcast_strides(eb, eo, c.sb);
+            ir_extent_broadcast_strides(ea, eo, c.sa);
+            ir_extent_broadcast_strides(eb, eo, c.sb);
             CU_TRY(cu_binary(st, (int)n->op, node_f32(s, n->in[0]), node_f32(s, n->in[1]), node_f32(s, i), &c,
                              extent_eq(ea, eo) && extent_eq(eb, eo)));
             return LLMOPT_OK;
