@@ -4,6 +4,7 @@
 #include "server/srv_request.h"
 
 #include "base/json_kind.h"
+#include "base/utf8.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -48,26 +49,9 @@ bool srv_utf8_valid(const char *str, size_t n) {
             i++;
             continue;
         }
-        size_t len;
-        unsigned char lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
-        if (c >= 0xc2 && c <= 0xdf)
-            len = 2;
-        else if (c == 0xe0)
-            len = 3, lo = 0xa0;
-        else if (c >= 0xe1 && c <= 0xec)
-            len = 3;
-        else if (c == 0xed)
-            len = 3, hi = 0x9f;
-        else if (c >= 0xee && c <= 0xef)
-            len = 3;
-        else if (c == 0xf0)
-            len = 4, lo = 0x90;
-        else if (c >= 0xf1 && c <= 0xf3)
-            len = 4;
-        else if (c == 0xf4)
-            len = 4, hi = 0x8f;
-        else
-            return false;
+        uint8_t lo, hi; /* allowed range of the second byte */
+        const size_t len = (size_t)utf8_lead(c, &lo, &hi);
+        if (len == 0) return false;
         if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return false;
         for (size_t k = 2; k < len; k++)
             if (s[i + k] < 0x80 || s[i + k] > 0xbf) return false;

@@ -3,6 +3,8 @@
  * points. */
 #include "tokenizer/tok_internal.h"
 
+#include "base/utf8.h"
+
 #include <string.h>
 
 /* Calls fn for each text byte of token id (see tok_piece for the rules). */
@@ -138,26 +140,9 @@ static const uint8_t replacement[3] = {0xef, 0xbf, 0xbd}; /* U+FFFD */
  * A byte that breaks the sequence ends it with one U+FFFD and is then read anew. */
 static void utf8_feed(struct stream_out *o, uint8_t b) {
     struct tok_stream *s = o->s;
+    uint8_t lo = 0x80, hi = 0xbf; /* allowed range of the next continuation byte */
     if (s->n_pending) {
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (s->n_pending == 1) {
-            switch (s->pending[0]) {
-            case 0xe0:
-                lo = 0xa0;
-                break;
-            case 0xed:
-                hi = 0x9f;
-                break;
-            case 0xf0:
-                lo = 0x90;
-                break;
-            case 0xf4:
-                hi = 0x8f;
-                break;
-            default:
-                break;
-            }
-        }
+        if (s->n_pending == 1) utf8_lead(s->pending[0], &lo, &hi);
         if (b >= lo && b <= hi) {
             s->pending[s->n_pending++] = b;
             if (s->n_pending == s->n_need) {
@@ -169,12 +154,13 @@ static void utf8_feed(struct stream_out *o, uint8_t b) {
         out_bytes(o, replacement, sizeof replacement);
         s->n_pending = 0;
     }
-    if (b < 0x80) {
+    const int need = b < 0x80 ? 1 : utf8_lead(b, &lo, &hi);
+    if (need == 1) {
         out_bytes(o, &b, 1);
-    } else if (b >= 0xc2 && b <= 0xf4) {
+    } else if (need) {
         s->pending[0] = b;
         s->n_pending = 1;
-        s->n_need = b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4;
+        s->n_need = (uint8_t)need;
     } else {
         out_bytes(o, replacement, sizeof replacement); /* stray continuation or invalid */
     }

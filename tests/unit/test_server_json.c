@@ -88,4 +88,24 @@ static void test_escape_respects_cap(void) {
     srv_buf_free(&b);
 }
 
-TEST_MAIN(test_escape_matches_jansson, test_escape_respects_cap)
+/* Request bodies are checked against Unicode's well-formed sequences (Table 3-7): the
+ * edges of each lead byte's second-byte range, overlongs, surrogates, past U+10FFFF,
+ * bytes that never start a sequence, and sequences cut short. */
+static void test_utf8_valid_edges(void) {
+    static const struct {
+        const char *s;
+        bool ok;
+    } cases[] = {
+        {"plain", true},         {"\xc2\x80", true},          {"\xdf\xbf", true},
+        {"\xc1\xbf", false},     {"\xc0\x80", false},         {"\xe0\xa0\x80", true},
+        {"\xe0\x9f\xbf", false}, {"\xed\x9f\xbf", true},      {"\xed\xa0\x80", false},
+        {"\xef\xbf\xbf", true},  {"\xf0\x90\x80\x80", true}, {"\xf0\x8f\xbf\xbf", false},
+        {"\xf4\x8f\xbf\xbf", true}, {"\xf4\x90\x80\x80", false}, {"\xf5\x80\x80\x80", false},
+        {"\x80", false},         {"\xe6\x97", false},         {"a\xf0\x9f\x98", false},
+        {"\xe6\x97\xa5x", true}, {"\xe6\x41\xa5", false},     {"\xf0\x9f\x98\x80", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK_MSG(srv_utf8_valid(cases[i].s, strlen(cases[i].s)) == cases[i].ok, "case %zu", i);
+}
+
+TEST_MAIN(test_escape_matches_jansson, test_escape_respects_cap, test_utf8_valid_edges)
