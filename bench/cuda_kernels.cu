@@ -674,8 +674,9 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     /* --persist: {persist mode, 0, 0}, each at the default shape */
     const int persist_tunes[][4] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
     /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, evict_first}: the
-     * register kernel, the staged default, with the L2 hint, a 200 KiB ring, 2 / 8 rows */
-    const int tma_tunes[][4] = {{0, 0, 0, -1}, {1, 0, 0, -1}, {1, 0, 0, 1}, {1, 0, 200, -1}, {1, 2, 0, -1}, {1, 8, 0, -1}};
+     * register kernel, the staged default, with the L2 hint, a 200 KiB ring, 8 rows a
+     * tile, both */
+    const int tma_tunes[][4] = {{0, 0, 0, -1}, {1, 0, 0, -1}, {1, 0, 0, 1}, {1, 0, 200, -1}, {1, 8, 0, -1}, {1, 8, 200, -1}};
     const int(*tunes)[4] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : sweep_tma_ab ? tma_tunes : mv_tunes;
     const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0]
                            : sweep_persist_ab ? 3

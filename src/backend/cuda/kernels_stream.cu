@@ -17,7 +17,7 @@
  * each staged tile: a consumer thread takes 16-byte chunks c = t, t + 256, ... of every
  * row of the tile (its x chunk read once for them), warp sums, the 8 warps' partials
  * summed in order by the first rs threads, which write the epilogue (cu_matvec_put; its
- * operands loaded before the tile's dots). */
+ * operands loaded a tile ahead). */
 #include "backend/cuda/cuda_device.cuh"
 
 #include <stdlib.h>
@@ -59,8 +59,11 @@ static __device__ __forceinline__ void ms_bar_init(uint64_t *b, uint32_t count) 
 static __device__ __forceinline__ void ms_expect_tx(uint64_t *b, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ms_addr(b)), "r"(bytes) : "memory");
 }
-static __device__ __forceinline__ void ms_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ms_addr(b)) : "memory");
+/* relaxed: a release arrival would first wait for the thread's outstanding global loads
+ * and stores (the epilogue's), a memory round trip each tile; the stage's shared loads
+ * are complete when it is called (their values summed across the warp) */
+static __device__ __forceinline__ void ms_arrive_relaxed(uint64_t *b) {
+    asm volatile("mbarrier.arrive.relaxed.cta.shared::cta.b64 _, [%0];" ::"r"(ms_addr(b)) : "memory");
 }
 static __device__ __forceinline__ void ms_wait(uint64_t *b, uint32_t parity) {
     uint32_t done;
@@ -85,6 +88,17 @@ static __device__ __forceinline__ void ms_copy(void *dst, const void *src, uint3
                          ms_addr(dst)),
                      "l"(src), "r"(bytes), "r"(ms_addr(bar))
                      : "memory");
+}
+/* float4 elements f0 + ct + u * MS_CT (u < MS_XB) of v[0..K) of consumer thread ct into
+ * registers, all loads in flight (zeros past K / 4) */
+#define MS_XB 4
+static __device__ __forceinline__ void ms_load_x(const float *__restrict__ v, int64_t f0, int64_t K,
+                                                 float4 (&r)[MS_XB]) {
+#pragma unroll
+    for (int u = 0; u < MS_XB; u++) {
+        const int64_t f = f0 + threadIdx.x + u * MS_CT;
+        r[u] = f < K / 4 ? __ldg((const float4 *)v + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
 }
 static __device__ __forceinline__ void ms_consumer_sync(void) {
     asm volatile("bar.sync 1, %0;" ::"r"(MS_CT) : "memory");
@@ -160,26 +174,50 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
     float sc = 1.0f;
     if constexpr (NORM) { /* mv_sumsq's operations and order (the same 256 threads) */
         float ss = 0.0f;
-        for (int64_t f = ct; f < K / 4; f += MS_CT) {
-            const float4 v = __ldg((const float4 *)x + f);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        for (int64_t f0 = 0; f0 < K / 4; f0 += MS_XB * MS_CT) {
+            float4 v[MS_XB];
+            ms_load_x(x, f0, K, v);
+#pragma unroll
+            for (int u = 0; u < MS_XB; u++)
+                if (f0 + ct + u * MS_CT < K / 4) ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
         }
         sc = 1.0f / sqrtf(cu_warps_sum(ss, hd->red, MS_CW, 1) / (float)K + job.seg[0].ep.norm_eps);
     }
-    if constexpr (Q8) {
-        mv_quantize_x_q8(x, NORM ? nw : NULL, sc, K, MS_CT, (uint32_t *)xs, (float *)(xs + K));
-    } else {
-        for (int64_t f = ct; f < K / 4; f += MS_CT) {
-            float4 v = __ldg((const float4 *)x + f);
-            if constexpr (NORM) {
-                const float4 w = __ldg((const float4 *)nw + f);
-                v = make_float4(v.x * sc * w.x, v.y * sc * w.y, v.z * sc * w.z, v.w * sc * w.w);
-            }
-            ((float4 *)xs)[f] = v;
+    /* x (times sc * nw) into shared memory: f32, or int8 by mv_put_x_q8 (the rule and
+     * thread layout of mv_quantize_x_q8) */
+    for (int64_t f0 = 0; f0 < K / 4; f0 += MS_XB * MS_CT) {
+        float4 v[MS_XB], w[MS_XB];
+        ms_load_x(x, f0, K, v);
+        if constexpr (NORM) ms_load_x(nw, f0, K, w);
+#pragma unroll
+        for (int u = 0; u < MS_XB; u++) {
+            if (f0 + u * MS_CT >= K / 4) break; /* uniform: whole warps shuffle */
+            const int64_t f = f0 + ct + u * MS_CT;
+            const bool in = f < K / 4;
+            float4 a = v[u];
+            if constexpr (NORM) a = make_float4(a.x * sc * w[u].x, a.y * sc * w[u].y, a.z * sc * w[u].z, a.w * sc * w[u].w);
+            if constexpr (Q8)
+                mv_put_x_q8(in ? a : make_float4(0.0f, 0.0f, 0.0f, 0.0f), in, f, (uint32_t *)xs, (float *)(xs + K));
+            else if (in)
+                ((float4 *)xs)[f] = a;
         }
     }
     ms_consumer_sync();
     const int64_t n_chunks = Q8 ? K / 16 : K / 8; /* 16-byte chunks a row */
+    /* the epilogue operands of a tile are loaded one tile ahead, so their latency hides
+     * behind a tile's dots (the threads writing the outputs would stall every warp at the
+     * next barrier) */
+    auto epi_load = [&](int64_t t) {
+        struct cu_mv_epi e = {0.0f, 1.0f, 0.0f};
+        if (t < job.n_tiles) {
+            int si, nr;
+            int64_t j0;
+            tile(t, si, j0, nr);
+            if (ct < nr) e = cu_matvec_epi<PAIR>(j0 + ct, 0, job.seg[si].w.rows, job.seg[si].ep);
+        }
+        return e;
+    };
+    struct cu_mv_epi epi_next = epi_load(blockIdx.x);
     int i = 0, buf = 0;
     for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, i++, buf ^= 1) {
         const int s = i % nst;
@@ -191,11 +229,9 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
         for (int w = 0; w < NW; w++)
 #pragma unroll
             for (int r = 0; r < MS_MAX_RS; r++) acc[w][r] = 0.0f;
-        /* the epilogue operands now, so their latency hides behind the tile's dots (the
-         * threads writing the outputs would stall every warp at the next barrier) */
         const struct cu_mv_seg &sg = job.seg[si];
-        struct cu_mv_epi epi = {0.0f, 1.0f, 0.0f};
-        if (ct < nr) epi = cu_matvec_epi<PAIR>(j0 + ct, 0, sg.w.rows, sg.ep);
+        const struct cu_mv_epi epi = epi_next;
+        epi_next = epi_load(t + gridDim.x);
         ms_wait(&hd->full[s], (uint32_t)((i / nst) & 1));
         const uint8_t *stg = ring + (size_t)s * job.stage_bytes;
         for (int64_t c = ct; c < n_chunks; c += MS_CT) {
@@ -231,8 +267,6 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
                 }
             }
         }
-        __syncwarp();
-        if (lane == 0) ms_arrive(&hd->empty[s]); /* the stage is read: the producer may refill it */
 #pragma unroll
         for (int w = 0; w < NW; w++)
 #pragma unroll
@@ -241,6 +275,7 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
                     const float v = cu_warp_sum(acc[w][r]);
                     if (lane == 0) hd->part[buf][warp][w * MS_MAX_RS + r] = v;
                 }
+        if (lane == 0) ms_arrive_relaxed(&hd->empty[s]); /* the stage is read: the producer may refill it */
         ms_consumer_sync(); /* (part is double-buffered: tile i + 2 writes it after tile i + 1's barrier) */
         if (ct < nr) {
             float g = 0.0f, u = 0.0f;
