@@ -18,7 +18,7 @@
  * several times the L2. q8_0 matvecs run with each x mode (cu_matvec_q8_x). Usage:
  *   6. (--decode-attention) one decode token's attention (8B and 0.6B shapes, f32 and
  *      f16 KV): the warp kernel against the cluster kernel at several launch shapes.
- * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE [JOB]]] | --persist [TYPE] | --tma [TYPE] |
+ * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE [JOB]]] | --persist [TYPE] | --tma [TYPE [JOB]] |
  *                     --attention | --decode-attention];
  * --sweep times the 8B and 0.6B decode launch shapes at every matvec launch shape
  * (cu_matvec_tune) instead, --persist those launches with and without persistent
@@ -673,10 +673,10 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     const int kq_tunes[][4] = {{0, 0, 0}, {1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}};
     /* --persist: {persist mode, 0, 0}, each at the default shape */
     const int persist_tunes[][4] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
-    /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, evict_first}: the
-     * register kernel, the staged default, with the L2 hint, a 200 KiB ring, 8 rows a
-     * tile, both */
-    const int tma_tunes[][4] = {{0, 0, 0, -1}, {1, 0, 0, -1}, {1, 0, 0, 1}, {1, 0, 200, -1}, {1, 8, 0, -1}, {1, 8, 200, -1}};
+    /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, wait mode}: the
+     * register kernel; the staged default, with spin waits, with a suspend hint; 8 rows
+     * a tile in a 200 KiB ring, with spin waits */
+    const int tma_tunes[][4] = {{0, 0, 0, -1}, {1, 0, 0, -1}, {1, 0, 0, 1}, {1, 0, 0, 2}, {1, 8, 200, -1}, {1, 8, 200, 1}};
     const int(*tunes)[4] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : sweep_tma_ab ? tma_tunes : mv_tunes;
     const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0]
                            : sweep_persist_ab ? 3
@@ -693,7 +693,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
             cu_matvec_persist(tunes[t][0], 0);
         else if (sweep_tma_ab) {
             cu_matvec_tma(tunes[t][0]);
-            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], 0, tunes[t][3], 0);
+            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], 0, -1, 0, tunes[t][3]);
         } else
             cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4)); /* NaN: every output must be written */
@@ -728,7 +728,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         if (sweep_persist_ab)
             printf("persist %2d ", tunes[t][0]);
         if (sweep_tma_ab)
-            printf("%s rs %d smem %3d ev %2d ", tunes[t][0] ? "tma" : "reg", tunes[t][1], tunes[t][2], tunes[t][3]);
+            printf("%s rs %d smem %3d wait %2d ", tunes[t][0] ? "tma" : "reg", tunes[t][1], tunes[t][2], tunes[t][3]);
         printf("sweep %-34s %-5s%s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
                dtype_name(dtype), dtype == CU_Q8_0 ? q8_x_names[q8x + 1] : "", tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs,
                100 * gbs / copy_gbs, worst, ok ? "ok" : "FAIL");
@@ -741,7 +741,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     cu_matvec_persist(-1, 0);
     cu_kq_tune(0, 0, 0);
     cu_matvec_tma(-1);
-    cu_matvec_tma_tune(0, 0, 0, -1, 0);
+    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1);
     for (void *m : mem) CHECK_CUDA(cudaFree(m));
     CHECK_CUDA(cudaFree(x));
     CHECK_CUDA(cudaFree(y));
@@ -880,10 +880,10 @@ static bool bench_chain(int dtype, int heads, int64_t n_out) {
     return ok;
 }
 
-/* --tma [bf16|q8_0]: the 8B and 0.6B decode launches, register kernel against the staged
- * one at its launch shapes (sweep_job with tma_tunes; q8_0 with int8 x for both), then
- * the chained rows. */
-static int tma_ab(double copy_gbs, const char *only) {
+/* --tma [bf16|q8_0 [JOB]]: the 8B and 0.6B decode launches, register kernel against the
+ * staged one at its launch shapes (sweep_job with tma_tunes; q8_0 with int8 x for both),
+ * then the chained rows; JOB: only the launches whose name begins with it, no chains. */
+static int tma_ab(double copy_gbs, const char *only, const char *job) {
     const struct mv_job_shape jobs[] = {
         {"attn_o 4096x4096", 1, {4096}, 4096, false, false},
         {"ffn_down 4096x12288", 1, {4096}, 12288, false, false},
@@ -900,10 +900,12 @@ static int tma_ab(double copy_gbs, const char *only) {
     bool ok = true;
     for (int dtype : {CU_BF16, CU_Q8_0})
         if (!only || !strcmp(only, dtype_name(dtype)))
-            for (const auto &js : jobs) ok = sweep_job(dtype, js, copy_gbs, dtype == CU_Q8_0 ? 1 : 0) && ok;
+            for (const auto &js : jobs)
+                if (!job || !strncmp(js.what, job, strlen(job)))
+                    ok = sweep_job(dtype, js, copy_gbs, dtype == CU_Q8_0 ? 1 : 0) && ok;
     sweep_tma_ab = false;
     for (int dtype : {CU_BF16, CU_Q8_0})
-        if (!only || !strcmp(only, dtype_name(dtype))) {
+        if ((!only || !strcmp(only, dtype_name(dtype))) && !job) {
             ok = bench_chain(dtype, 32, 4096) && ok;
             ok = bench_chain(dtype, 16, 1024) && ok;
         }
@@ -924,7 +926,7 @@ int main(int argc, char **argv) {
     printf("device-to-device copy: %.1f GB/s (read + write, 2 GiB, median of 10)\n\n", copy_gbs);
     if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : -1, argc > 4 ? argv[4] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--persist")) return persist_ab(copy_gbs, argc > 2 ? argv[2] : NULL);
-    if (argc > 1 && !strcmp(argv[1], "--tma")) return tma_ab(copy_gbs, argc > 2 ? argv[2] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "--tma")) return tma_ab(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--decode-attention")) /* 8B decode attention at several split counts */
     {
         bool ok = true;

@@ -129,9 +129,10 @@ extern "C" void cu_matvec_tma(int mode); /* 0 off, 1 on, else the default; C: te
  * tile (1, 2, 4, 8; default the most that leave 4 stages), dynamic shared memory a
  * block in KiB (8..227; default 110: two blocks an SM), blocks an SM (1..4; default
  * 1), the L2::evict_first hint on weight copies (0/1; default off), blocks a launch at
- * most (tests: many tiles a block; 0 no cap). */
+ * most (tests: many tiles a block; 0 no cap), how the ring's barriers are waited on
+ * (0 try_wait, 1 test_wait spin, 2 try_wait with a suspend-time hint; default 0). */
 extern "C" void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first,
-                                   int max_blocks);
+                                   int max_blocks, int wait);
 /* The K-quant matvec behind cu_matvec (kernels_kquant.cu) with its knobs open for the
  * kernel lab: output rows per warp nr (0: the default; int8 mode on q4_K/q6_K: 1 or 2,
  * 4 taken as 2; otherwise 1, 2 or 4) and how x is read, xm: 0 f32 from global memory,

@@ -41,6 +41,7 @@ struct ms_job {
     uint32_t stage_bytes;          /* stage stride (a multiple of 128) */
     uint32_t ring_off;             /* the ring's offset in dynamic shared memory */
     int evict_first;               /* L2::evict_first hint on the weight copies */
+    int wait;                      /* ms_wait's mode */
 };
 
 /* The start of the dynamic shared memory; x follows it, then the ring at ring_off. */
@@ -65,14 +66,31 @@ static __device__ __forceinline__ void ms_expect_tx(uint64_t *b, uint32_t bytes)
 static __device__ __forceinline__ void ms_arrive_relaxed(uint64_t *b) {
     asm volatile("mbarrier.arrive.relaxed.cta.shared::cta.b64 _, [%0];" ::"r"(ms_addr(b)) : "memory");
 }
-static __device__ __forceinline__ void ms_wait(uint64_t *b, uint32_t parity) {
+/* Waits for the phase of parity `parity` of b to complete. mode (ms_tune.wait): 0
+ * try_wait (the thread may be suspended until the phase completes or a
+ * system-dependent time limit), 1 test_wait (a spin, never suspended), 2 try_wait
+ * with a 10 ms suspend-time hint. */
+static __device__ __forceinline__ void ms_wait(uint64_t *b, uint32_t parity, int mode) {
     uint32_t done;
     do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(ms_addr(b)), "r"(parity)
-                     : "memory");
+        if (mode == 1)
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done)
+                         : "r"(ms_addr(b)), "r"(parity)
+                         : "memory");
+        else if (mode == 2)
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done)
+                         : "r"(ms_addr(b)), "r"(parity), "r"(10000000u)
+                         : "memory");
+        else
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done)
+                         : "r"(ms_addr(b)), "r"(parity)
+                         : "memory");
     } while (!done);
 }
 /* bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on bar */
@@ -148,7 +166,7 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
         int i = 0;
         for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, i++) {
             const int s = i % nst;
-            if (i >= nst) ms_wait(&hd->empty[s], (uint32_t)((i / nst - 1) & 1));
+            if (i >= nst) ms_wait(&hd->empty[s], (uint32_t)((i / nst - 1) & 1), job.wait);
             int si, nr;
             int64_t j0;
             tile(t, si, j0, nr);
@@ -232,7 +250,7 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
         const struct cu_mv_seg &sg = job.seg[si];
         const struct cu_mv_epi epi = epi_next;
         epi_next = epi_load(t + gridDim.x);
-        ms_wait(&hd->full[s], (uint32_t)((i / nst) & 1));
+        ms_wait(&hd->full[s], (uint32_t)((i / nst) & 1), job.wait);
         const uint8_t *stg = ring + (size_t)s * job.stage_bytes;
         for (int64_t c = ct; c < n_chunks; c += MS_CT) {
             if constexpr (Q8) {
@@ -292,19 +310,21 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
 
 static int ms_mode = -2; /* -2: $LLMOPT_CUDA_MV_TMA not read yet; -1 the default */
 static struct {
-    int rs, smem_kb, blocks_per_sm, evict_first, max_blocks;
-} ms_tune = {0, 0, 0, -1, 0};
+    int rs, smem_kb, blocks_per_sm, evict_first, max_blocks, wait;
+} ms_tune = {0, 0, 0, -1, 0, -1};
 
 extern "C" void cu_matvec_tma(int mode) {
     ms_mode = mode == 0 || mode == 1 ? mode : -1;
 }
 
-extern "C" void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first, int max_blocks) {
+extern "C" void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first, int max_blocks,
+                                   int wait) {
     ms_tune.rs = rows_per_tile == 1 || rows_per_tile == 2 || rows_per_tile == 4 || rows_per_tile == 8 ? rows_per_tile : 0;
     ms_tune.smem_kb = smem_kb >= 8 && smem_kb <= (MS_SMEM_MAX >> 10) ? smem_kb : 0;
     ms_tune.blocks_per_sm = blocks_per_sm >= 1 && blocks_per_sm <= 4 ? blocks_per_sm : 0;
     ms_tune.evict_first = evict_first == 0 || evict_first == 1 ? evict_first : -1;
     ms_tune.max_blocks = max_blocks > 0 ? max_blocks : 0;
+    ms_tune.wait = wait >= 0 && wait <= 2 ? wait : -1;
 }
 
 bool cu_matvec_tma_on(void) {
@@ -313,6 +333,17 @@ bool cu_matvec_tma_on(void) {
         cu_matvec_tma(e && *e ? atoi(e) : -1);
     }
     return ms_mode == 1; /* the default: off */
+}
+
+/* ms_wait's mode when cu_matvec_tma_tune sets none: $LLMOPT_CUDA_MV_TMA_WAIT (0..2,
+ * read once), default 0 */
+static int ms_wait_default(void) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("LLMOPT_CUDA_MV_TMA_WAIT");
+        mode = e && *e >= '0' && *e <= '2' && !e[1] ? *e - '0' : 0;
+    }
+    return mode;
 }
 
 static bool ms_aligned(const void *p) {
@@ -381,6 +412,7 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
     job.stage_bytes = (uint32_t)stage;
     job.ring_off = (uint32_t)ring_off;
     job.evict_first = ms_tune.evict_first == 1;
+    job.wait = ms_tune.wait >= 0 ? ms_tune.wait : ms_wait_default();
     for (int k = 0; k < n_seg; k++) {
         job.n_tiles += (segs[k].w.rows + rs - 1) / rs;
         job.t_end[k] = job.n_tiles;
