@@ -666,18 +666,20 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         }
         return d;
     };
-    const int mv_tunes[][4] = {{0, 0, 0},  {1, 4, 0},  {1, 8, 0},  {1, 16, 0}, {2, 4, 0},  {2, 8, 0},
+    const int mv_tunes[][8] = {{0, 0, 0},  {1, 4, 0},  {1, 8, 0},  {1, 16, 0}, {2, 4, 0},  {2, 8, 0},
                                {2, 16, 0}, {4, 4, 0},  {4, 8, 0},  {4, 16, 0}, {1, 8, 16384}, {2, 8, 16384},
                                {1, 16, 16384}, {2, 16, 16384}, {4, 8, 16384}};
     /* K-quants: rows a warp (0 the default), next loads in flight (1 yes, 2 no), blocks an SM (0 as many as fit) */
-    const int kq_tunes[][4] = {{0, 0, 0}, {1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}};
+    const int kq_tunes[][8] = {{0, 0, 0}, {1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}};
     /* --persist: {persist mode, 0, 0}, each at the default shape */
-    const int persist_tunes[][4] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
-    /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, wait mode}: the
-     * register kernel; the staged default, with spin waits, with a suspend hint; 8 rows
-     * a tile in a 200 KiB ring, with spin waits */
-    const int tma_tunes[][4] = {{0, 0, 0, -1}, {1, 0, 0, -1}, {1, 0, 0, 1}, {1, 0, 0, 2}, {1, 8, 200, -1}, {1, 8, 200, 1}};
-    const int(*tunes)[4] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : sweep_tma_ab ? tma_tunes : mv_tunes;
+    const int persist_tunes[][8] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
+    /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, wait mode, blocks an
+     * SM, producer lanes, a copy a row}: the register kernel; the staged default; 8 rows
+     * a tile in a 200 KiB ring; two blocks an SM of 100 KiB; 4 producer lanes; a copy a
+     * row; 8 rows in 200 KiB with 2 producers */
+    const int tma_tunes[][8] = {{0}, {1, 0, 0, -1, 0, 1, 0}, {1, 8, 200, -1, 0, 1, 0}, {1, 0, 100, -1, 2, 1, 0},
+                                {1, 0, 0, -1, 0, 4, 0}, {1, 0, 0, -1, 0, 1, 1}, {1, 8, 200, -1, 0, 2, 0}};
+    const int(*tunes)[8] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : sweep_tma_ab ? tma_tunes : mv_tunes;
     const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0]
                            : sweep_persist_ab ? 3
                            : sweep_tma_ab     ? sizeof tma_tunes / sizeof tma_tunes[0]
@@ -693,7 +695,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
             cu_matvec_persist(tunes[t][0], 0);
         else if (sweep_tma_ab) {
             cu_matvec_tma(tunes[t][0]);
-            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], 0, -1, 0, tunes[t][3]);
+            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], tunes[t][4], -1, 0, tunes[t][3], tunes[t][5], tunes[t][6]);
         } else
             cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4)); /* NaN: every output must be written */
@@ -728,7 +730,8 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         if (sweep_persist_ab)
             printf("persist %2d ", tunes[t][0]);
         if (sweep_tma_ab)
-            printf("%s rs %d smem %3d wait %2d ", tunes[t][0] ? "tma" : "reg", tunes[t][1], tunes[t][2], tunes[t][3]);
+            printf("%s rs %d smem %3d bps %d prod %d rowcp %d ", tunes[t][0] ? "tma" : "reg", tunes[t][1], tunes[t][2],
+                   tunes[t][4], tunes[t][5], tunes[t][6]);
         printf("sweep %-34s %-5s%s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
                dtype_name(dtype), dtype == CU_Q8_0 ? q8_x_names[q8x + 1] : "", tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs,
                100 * gbs / copy_gbs, worst, ok ? "ok" : "FAIL");
@@ -741,7 +744,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     cu_matvec_persist(-1, 0);
     cu_kq_tune(0, 0, 0);
     cu_matvec_tma(-1);
-    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1);
+    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1, 1, 0);
     for (void *m : mem) CHECK_CUDA(cudaFree(m));
     CHECK_CUDA(cudaFree(x));
     CHECK_CUDA(cudaFree(y));

@@ -42,6 +42,8 @@ struct ms_job {
     uint32_t ring_off;             /* the ring's offset in dynamic shared memory */
     int evict_first;               /* L2::evict_first hint on the weight copies */
     int wait;                      /* ms_wait's mode */
+    int producers;                 /* producer lanes (nst a multiple of it) */
+    int row_copies;                /* a bulk copy a row instead of one a tile */
 };
 
 /* The start of the dynamic shared memory; x follows it, then the ring at ring_off. */
@@ -159,28 +161,35 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
         const int64_t left = job.seg[si].w.rows - j0;
         nr = left < job.rs ? (int)left : job.rs;
     };
-    if (warp == MS_CW) { /* the producer: weights only, so before the PDL wait */
-        if (lane != 0) return;
+    if (warp == MS_CW) { /* the producers: weights only, so before the PDL wait */
+        if (lane >= job.producers) return; /* lane p fills the stages s % producers == p */
         uint64_t policy = 0;
         if (job.evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        int i = 0;
-        for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, i++) {
+        int i = lane;
+        for (int64_t t = blockIdx.x + (int64_t)lane * gridDim.x; t < job.n_tiles;
+             t += (int64_t)job.producers * gridDim.x, i += job.producers) {
             const int s = i % nst;
             if (i >= nst) ms_wait(&hd->empty[s], (uint32_t)((i / nst - 1) & 1), job.wait);
             int si, nr;
             int64_t j0;
             tile(t, si, j0, nr);
-            const uint32_t qb = (uint32_t)nr * row_bytes, sb = (uint32_t)nr * sc_bytes;
             uint8_t *stg = ring + (size_t)s * job.stage_bytes;
-            ms_expect_tx(&hd->full[s], NW * (qb + sb));
+            ms_expect_tx(&hd->full[s], NW * (uint32_t)nr * (row_bytes + sc_bytes));
+            /* the tile's rows in one copy (and its scales in another), or a copy a row */
+            const int pieces = job.row_copies ? nr : 1, prow = job.row_copies ? 1 : nr;
 #pragma unroll
             for (int w = 0; w < NW; w++) {
                 const struct cu_weight &wt = w ? job.up : job.seg[si].w;
                 uint8_t *dst = stg + (size_t)w * w_bytes;
-                ms_copy(dst, (const uint8_t *)wt.data + (size_t)j0 * row_bytes, qb, &hd->full[s], policy, job.evict_first);
-                if (Q8)
-                    ms_copy(dst + (size_t)job.rs * row_bytes, (const uint8_t *)wt.scales + (size_t)j0 * sc_bytes, sb,
-                            &hd->full[s], policy, job.evict_first);
+                for (int k = 0; k < pieces; k++) {
+                    const int64_t r0 = j0 + (int64_t)k * prow;
+                    ms_copy(dst + (size_t)k * prow * row_bytes, (const uint8_t *)wt.data + (size_t)r0 * row_bytes,
+                            (uint32_t)prow * row_bytes, &hd->full[s], policy, job.evict_first);
+                    if (Q8)
+                        ms_copy(dst + (size_t)job.rs * row_bytes + (size_t)k * prow * sc_bytes,
+                                (const uint8_t *)wt.scales + (size_t)r0 * sc_bytes, (uint32_t)prow * sc_bytes,
+                                &hd->full[s], policy, job.evict_first);
+                }
             }
         }
         return;
@@ -310,21 +319,39 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
 
 static int ms_mode = -2; /* -2: $LLMOPT_CUDA_MV_TMA not read yet; -1 the default */
 static struct {
-    int rs, smem_kb, blocks_per_sm, evict_first, max_blocks, wait;
-} ms_tune = {0, 0, 0, -1, 0, -1};
+    bool set; /* by cu_matvec_tma_tune, or $LLMOPT_CUDA_MV_TMA_TUNE read */
+    int rs, smem_kb, blocks_per_sm, evict_first, max_blocks, wait, producers, row_copies;
+} ms_tune;
 
 extern "C" void cu_matvec_tma(int mode) {
     ms_mode = mode == 0 || mode == 1 ? mode : -1;
 }
 
 extern "C" void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first, int max_blocks,
-                                   int wait) {
+                                   int wait, int producers, int row_copies) {
+    ms_tune.set = true;
     ms_tune.rs = rows_per_tile == 1 || rows_per_tile == 2 || rows_per_tile == 4 || rows_per_tile == 8 ? rows_per_tile : 0;
     ms_tune.smem_kb = smem_kb >= 8 && smem_kb <= (MS_SMEM_MAX >> 10) ? smem_kb : 0;
     ms_tune.blocks_per_sm = blocks_per_sm >= 1 && blocks_per_sm <= 4 ? blocks_per_sm : 0;
-    ms_tune.evict_first = evict_first == 0 || evict_first == 1 ? evict_first : -1;
+    ms_tune.evict_first = evict_first == 1;
     ms_tune.max_blocks = max_blocks > 0 ? max_blocks : 0;
-    ms_tune.wait = wait >= 0 && wait <= 2 ? wait : -1;
+    ms_tune.wait = wait >= 0 && wait <= 2 ? wait : 0;
+    ms_tune.producers = producers == 2 || producers == 4 ? producers : 1;
+    ms_tune.row_copies = row_copies == 1;
+}
+
+/* $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,producers,row_copies (model A/B;
+ * read once, unless cu_matvec_tma_tune came first) */
+static void ms_tune_read(void) {
+    if (ms_tune.set) return;
+    int v[6] = {0, 0, 0, -1, 1, 0};
+    const char *e = getenv("LLMOPT_CUDA_MV_TMA_TUNE");
+    for (int k = 0; e && *e && k < 6; k++) {
+        v[k] = atoi(e);
+        e = strchr(e, ',');
+        if (e) e++;
+    }
+    cu_matvec_tma_tune(v[0], v[1], v[2], -1, 0, v[3], v[4], v[5]);
 }
 
 bool cu_matvec_tma_on(void) {
@@ -333,17 +360,6 @@ bool cu_matvec_tma_on(void) {
         cu_matvec_tma(e && *e ? atoi(e) : -1);
     }
     return ms_mode == 1; /* the default: off */
-}
-
-/* ms_wait's mode when cu_matvec_tma_tune sets none: $LLMOPT_CUDA_MV_TMA_WAIT (0..2,
- * read once), default 0 */
-static int ms_wait_default(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("LLMOPT_CUDA_MV_TMA_WAIT");
-        mode = e && *e >= '0' && *e <= '2' && !e[1] ? *e - '0' : 0;
-    }
-    return mode;
 }
 
 static bool ms_aligned(const void *p) {
@@ -397,6 +413,7 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
     const size_t x_bytes = dt == CU_Q8_0 ? (size_t)K + (size_t)K / 8 : 4 * (size_t)K;
     const size_t ring_off = (sizeof(struct ms_head) + x_bytes + 127) & ~(size_t)127;
     if (ring_off + 2 * ((unit + 127) & ~(size_t)127) > MS_SMEM_MAX) return cudaErrorNotSupported;
+    ms_tune_read();
     size_t budget = ms_tune.smem_kb ? (size_t)ms_tune.smem_kb << 10 : MS_SMEM_DEFAULT;
     if (budget > MS_SMEM_MAX) budget = MS_SMEM_MAX;
     const size_t ring = budget > ring_off + 2 * ((unit + 127) & ~(size_t)127) ? budget - ring_off
@@ -407,12 +424,17 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
     const size_t stage = (rs * unit + 127) & ~(size_t)127;
     int nst = (int)(ring / stage);
     if (nst > MS_MAX_STAGES) nst = MS_MAX_STAGES;
+    int producers = ms_tune.producers;
+    while (producers > nst) producers /= 2;
+    nst -= nst % producers; /* each producer lane its own stages */
     job.rs = rs;
     job.n_stages = nst;
     job.stage_bytes = (uint32_t)stage;
     job.ring_off = (uint32_t)ring_off;
-    job.evict_first = ms_tune.evict_first == 1;
-    job.wait = ms_tune.wait >= 0 ? ms_tune.wait : ms_wait_default();
+    job.evict_first = ms_tune.evict_first;
+    job.wait = ms_tune.wait;
+    job.producers = producers;
+    job.row_copies = ms_tune.row_copies;
     for (int k = 0; k < n_seg; k++) {
         job.n_tiles += (segs[k].w.rows + rs - 1) / rs;
         job.t_end[k] = job.n_tiles;
