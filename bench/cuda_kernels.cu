@@ -675,10 +675,9 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     const int persist_tunes[][8] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
     /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, wait mode, blocks an
      * SM, producer lanes, a copy a row}: the register kernel; the staged default; 8 rows
-     * a tile in a 200 KiB ring; two blocks an SM of 100 KiB; 4 producer lanes; a copy a
-     * row; 8 rows in 200 KiB with 2 producers */
+     * a tile in a 200 KiB ring; two blocks an SM of 100 KiB; the default with spin waits */
     const int tma_tunes[][8] = {{0}, {1, 0, 0, -1, 0, 1, 0}, {1, 8, 200, -1, 0, 1, 0}, {1, 0, 100, -1, 2, 1, 0},
-                                {1, 0, 0, -1, 0, 4, 0}, {1, 0, 0, -1, 0, 1, 1}, {1, 8, 200, -1, 0, 2, 0}};
+                                {1, 0, 0, 1, 0, 1, 0}};
     const int(*tunes)[8] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : sweep_tma_ab ? tma_tunes : mv_tunes;
     const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0]
                            : sweep_persist_ab ? 3
@@ -730,8 +729,8 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         if (sweep_persist_ab)
             printf("persist %2d ", tunes[t][0]);
         if (sweep_tma_ab)
-            printf("%s rs %d smem %3d bps %d prod %d rowcp %d ", tunes[t][0] ? "tma" : "reg", tunes[t][1], tunes[t][2],
-                   tunes[t][4], tunes[t][5], tunes[t][6]);
+            printf("%s rs %d smem %3d bps %d wait %2d ", tunes[t][0] ? "tma" : "reg", tunes[t][1], tunes[t][2],
+                   tunes[t][4], tunes[t][3]);
         printf("sweep %-34s %-5s%s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
                dtype_name(dtype), dtype == CU_Q8_0 ? q8_x_names[q8x + 1] : "", tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs,
                100 * gbs / copy_gbs, worst, ok ? "ok" : "FAIL");

@@ -13,11 +13,15 @@
  * block is resident while the kernel before it still runs, and its first tiles stream
  * in meanwhile. After the wait the consumers stage x in shared memory (bf16: f32, after
  * the rms_norm prologue when set; q8_0: int8 and a scale per 32, the rule of
- * mv_quantize_x_q8, so the same int8 x as the register kernel's int8 mode), then dot
- * each staged tile: a consumer thread takes 16-byte chunks c = t, t + 256, ... of every
- * row of the tile (its x chunk read once for them), warp sums, the 8 warps' partials
- * summed in order by the first rs threads, which write the epilogue (cu_matvec_put; its
- * operands loaded a tile ahead). */
+ * mv_quantize_x_q8, so the same int8 x as the register kernel's int8 mode). Each
+ * consumer warp then owns whole rows (row r of the block's k-th tile: warp
+ * (k * rs + r) % 8): its lanes dot 16-byte chunks c = lane, lane + 32, ... with x,
+ * a warp sum, and lane 0 writes the epilogue (cu_matvec_put; its operands loaded
+ * before the stage wait). Warps are not synchronized with each other, only through the
+ * ring: each waits for every stage and releases it.
+ *
+ * Measured on the H200 (bench/results/cuda-tma-2026-11-30.md): slower than the register
+ * kernel in every decode launch and model, so off by default (LLMOPT_CUDA_MV_TMA=1). */
 #include "backend/cuda/cuda_device.cuh"
 
 #include <stdlib.h>
@@ -49,7 +53,6 @@ struct ms_job {
 /* The start of the dynamic shared memory; x follows it, then the ring at ring_off. */
 struct ms_head {
     uint64_t full[MS_MAX_STAGES], empty[MS_MAX_STAGES];
-    float part[2][MS_CW][2 * MS_MAX_RS]; /* warp sums of a tile, double-buffered */
     float red[32];
 };
 
@@ -63,8 +66,8 @@ static __device__ __forceinline__ void ms_expect_tx(uint64_t *b, uint32_t bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ms_addr(b)), "r"(bytes) : "memory");
 }
 /* relaxed: a release arrival would first wait for the thread's outstanding global loads
- * and stores (the epilogue's), a memory round trip each tile; the stage's shared loads
- * are complete when it is called (their values summed across the warp) */
+ * and stores (the epilogue's); the stage's shared loads are complete when it is called
+ * (their values summed across the warp) */
 static __device__ __forceinline__ void ms_arrive_relaxed(uint64_t *b) {
     asm volatile("mbarrier.arrive.relaxed.cta.shared::cta.b64 _, [%0];" ::"r"(ms_addr(b)) : "memory");
 }
@@ -231,87 +234,58 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
     }
     ms_consumer_sync();
     const int64_t n_chunks = Q8 ? K / 16 : K / 8; /* 16-byte chunks a row */
-    /* the epilogue operands of a tile are loaded one tile ahead, so their latency hides
-     * behind a tile's dots (the threads writing the outputs would stall every warp at the
-     * next barrier) */
-    auto epi_load = [&](int64_t t) {
-        struct cu_mv_epi e = {0.0f, 1.0f, 0.0f};
-        if (t < job.n_tiles) {
-            int si, nr;
-            int64_t j0;
-            tile(t, si, j0, nr);
-            if (ct < nr) e = cu_matvec_epi<PAIR>(j0 + ct, 0, job.seg[si].w.rows, job.seg[si].ep);
-        }
-        return e;
-    };
-    struct cu_mv_epi epi_next = epi_load(blockIdx.x);
-    int i = 0, buf = 0;
-    for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, i++, buf ^= 1) {
-        const int s = i % nst;
+    /* Every warp waits for every stage and releases it (one arrival each), but owns
+     * whole rows: slot k * rs + r (row r of the block's k-th tile) belongs to warp
+     * (k * rs + r) % MS_CW, at most one row a tile (rs <= MS_CW). No barrier between
+     * warps: each runs ahead as far as the filled stages let it, so the latencies of
+     * one row's chain (stage wait, dots, warp sum, epilogue) overlap across warps. */
+    const int rs = job.rs;
+    int k = 0;
+    for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, k++) {
+        const int s = k % nst;
+        const int r = warp - (int)(((int64_t)k * rs) % MS_CW); /* this warp's row of the tile, if in [0, nr) */
         int si, nr;
         int64_t j0;
         tile(t, si, j0, nr);
-        float acc[NW][MS_MAX_RS];
-#pragma unroll
-        for (int w = 0; w < NW; w++)
-#pragma unroll
-            for (int r = 0; r < MS_MAX_RS; r++) acc[w][r] = 0.0f;
+        const bool mine = r >= 0 && r < nr; /* warp-uniform */
         const struct cu_mv_seg &sg = job.seg[si];
-        const struct cu_mv_epi epi = epi_next;
-        epi_next = epi_load(t + gridDim.x);
-        ms_wait(&hd->full[s], (uint32_t)((i / nst) & 1), job.wait);
-        const uint8_t *stg = ring + (size_t)s * job.stage_bytes;
-        for (int64_t c = ct; c < n_chunks; c += MS_CT) {
-            if constexpr (Q8) {
-                const uint4 xv = ((const uint4 *)xs)[c];
-                const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
-                const float xd = ((const float *)(xs + K))[c / 2];
+        struct cu_mv_epi epi = {0.0f, 1.0f, 0.0f};
+        if (mine && lane == 0) epi = cu_matvec_epi<PAIR>(j0 + r, 0, sg.w.rows, sg.ep); /* in flight during the dots */
+        ms_wait(&hd->full[s], (uint32_t)((k / nst) & 1), job.wait);
+        float acc[NW] = {};
+        if (mine) {
+            const uint8_t *stg = ring + (size_t)s * job.stage_bytes;
+#pragma unroll 4
+            for (int64_t c = lane; c < n_chunks; c += CU_WARP) {
+                if constexpr (Q8) {
+                    const uint4 xv = ((const uint4 *)xs)[c];
+                    const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
+                    const float xd = ((const float *)(xs + K))[c / 2];
 #pragma unroll
-                for (int w = 0; w < NW; w++) {
-                    const uint8_t *q = stg + (size_t)w * w_bytes;
-                    const uint16_t *scl = (const uint16_t *)(q + (size_t)job.rs * row_bytes);
+                    for (int w = 0; w < NW; w++) {
+                        const uint8_t *q = stg + (size_t)w * w_bytes;
+                        const uint16_t *scl = (const uint16_t *)(q + (size_t)rs * row_bytes);
+                        const uint4 raw = ((const uint4 *)(q + (size_t)r * row_bytes))[c];
+                        acc[w] += (float)mv_dot16(raw, xq) * (cu_f16(scl[(size_t)r * (K / 32) + c / 2]) * xd);
+                    }
+                } else {
+                    const float4 x0 = ((const float4 *)xs)[2 * c], x1 = ((const float4 *)xs)[2 * c + 1];
 #pragma unroll
-                    for (int r = 0; r < MS_MAX_RS; r++)
-                        if (r < nr) {
-                            const uint4 raw = ((const uint4 *)(q + (size_t)r * row_bytes))[c];
-                            acc[w][r] += (float)mv_dot16(raw, xq) * (cu_f16(scl[(size_t)r * (K / 32) + c / 2]) * xd);
-                        }
-                }
-            } else {
-                const float4 x0 = ((const float4 *)xs)[2 * c], x1 = ((const float4 *)xs)[2 * c + 1];
-#pragma unroll
-                for (int w = 0; w < NW; w++) {
-                    const uint8_t *q = stg + (size_t)w * w_bytes;
-#pragma unroll
-                    for (int r = 0; r < MS_MAX_RS; r++)
-                        if (r < nr) {
-                            const uint4 u = ((const uint4 *)(q + (size_t)r * row_bytes))[c];
-                            acc[w][r] += __uint_as_float(u.x << 16) * x0.x + __uint_as_float(u.x & 0xffff0000u) * x0.y +
-                                         __uint_as_float(u.y << 16) * x0.z + __uint_as_float(u.y & 0xffff0000u) * x0.w +
-                                         __uint_as_float(u.z << 16) * x1.x + __uint_as_float(u.z & 0xffff0000u) * x1.y +
-                                         __uint_as_float(u.w << 16) * x1.z + __uint_as_float(u.w & 0xffff0000u) * x1.w;
-                        }
+                    for (int w = 0; w < NW; w++) {
+                        const uint4 u = ((const uint4 *)(stg + (size_t)w * w_bytes + (size_t)r * row_bytes))[c];
+                        acc[w] += __uint_as_float(u.x << 16) * x0.x + __uint_as_float(u.x & 0xffff0000u) * x0.y +
+                                  __uint_as_float(u.y << 16) * x0.z + __uint_as_float(u.y & 0xffff0000u) * x0.w +
+                                  __uint_as_float(u.z << 16) * x1.x + __uint_as_float(u.z & 0xffff0000u) * x1.y +
+                                  __uint_as_float(u.w << 16) * x1.z + __uint_as_float(u.w & 0xffff0000u) * x1.w;
+                    }
                 }
             }
+#pragma unroll
+            for (int w = 0; w < NW; w++) acc[w] = cu_warp_sum(acc[w]);
         }
-#pragma unroll
-        for (int w = 0; w < NW; w++)
-#pragma unroll
-            for (int r = 0; r < MS_MAX_RS; r++)
-                if (r < nr) {
-                    const float v = cu_warp_sum(acc[w][r]);
-                    if (lane == 0) hd->part[buf][warp][w * MS_MAX_RS + r] = v;
-                }
+        __syncwarp();
         if (lane == 0) ms_arrive_relaxed(&hd->empty[s]); /* the stage is read: the producer may refill it */
-        ms_consumer_sync(); /* (part is double-buffered: tile i + 2 writes it after tile i + 1's barrier) */
-        if (ct < nr) {
-            float g = 0.0f, u = 0.0f;
-            for (int k = 0; k < MS_CW; k++) {
-                g += hd->part[buf][k][ct];
-                if (PAIR) u += hd->part[buf][k][MS_MAX_RS + ct];
-            }
-            cu_matvec_put<PAIR>(g, u, epi, j0 + ct, 0, sg.w.rows, 1, sg.y, sg.ep, sg.head_dim);
-        }
+        if (mine && lane == 0) cu_matvec_put<PAIR>(acc[0], PAIR ? acc[NW - 1] : 0.0f, epi, j0 + r, 0, sg.w.rows, 1, sg.y, sg.ep, sg.head_dim);
     }
 }
 
