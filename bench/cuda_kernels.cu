@@ -18,11 +18,13 @@
  * several times the L2. q8_0 matvecs run with each x mode (cu_matvec_q8_x). Usage:
  *   6. (--decode-attention) one decode token's attention (8B and 0.6B shapes, f32 and
  *      f16 KV): the warp kernel against the cluster kernel at several launch shapes.
- * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE [JOB]]] | --persist [TYPE] | --attention |
- *                     --decode-attention];
+ * bench_cuda_kernels [--quick | --sweep [TYPE [XMODE [JOB]]] | --persist [TYPE] | --tma [TYPE [JOB]] |
+ *                     --attention | --decode-attention];
  * --sweep times the 8B and 0.6B decode launch shapes at every matvec launch shape
  * (cu_matvec_tune) instead, --persist those launches with and without persistent
- * blocks (cu_matvec_persist), --attention only the prefill attention. */
+ * blocks (cu_matvec_persist), --tma the register matvec against the staged one
+ * (kernels_stream.cu; also chained after a decode attention), --attention only the
+ * prefill attention. */
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "format/gguf.h"
@@ -404,43 +406,79 @@ static bool bench_prefill_attention(int n_tok, int heads, int kv_heads, int dh) 
  * the L2 holds none of the rows read (as in a model, where each layer has its own).
  * Every result is checked against the unsplit warp-kernel launch (max |diff| / max
  * |ref|). */
-static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
+/* The buffers of one decode token's attention (Dh 128, 8 KV heads, block size 16), the
+ * cache in enough copies (256 MiB of K/V) that rotating over them leaves none in L2. */
+struct lab_dec_att {
+    struct cu_attention a;
+    float *q, *k, *v, *out, *part;
+    char *kc, *vc;
+    int32_t *pos, *slot, *table;
+    unsigned *counters;
+    int64_t q_n, copy_n;
+    int copies, esz, rot;
+};
+
+static void lab_dec_att_init(struct lab_dec_att *d, int ctx, int heads, bool kv_f16) {
     const int kv_heads = 8, dh = 128, bs = 16, n_blocks = (ctx + bs) / bs, esz = kv_f16 ? 2 : 4;
     const int64_t q_n = (int64_t)heads * dh, kv_n = (int64_t)kv_heads * dh, copy_n = (int64_t)n_blocks * bs * kv_n;
     const int copies = (int)std::max<int64_t>(2, (256ll << 20) / (2 * copy_n * esz)); /* 256 MiB of K/V */
-    float *q, *k, *v, *out;
-    char *kc, *vc;
-    int32_t *pos, *slot, *table;
-    CHECK_CUDA(cudaMalloc(&q, q_n * 4));
-    CHECK_CUDA(cudaMalloc(&k, kv_n * 4));
-    CHECK_CUDA(cudaMalloc(&v, kv_n * 4));
-    CHECK_CUDA(cudaMalloc(&kc, copies * copy_n * esz));
-    CHECK_CUDA(cudaMalloc(&vc, copies * copy_n * esz));
-    CHECK_CUDA(cudaMalloc(&out, q_n * 4));
-    fill(q, q_n, 0, 31);
-    fill(k, kv_n, 0, 32);
-    fill(v, kv_n, 0, 33);
-    fill(kc, copies * copy_n, kv_f16 ? 1 : 0, 34);
-    fill(vc, copies * copy_n, kv_f16 ? 1 : 0, 35);
+    d->q_n = q_n;
+    d->copy_n = copy_n;
+    d->copies = copies;
+    d->esz = esz;
+    d->rot = 0;
+    CHECK_CUDA(cudaMalloc(&d->q, q_n * 4));
+    CHECK_CUDA(cudaMalloc(&d->k, kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&d->v, kv_n * 4));
+    CHECK_CUDA(cudaMalloc(&d->kc, copies * copy_n * esz));
+    CHECK_CUDA(cudaMalloc(&d->vc, copies * copy_n * esz));
+    CHECK_CUDA(cudaMalloc(&d->out, q_n * 4));
+    fill(d->q, q_n, 0, 31);
+    fill(d->k, kv_n, 0, 32);
+    fill(d->v, kv_n, 0, 33);
+    fill(d->kc, copies * copy_n, kv_f16 ? 1 : 0, 34);
+    fill(d->vc, copies * copy_n, kv_f16 ? 1 : 0, 35);
     std::vector<int32_t> h_table(n_blocks);
     for (int b = 0; b < n_blocks; b++) h_table[b] = n_blocks - 1 - b; /* blocks out of order */
     const int32_t p = ctx; /* ctx positions cached before this token */
-    CHECK_CUDA(cudaMalloc(&pos, 4));
-    CHECK_CUDA(cudaMalloc(&slot, 4));
-    CHECK_CUDA(cudaMalloc(&table, n_blocks * 4));
-    CHECK_CUDA(cudaMemcpy(pos, &p, 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemset(slot, 0, 4));
-    CHECK_CUDA(cudaMemcpy(table, h_table.data(), n_blocks * 4, cudaMemcpyHostToDevice));
-    struct cu_attention a = lab_attention(q, k, v, out, pos, slot, table, (float *)kc, (float *)vc, 1, heads, kv_heads,
-                                          dh, bs, n_blocks);
-    float *part;
-    unsigned *counters;
-    CHECK_CUDA(cudaMalloc(&part, cu_attention_part_floats(1, heads, dh, CU_ATT_MAX_SPLITS) * 4));
-    CHECK_CUDA(cudaMalloc(&counters, CU_ATT_COUNTERS * 4));
-    CHECK_CUDA(cudaMemset(counters, 0, CU_ATT_COUNTERS * 4));
-    a.part = part;
-    a.counters = counters;
-    a.kv_f16 = kv_f16;
+    CHECK_CUDA(cudaMalloc(&d->pos, 4));
+    CHECK_CUDA(cudaMalloc(&d->slot, 4));
+    CHECK_CUDA(cudaMalloc(&d->table, n_blocks * 4));
+    CHECK_CUDA(cudaMemcpy(d->pos, &p, 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(d->slot, 0, 4));
+    CHECK_CUDA(cudaMemcpy(d->table, h_table.data(), n_blocks * 4, cudaMemcpyHostToDevice));
+    d->a = lab_attention(d->q, d->k, d->v, d->out, d->pos, d->slot, d->table, (float *)d->kc, (float *)d->vc, 1, heads,
+                         kv_heads, dh, bs, n_blocks);
+    CHECK_CUDA(cudaMalloc(&d->part, cu_attention_part_floats(1, heads, dh, CU_ATT_MAX_SPLITS) * 4));
+    CHECK_CUDA(cudaMalloc(&d->counters, CU_ATT_COUNTERS * 4));
+    CHECK_CUDA(cudaMemset(d->counters, 0, CU_ATT_COUNTERS * 4));
+    d->a.part = d->part;
+    d->a.counters = d->counters;
+    d->a.kv_f16 = kv_f16;
+    d->a.splits = cu_attention_splits(1, heads, ctx + 1); /* the warp kernel's default */
+}
+
+/* one attention launch over the next cache copy */
+static void lab_dec_att_launch(struct lab_dec_att *d) {
+    d->a.k_cache = d->kc + (int64_t)(d->rot % d->copies) * d->copy_n * d->esz;
+    d->a.v_cache = d->vc + (int64_t)(d->rot % d->copies) * d->copy_n * d->esz;
+    d->rot++;
+    CHECK_CUDA(cu_attention(0, &d->a));
+}
+
+static void lab_dec_att_free(struct lab_dec_att *d) {
+    for (float *pf : {d->q, d->k, d->v, d->out, d->part}) CHECK_CUDA(cudaFree(pf));
+    for (char *pc : {d->kc, d->vc}) CHECK_CUDA(cudaFree(pc));
+    for (int32_t *pi : {d->pos, d->slot, d->table}) CHECK_CUDA(cudaFree(pi));
+    CHECK_CUDA(cudaFree(d->counters));
+}
+
+static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
+    struct lab_dec_att d;
+    lab_dec_att_init(&d, ctx, heads, kv_f16);
+    struct cu_attention &a = d.a;
+    const int64_t q_n = d.q_n;
+    float *out = d.out;
     /* {splits, dec_splits, dec_warps}: the reference, the warp kernel's default, cluster shapes */
     const int var[][3] = {{1, 0, 0}, {cu_attention_splits(1, heads, ctx + 1), 0, 0}, {1, 8, 8}, {1, 8, 4}, {1, 4, 8}};
     const int n_v = (int)(sizeof var / sizeof var[0]);
@@ -448,23 +486,17 @@ static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
     bool ok = true;
     double err[8] = {0};
     int clusters[8] = {0};
-    int rot = 0;
     const auto set = [&](int i) {
         a.splits = var[i][0];
         a.dec_splits = var[i][1];
         a.dec_warps = var[i][2];
     };
-    const auto launch = [&]() { /* the next cache copy */
-        a.k_cache = kc + (int64_t)(rot % copies) * copy_n * esz;
-        a.v_cache = vc + (int64_t)(rot % copies) * copy_n * esz;
-        rot++;
-        CHECK_CUDA(cu_attention(0, &a));
-    };
+    const auto launch = [&]() { lab_dec_att_launch(&d); };
     for (int i = 0; i < n_v; i++) {
         set(i);
         clusters[i] = a.dec_splits ? cu_attention_dec_clusters(&a) : 0;
         CHECK_CUDA(cudaMemset(out, 0xff, q_n * 4)); /* NaN: every output must be written */
-        rot = 0;
+        d.rot = 0;
         launch();
         CHECK_CUDA(cudaDeviceSynchronize());
         CHECK_CUDA(cudaMemcpy((i ? got : ref).data(), out, q_n * 4, cudaMemcpyDeviceToHost));
@@ -485,7 +517,7 @@ static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
                            }) / 16);
         }
     printf("decode attention H%d/8 Dh128 %s KV, %d cached positions (+1 own), %d cache copies:\n", heads,
-           kv_f16 ? "f16" : "f32", ctx, copies);
+           kv_f16 ? "f16" : "f32", ctx, d.copies);
     for (int i = 1; i < n_v; i++) {
         if (var[i][1])
             printf("  cluster %2d splits x %d warps %6.2f us (err %.1e, %d clusters fit)\n", var[i][1], var[i][2],
@@ -494,10 +526,7 @@ static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
             printf("  warp kernel %2d splits      %6.2f us (err %.1e)\n", var[i][0], median(t[i]) * 1e6, err[i]);
     }
     printf("  %s\n", ok ? "ok" : "FAIL");
-    for (float *pf : {q, k, v, out, part}) CHECK_CUDA(cudaFree(pf));
-    for (char *pc : {kc, vc}) CHECK_CUDA(cudaFree(pc));
-    for (int32_t *pi : {pos, slot, table}) CHECK_CUDA(cudaFree(pi));
-    CHECK_CUDA(cudaFree(counters));
+    lab_dec_att_free(&d);
     return ok;
 }
 
@@ -561,6 +590,8 @@ struct mv_job_shape {
  * (cu_matvec_kq_multi, int8 x) go through the cu_kq_tune shapes instead, 1e-2. */
 /* --persist: sweep_job times the default launch shape with cu_matvec_persist 0, -1, 1 */
 static bool sweep_persist_ab = false;
+/* --tma: sweep_job times the register kernel against the staged one (tma_tunes) */
+static bool sweep_tma_ab = false;
 
 static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs, int q8x, const int *tys = NULL) {
     cu_matvec_q8_x(q8x);
@@ -635,16 +666,23 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         }
         return d;
     };
-    const int mv_tunes[][3] = {{0, 0, 0},  {1, 4, 0},  {1, 8, 0},  {1, 16, 0}, {2, 4, 0},  {2, 8, 0},
+    const int mv_tunes[][8] = {{0, 0, 0},  {1, 4, 0},  {1, 8, 0},  {1, 16, 0}, {2, 4, 0},  {2, 8, 0},
                                {2, 16, 0}, {4, 4, 0},  {4, 8, 0},  {4, 16, 0}, {1, 8, 16384}, {2, 8, 16384},
                                {1, 16, 16384}, {2, 16, 16384}, {4, 8, 16384}};
     /* K-quants: rows a warp (0 the default), next loads in flight (1 yes, 2 no), blocks an SM (0 as many as fit) */
-    const int kq_tunes[][3] = {{0, 0, 0}, {1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}};
+    const int kq_tunes[][8] = {{0, 0, 0}, {1, 1, 0}, {2, 1, 0}, {1, 2, 0}, {2, 2, 0}};
     /* --persist: {persist mode, 0, 0}, each at the default shape */
-    const int persist_tunes[][3] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
-    const int(*tunes)[3] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : mv_tunes;
+    const int persist_tunes[][8] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
+    /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, wait mode, blocks an
+     * SM, producer lanes, a copy a row}: the register kernel; the staged default; 8 rows
+     * a tile in a 200 KiB ring; two blocks an SM of 100 KiB; the default with spin waits */
+    const int tma_tunes[][8] = {{0}, {1, 0, 0, -1, 0, 1, 0}, {1, 8, 200, -1, 0, 1, 0}, {1, 0, 100, -1, 2, 1, 0},
+                                {1, 0, 0, 1, 0, 1, 0}};
+    const int(*tunes)[8] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : sweep_tma_ab ? tma_tunes : mv_tunes;
     const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0]
-                           : sweep_persist_ab ? 3 : sizeof mv_tunes / sizeof mv_tunes[0];
+                           : sweep_persist_ab ? 3
+                           : sweep_tma_ab     ? sizeof tma_tunes / sizeof tma_tunes[0]
+                                              : sizeof mv_tunes / sizeof mv_tunes[0];
     bool all_ok = true;
     double best = 0;
     int best_t = 0;
@@ -654,7 +692,10 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
             cu_kq_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         else if (sweep_persist_ab)
             cu_matvec_persist(tunes[t][0], 0);
-        else
+        else if (sweep_tma_ab) {
+            cu_matvec_tma(tunes[t][0]);
+            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], tunes[t][4], -1, 0, tunes[t][3], tunes[t][5], tunes[t][6]);
+        } else
             cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4)); /* NaN: every output must be written */
         CHECK_CUDA(launch(0));
@@ -687,6 +728,9 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         if (gbs > best) best = gbs, best_t = (int)t;
         if (sweep_persist_ab)
             printf("persist %2d ", tunes[t][0]);
+        if (sweep_tma_ab)
+            printf("%s rs %d smem %3d bps %d wait %2d ", tunes[t][0] ? "tma" : "reg", tunes[t][1], tunes[t][2],
+                   tunes[t][4], tunes[t][3]);
         printf("sweep %-34s %-5s%s nr %d lif %2d warps %5d  %8.2f us  %7.1f GB/s  %5.1f%% of copy  err %.1e %s\n", js.what,
                dtype_name(dtype), dtype == CU_Q8_0 ? q8_x_names[q8x + 1] : "", tunes[t][0], tunes[t][1], tunes[t][2], sec * 1e6, gbs,
                100 * gbs / copy_gbs, worst, ok ? "ok" : "FAIL");
@@ -698,6 +742,8 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     cu_matvec_tune(0, 0, 0);
     cu_matvec_persist(-1, 0);
     cu_kq_tune(0, 0, 0);
+    cu_matvec_tma(-1);
+    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1, 1, 0);
     for (void *m : mem) CHECK_CUDA(cudaFree(m));
     CHECK_CUDA(cudaFree(x));
     CHECK_CUDA(cudaFree(y));
@@ -765,6 +811,110 @@ static int persist_ab(double copy_gbs, const char *only) {
     return ok ? 0 : 1;
 }
 
+/* --tma's chained row: a decode attention (the 8B or 0.6B shape: 32 or 16 query heads
+ * of 128, f16 KV, 576 cached positions) followed by the attn_o matvec on its output (+
+ * residual), launched as its programmatic dependent as in a decode step; 16 pairs a
+ * run, rotating over cache and weight copies (none in L2). The attention alone, the
+ * matvec alone and the pairs, register kernel against staged, alternated: what a pair
+ * saves against the sum of the two alone is the overlap (the staged ring filling while
+ * the attention runs). */
+static bool bench_chain(int dtype, int heads, int64_t n_out) {
+    const int64_t k = (int64_t)heads * 128;
+    struct lab_dec_att d;
+    lab_dec_att_init(&d, 576, heads, true);
+    size_t one = ((cu_weight_data_bytes(dtype, n_out, k) + 255) & ~(size_t)255) + cu_weight_scale_bytes(dtype, n_out, k);
+    const int copies = (int)std::min<size_t>(64, ((size_t)256 << 20) / one + 1);
+    std::vector<cu_weight> w((size_t)copies);
+    std::vector<void *> mem((size_t)copies);
+    for (int c = 0; c < copies; c++) mem[(size_t)c] = random_weight(dtype, n_out, k, (uint32_t)(61 + c), &w[(size_t)c]);
+    float *y, *res;
+    CHECK_CUDA(cudaMalloc(&y, (size_t)n_out * 4));
+    CHECK_CUDA(cudaMalloc(&res, (size_t)n_out * 4));
+    fill(res, n_out, 0, 62);
+    struct cu_epilogue ep = {NULL, NULL, res, -1, NULL, 0.0f};
+    cu_matvec_q8_x(1);
+    int wi = 0;
+    const auto mv = [&]() { CHECK_CUDA(cu_matvec(0, &w[(size_t)(wi++ % copies)], d.out, 1, y, &ep)); };
+    std::vector<double> t[2][3];
+    std::vector<float> ref((size_t)n_out), got((size_t)n_out);
+    double err = 0;
+    for (int rep = 0; rep < 5; rep++)
+        for (int m = 0; m < 2; m++) {
+            cu_matvec_tma(m);
+            if (rep == 0) { /* the pair's output, register against staged, on the same inputs */
+                d.rot = 0;
+                wi = 0;
+                CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4));
+                lab_dec_att_launch(&d);
+                mv();
+                CHECK_CUDA(cudaDeviceSynchronize());
+                CHECK_CUDA(cudaMemcpy((m ? got : ref).data(), y, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
+            }
+            t[m][0].push_back(time_median(1, 5, [&] { for (int r = 0; r < 16; r++) lab_dec_att_launch(&d); }) / 16);
+            t[m][1].push_back(time_median(1, 5, [&] { for (int r = 0; r < 16; r++) mv(); }) / 16);
+            t[m][2].push_back(time_median(1, 5, [&] {
+                                  for (int r = 0; r < 16; r++) {
+                                      lab_dec_att_launch(&d);
+                                      mv();
+                                  }
+                              }) / 16);
+        }
+    double mr = 0;
+    for (int64_t j = 0; j < n_out; j++) {
+        mr = std::max(mr, (double)fabsf(ref[(size_t)j]));
+        err = std::max(err, fabs((double)got[(size_t)j] - ref[(size_t)j]));
+    }
+    err /= mr > 0 ? mr : 1;
+    const bool ok = err == err && err < 1e-4 && mr == mr;
+    for (int m = 0; m < 2; m++) {
+        const double a = median(t[m][0]) * 1e6, b = median(t[m][1]) * 1e6, p = median(t[m][2]) * 1e6;
+        printf("chain %-4s attention H%d (576 pos, f16 KV) -> attn_o %lldx%lld %s: attention %6.2f us, matvec %6.2f us, "
+               "pair %6.2f us, overlap %5.2f us\n",
+               dtype_name(dtype), heads, (long long)n_out, (long long)k, m ? "staged  " : "register", a, b, p, a + b - p);
+    }
+    printf("chain check (staged vs register output, max |diff| / max |ref|) %.1e %s\n", err, ok ? "ok" : "FAIL");
+    cu_matvec_tma(-1);
+    cu_matvec_q8_x(-1);
+    for (void *m : mem) CHECK_CUDA(cudaFree(m));
+    CHECK_CUDA(cudaFree(y));
+    CHECK_CUDA(cudaFree(res));
+    lab_dec_att_free(&d);
+    return ok;
+}
+
+/* --tma [bf16|q8_0 [JOB]]: the 8B and 0.6B decode launches, register kernel against the
+ * staged one at its launch shapes (sweep_job with tma_tunes; q8_0 with int8 x for both),
+ * then the chained rows; JOB: only the launches whose name begins with it, no chains. */
+static int tma_ab(double copy_gbs, const char *only, const char *job) {
+    const struct mv_job_shape jobs[] = {
+        {"attn_o 4096x4096", 1, {4096}, 4096, false, false},
+        {"ffn_down 4096x12288", 1, {4096}, 12288, false, false},
+        {"q/k/v (4096+1024+1024)x4096 +norm", 3, {4096, 1024, 1024}, 4096, false, true},
+        {"gate/up pair 2x12288x4096 +norm", 1, {12288}, 4096, true, true},
+        {"lm_head 151936x4096 +norm", 1, {151936}, 4096, false, true},
+        {"0.6B attn_o 1024x2048", 1, {1024}, 2048, false, false},
+        {"0.6B ffn_down 1024x3072", 1, {1024}, 3072, false, false},
+        {"0.6B q/k/v (2048+1024+1024)x1024 +norm", 3, {2048, 1024, 1024}, 1024, false, true},
+        {"0.6B gate/up pair 2x3072x1024 +norm", 1, {3072}, 1024, true, true},
+        {"0.6B lm_head 151936x1024 +norm", 1, {151936}, 1024, false, true},
+    };
+    sweep_tma_ab = true;
+    bool ok = true;
+    for (int dtype : {CU_BF16, CU_Q8_0})
+        if (!only || !strcmp(only, dtype_name(dtype)))
+            for (const auto &js : jobs)
+                if (!job || !strncmp(js.what, job, strlen(job)))
+                    ok = sweep_job(dtype, js, copy_gbs, dtype == CU_Q8_0 ? 1 : 0) && ok;
+    sweep_tma_ab = false;
+    for (int dtype : {CU_BF16, CU_Q8_0})
+        if ((!only || !strcmp(only, dtype_name(dtype))) && !job) {
+            ok = bench_chain(dtype, 32, 4096) && ok;
+            ok = bench_chain(dtype, 16, 1024) && ok;
+        }
+    printf("tma checks %s\n", ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     char desc[256], why[256];
@@ -778,6 +928,7 @@ int main(int argc, char **argv) {
     printf("device-to-device copy: %.1f GB/s (read + write, 2 GiB, median of 10)\n\n", copy_gbs);
     if (argc > 1 && !strcmp(argv[1], "--sweep")) return sweep(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : -1, argc > 4 ? argv[4] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--persist")) return persist_ab(copy_gbs, argc > 2 ? argv[2] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "--tma")) return tma_ab(copy_gbs, argc > 2 ? argv[2] : NULL, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "--decode-attention")) /* 8B decode attention at several split counts */
     {
         bool ok = true;

@@ -1153,6 +1153,34 @@ static void test_matvec_persist(void) {
     cu_matvec_q8_x(-1);
 }
 
+/* kernels_stream.cu: the staged matvec (C linkage, cuda_kernels.cuh) */
+void cu_matvec_tma(int mode);
+void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first, int max_blocks, int wait,
+                        int producers, int row_copies);
+
+/* The staged one-row matvec (weights bulk-copied into a shared-memory ring) on every
+ * one-row bf16 and q8_0 launch: the matvec checks and the int8-x group at its default
+ * shape; at 1 row a tile in a 2-stage ring on 3 blocks (each block wraps its ring many
+ * times, the L2 hint on, spin waits, 2 producer lanes, a copy a row); 8 rows a tile,
+ * two blocks an SM (waits with a suspend hint, 4 producers); 2 rows on 1 block (every
+ * tile, tails and segment ends, through one ring; 4 producers, a copy a row). Fresh
+ * random inputs each. */
+static void test_matvec_tma(void) {
+    static const int tunes[][8] = {{0, 0, 0, -1, 0, -1, 1, 0}, {1, 24, 0, 1, 3, 1, 2, 1}, {8, 60, 2, 0, 0, 2, 4, 0},
+                                   {2, 40, 0, -1, 1, 0, 4, 1}};
+    static const enum ir_dtype types[] = {IR_DTYPE_BF16, IR_DTYPE_Q8_0};
+    cu_matvec_tma(1);
+    for (size_t t = 0; t < sizeof tunes / sizeof tunes[0]; t++) {
+        cu_matvec_tma_tune(tunes[t][0], tunes[t][1], tunes[t][2], tunes[t][3], tunes[t][4], tunes[t][5], tunes[t][6],
+                           tunes[t][7]);
+        matvec_setting_checks(types, sizeof types / sizeof types[0], false);
+        test_linear_q8x();
+    }
+    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1, 1, 0);
+    cu_matvec_tma(-1);
+    cu_matvec_q8_x(-1);
+}
+
 static void test_short_conv(void) {
     static const struct batch_spec mixed[] = {{5, 1, 1}, {1, 1, 1}, {6, 2, 2}, {2, 2, 2}, {1, 1, 1}, {9, 3, 3}, {1, 1, 1}};
     enum ir_dtype types[] = {IR_DTYPE_F32, IR_DTYPE_BF16, IR_DTYPE_F16};
@@ -1404,9 +1432,9 @@ int main(void) {
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_rope_table, test_attention,
-                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_short_conv, test_stories_greedy, test_goldens};
+                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_matvec_tma, test_short_conv, test_stories_greedy, test_goldens};
     const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
-                           "reductions_softmax", "norms_rope", "layout_ops", "rope_table", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "matvec_persist", "short_conv",
+                           "reductions_softmax", "norms_rope", "layout_ops", "rope_table", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "matvec_persist", "matvec_tma", "short_conv",
                            "stories_greedy",
                            "goldens"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");

@@ -40,16 +40,22 @@ static __device__ __forceinline__ float cu_warp_max(float v) {
 }
 
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets the
- * result. red: __shared__ float[32]. Ends with a barrier so red can be reused. */
-static __device__ __forceinline__ float cu_block_sum(float v, float *red) {
-    int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, nw = blockDim.x / CU_WARP;
+ * result. red: __shared__ float[32]. Ends with a barrier so red can be reused.
+ * cu_warps_sum: the sum over the first nw warps of the block, every thread of them gets
+ * it, synchronized by barrier `bar` of nw * 32 threads (0 with the whole block:
+ * cu_block_sum; a named barrier 1..15 when other warps of the block take no part). */
+static __device__ __forceinline__ float cu_warps_sum(float v, float *red, int nw, int bar) {
+    int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     v = cu_warp_sum(v);
     if (lane == 0) red[warp] = v;
-    __syncthreads();
+    asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nw * CU_WARP) : "memory");
     float r = lane < nw ? red[lane] : 0.0f;
     r = cu_warp_sum(r);
-    __syncthreads();
+    asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nw * CU_WARP) : "memory");
     return r;
+}
+static __device__ __forceinline__ float cu_block_sum(float v, float *red) {
+    return cu_warps_sum(v, red, blockDim.x / CU_WARP, 0);
 }
 static __device__ __forceinline__ float cu_block_max(float v, float *red) {
     int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, nw = blockDim.x / CU_WARP;
@@ -103,6 +109,39 @@ static __device__ __forceinline__ float cu_weight_elem(const struct cu_weight &w
     }
 }
 
+/* The epilogue operands of output j of x row r of a matvec (0, or 1 for a gate, where
+ * absent), loaded apart from cu_matvec_put so that a kernel can issue them early. */
+struct cu_mv_epi {
+    float bias, gate, residual;
+};
+template <bool PAIR>
+static __device__ __forceinline__ struct cu_mv_epi cu_matvec_epi(int64_t j, int r, int64_t n_out,
+                                                                 const struct cu_epilogue &ep) {
+    const size_t o = (size_t)r * n_out + j;
+    struct cu_mv_epi e;
+    e.bias = ep.bias ? ep.bias[j] : 0.0f;
+    e.gate = !PAIR && ep.gate ? ep.gate[o] : 1.0f;
+    e.residual = ep.residual ? ep.residual[o] : 0.0f;
+    return e;
+}
+/* Output j of x row r of a matvec whose product is `sum` (`up`: the second product of a
+ * SwiGLU pair; e: cu_matvec_epi's operands): act(sum + bias) * (up or gate) + residual,
+ * stored row-major or, with head_dim > 0, head-major (cu_matvec_finish, kernels_stream.cu). */
+template <bool PAIR>
+static __device__ __forceinline__ void cu_matvec_put(float sum, float up, const struct cu_mv_epi &e, int64_t j, int r,
+                                                     int64_t n_out, int rows, float *__restrict__ y,
+                                                     const struct cu_epilogue &ep, int64_t head_dim) {
+    float v = sum + e.bias;
+    if (ep.act >= 0) v = op_unary_apply(ep.act, v);
+    if constexpr (PAIR)
+        v *= up;
+    else if (ep.gate)
+        v *= e.gate;
+    if (ep.residual) v += e.residual;
+    const size_t o = (size_t)r * n_out + j;
+    y[head_dim > 0 ? (size_t)(((j / head_dim) * rows + r) * head_dim + j % head_dim) : o] = v;
+}
+
 /* The end of a matvec block (cu_matvec_multi, cu_matvec_kq): each lane holds partial
  * sums acc[nr][r] for output rows j0 + nr and x rows r (with PAIR, acc[NR + nr][r] are
  * the up products of a SwiGLU pair); the warp sums them, the `ksplit` warps sharing
@@ -143,18 +182,73 @@ static __device__ __forceinline__ void cu_matvec_finish(float (&acc)[NR * (PAIR 
     for (int nr = 0; nr < NR; nr++) {
         const int64_t j = j0 + nr;
         if (j >= n_out) break;
-        for (int r = 0; r < rows && r < RMAX; r++) {
-            float v = acc[nr][r] + (ep.bias ? ep.bias[j] : 0.0f);
-            if (ep.act >= 0) v = op_unary_apply(ep.act, v);
-            const size_t o = (size_t)r * n_out + j;
-            if constexpr (PAIR)
-                v *= acc[NR + nr][r];
-            else if (ep.gate)
-                v *= ep.gate[o];
-            if (ep.residual) v += ep.residual[o];
-            y[head_dim > 0 ? (size_t)(((j / head_dim) * rows + r) * head_dim + j % head_dim) : o] = v;
-        }
+        for (int r = 0; r < rows && r < RMAX; r++)
+            cu_matvec_put<PAIR>(acc[nr][r], PAIR ? acc[NR + nr][r] : 0.0f, cu_matvec_epi<PAIR>(j, r, n_out, ep), j, r,
+                                n_out, rows, y, ep, head_dim);
     }
+}
+
+/* ---- int8 x of the q8_0 matvecs (kernels_linear.cu, kernels_stream.cu) ---- */
+
+/* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
+ * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */
+static __device__ __forceinline__ uint32_t mv_q8_pack4(float a, float b, float c, float d, float id) {
+    const uint32_t qa = __float_as_uint(__fadd_rn(__fmul_rn(a, id), 12582912.0f));
+    const uint32_t qb = __float_as_uint(__fadd_rn(__fmul_rn(b, id), 12582912.0f));
+    const uint32_t qc = __float_as_uint(__fadd_rn(__fmul_rn(c, id), 12582912.0f));
+    const uint32_t qd = __float_as_uint(__fadd_rn(__fmul_rn(d, id), 12582912.0f));
+    return __byte_perm(__byte_perm(qa, qb, 0x0040u), __byte_perm(qc, qd, 0x0040u), 0x5410u);
+}
+
+/* d and 1 / d of a block whose largest magnitude is amax */
+static __device__ __forceinline__ float mv_q8_scale(float amax, float *id) {
+    const float d = amax / 127.0f;
+    *id = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+
+/* Stores one thread's 4 values a (element group f) of x as int8 in q, and its q8_0
+ * block's scale in d from the block's first lane: the amax is taken over the 8 lanes
+ * of the block, so every lane of the warp must call this (in: whether f is in range). */
+static __device__ __forceinline__ void mv_put_x_q8(float4 a, bool in, int64_t f, uint32_t *q, float *d) {
+    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    float id;
+    const float db = mv_q8_scale(amax, &id);
+    if (!in) return;
+    q[f] = mv_q8_pack4(a.x, a.y, a.z, a.w, id);
+    if (threadIdx.x % 8 == 0) d[f / 8] = db;
+}
+
+/* MV_X_Q8: x (times sc * nw, the rms_norm prologue, when nw is set) -> K int8 in
+ * q and K / 32 scales in d, by `threads` threads of the block: a thread converts 4
+ * consecutive elements, 8 neighbouring lanes a block (K % 32 == 0, so the 8 lanes of a
+ * block are all in range or all out). */
+static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict__ x, const float *__restrict__ nw,
+                                                        float sc, int64_t K, int threads, uint32_t *q, float *d) {
+    for (int64_t f0 = 0; f0 < K / 4; f0 += threads) { /* uniform bound: whole warps shuffle */
+        const int64_t f = f0 + threadIdx.x;
+        const bool in = f < K / 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (in) {
+            v = __ldg((const float4 *)x + f);
+            if (nw) {
+                const float4 w = __ldg((const float4 *)nw + f);
+                v = make_float4(v.x * sc * w.x, v.y * sc * w.y, v.z * sc * w.z, v.w * sc * w.w);
+            }
+        }
+        mv_put_x_q8(v, in, f, q, d);
+    }
+}
+
+/* sum of 16 int8 products (a 16-byte chunk of q8_0 weights and of x) */
+static __device__ __forceinline__ int mv_dot16(uint4 w, const uint32_t xq[4]) {
+    int dot = __dp4a((int)w.x, (int)xq[0], 0);
+    dot = __dp4a((int)w.y, (int)xq[1], dot);
+    dot = __dp4a((int)w.z, (int)xq[2], dot);
+    return __dp4a((int)w.w, (int)xq[3], dot);
 }
 
 /* Programmatic dependent launch (Hopper): a kernel launched with cu_launch_pdl may start

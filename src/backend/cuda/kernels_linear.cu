@@ -130,59 +130,6 @@ static __device__ __forceinline__ float mv_decode(uint4 raw, uint16_t sc, float 
  * backend/cpu isa_scalar.c; the same int8 for finite x), and the products are dp4a. */
 enum { MV_X_F32 = 0, MV_X_Q8 = 1, MV_X_Q8R = 2 /* MV_X_Q8 after mv_norm_quantize_x_q8 */ };
 
-/* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
- * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */
-static __device__ __forceinline__ uint32_t mv_q8_pack4(float a, float b, float c, float d, float id) {
-    const uint32_t qa = __float_as_uint(__fadd_rn(__fmul_rn(a, id), 12582912.0f));
-    const uint32_t qb = __float_as_uint(__fadd_rn(__fmul_rn(b, id), 12582912.0f));
-    const uint32_t qc = __float_as_uint(__fadd_rn(__fmul_rn(c, id), 12582912.0f));
-    const uint32_t qd = __float_as_uint(__fadd_rn(__fmul_rn(d, id), 12582912.0f));
-    return __byte_perm(__byte_perm(qa, qb, 0x0040u), __byte_perm(qc, qd, 0x0040u), 0x5410u);
-}
-
-/* d and 1 / d of a block whose largest magnitude is amax */
-static __device__ __forceinline__ float mv_q8_scale(float amax, float *id) {
-    const float d = amax / 127.0f;
-    *id = d != 0.0f ? 1.0f / d : 0.0f;
-    return d;
-}
-
-/* Stores one thread's 4 values a (element group f) of x as int8 in q, and its q8_0
- * block's scale in d from the block's first lane: the amax is taken over the 8 lanes
- * of the block, so every lane of the warp must call this (in: whether f is in range). */
-static __device__ __forceinline__ void mv_put_x_q8(float4 a, bool in, int64_t f, uint32_t *q, float *d) {
-    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-    float id;
-    const float db = mv_q8_scale(amax, &id);
-    if (!in) return;
-    q[f] = mv_q8_pack4(a.x, a.y, a.z, a.w, id);
-    if (threadIdx.x % 8 == 0) d[f / 8] = db;
-}
-
-/* MV_X_Q8: x (times sc * nw, the rms_norm prologue, when nw is set) -> K int8 in
- * q and K / 32 scales in d, by `threads` threads of the block: a thread converts 4
- * consecutive elements, 8 neighbouring lanes a block (K % 32 == 0, so the 8 lanes of a
- * block are all in range or all out). */
-static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict__ x, const float *__restrict__ nw,
-                                                        float sc, int64_t K, int threads, uint32_t *q, float *d) {
-    for (int64_t f0 = 0; f0 < K / 4; f0 += threads) { /* uniform bound: whole warps shuffle */
-        const int64_t f = f0 + threadIdx.x;
-        const bool in = f < K / 4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (in) {
-            v = __ldg((const float4 *)x + f);
-            if (nw) {
-                const float4 w = __ldg((const float4 *)nw + f);
-                v = make_float4(v.x * sc * w.x, v.y * sc * w.y, v.z * sc * w.z, v.w * sc * w.w);
-            }
-        }
-        mv_put_x_q8(v, in, f, q, d);
-    }
-}
-
 /* MV_X_Q8R: MV_X_Q8 with the rms_norm prologue where K <= 4096: the same int8 x and
  * scales as mv_sumsq + mv_quantize_x_q8 (the same f32 operations in the same order: a
  * thread's elements f = threadIdx.x + i * MV_THREADS, its float4 squares summed in i
@@ -219,14 +166,6 @@ static __device__ __forceinline__ void mv_norm_quantize_x_q8(const float *__rest
                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         mv_put_x_q8(a, in, f, q, d);
     }
-}
-
-/* sum of 16 int8 products (a 16-byte chunk of q8_0 weights and of x) */
-static __device__ __forceinline__ int mv_dot16(uint4 w, const uint32_t xq[4]) {
-    int dot = __dp4a((int)w.x, (int)xq[0], 0);
-    dot = __dp4a((int)w.y, (int)xq[1], dot);
-    dot = __dp4a((int)w.z, (int)xq[2], dot);
-    return __dp4a((int)w.w, (int)xq[3], dot);
 }
 
 /* What one matvec launch computes: up to CU_MV_MAX_SEGS products sharing x (their
@@ -578,11 +517,16 @@ static bool mv_x_regs_on(void) {
  * with persistent launches, where each block quantizes x once, lm_head: 80 -> 101% of
  * copy bandwidth, bench/results/cuda-big-2026-11-30.md); f32 x for long rows (8B
  * ffn_down: 62 vs 54%) and, without persistent launches, from 16384 rows. */
-static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *nr, int *lif) {
+static int mv_x_mode_read(void) {
     if (mv_x_mode == -2) {
         const char *e = getenv("LLMOPT_CUDA_Q8_X");
         cu_matvec_q8_x(e && *e ? atoi(e) : -1);
     }
+    return mv_x_mode;
+}
+
+static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *nr, int *lif) {
+    mv_x_mode_read();
     if (mv_xq_smem(K) > (48 << 10) || mv_x_mode == MV_X_F32) return false;
     if (mv_x_mode < 0 && !norm && !pair && (K > 4096 || (streamed >= 16384 && !mv_persistent(true)))) return false;
     if (!pair && streamed >= 16384 && K <= 2048 && mv_short_rows()) {
@@ -745,6 +689,12 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
         if (up->dtype != segs[0].w.dtype || up->rows != segs[0].w.rows || up->cols != segs[0].w.cols)
             return cudaErrorInvalidValue;
         job.up = *up;
+    }
+    if (rows == 1 && cu_matvec_tma_on()) { /* the staged kernel (kernels_stream.cu), where it applies */
+        /* int8 x where the register kernel may take it (not forced f32, K fits 48 KiB) */
+        const bool q8_int8 = mv_x_mode_read() != MV_X_F32 && mv_xq_smem(segs[0].w.cols) <= (48 << 10);
+        const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, q8_int8);
+        if (e != cudaErrorNotSupported) return e;
     }
     switch (segs[0].w.dtype) {
     case CU_F32: mv_launch<CU_F32>(st, job, x, (int)rows); break;
