@@ -116,20 +116,22 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
 /* The staged one-row matvec (kernels_stream.cu): weights copied global -> shared memory
  * by Hopper bulk copies into a ring of stages (no registers hold bytes in flight, and
  * the ring fills before the PDL wait), bf16 (f32 x) and q8_0 with int8 x (q8_int8:
- * the x mode allows it), for cu_matvec_multi's one-row launches when
- * cu_matvec_tma_on(); cudaErrorNotSupported where it does not apply (another dtype, K
+ * the x mode allows it), for cu_matvec_multi's one-row launches where
+ * cu_matvec_tma_wants(); cudaErrorNotSupported where it does not apply (another dtype, K
  * not a multiple of 8 (bf16) or 256 (q8_0), unaligned pointers), with nothing launched. */
 cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv_seg *segs, int n_seg,
                              const struct cu_weight *up, bool q8_int8);
-/* Whether one-row matvecs take cu_matvec_stream: cu_matvec_tma's mode, else
- * $LLMOPT_CUDA_MV_TMA=0|1 read once (default 0). */
-bool cu_matvec_tma_on(void);
+/* Whether a one-row matvec of this weight type and row length (and x mode: q8_int8 as
+ * for cu_matvec_stream) takes cu_matvec_stream: cu_matvec_tma's mode, else
+ * $LLMOPT_CUDA_MV_TMA=0|1 read once (0 never, 1 wherever it applies); by default q8_0
+ * with int8 x and K >= 4096 (measured faster there, slower at 0.6B shapes and bf16). */
+bool cu_matvec_tma_wants(int dtype, int64_t K, bool q8_int8);
 extern "C" void cu_matvec_tma(int mode); /* 0 off, 1 on, else the default; C: tests/unit/test_cuda.c */
 /* The staged kernel's launch shape (kernel lab, tests; 0: the default; else, and unless
  * called, $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,producers,row_copies
  * read once): rows a tile (1, 2, 4, 8; default the most that leave 4 stages), dynamic
- * shared memory a block in KiB (8..227; default 110: two blocks an SM), blocks an SM
- * (1..4; default 1), the L2::evict_first hint on weight copies (1; default off), blocks
+ * shared memory a block in KiB (8..227; default 100), blocks an SM (1..4; default 2:
+ * the best of the 8B q8_0 model A/B), the L2::evict_first hint on weight copies (1; default off), blocks
  * a launch at most (tests: many tiles a block; 0 no cap), how the ring's barriers are
  * waited on (0 try_wait, 1 test_wait spin, 2 try_wait with a suspend-time hint;
  * default 0), producer lanes (1, 2, 4; default 1), a bulk copy a row instead of one a

@@ -20,10 +20,11 @@
  * before the stage wait). Warps are not synchronized with each other, only through the
  * ring: each waits for every stage and releases it.
  *
- * Measured on the H200 (bench/results/cuda-tma-2026-11-30.md): slower than the register
- * kernel at the default shape; with two blocks an SM of 100 KiB
- * (LLMOPT_CUDA_MV_TMA_TUNE=0,100,2) 4.6% faster on the 8B q8_0 model, 6% slower on the
- * 0.6B one. Off by default (LLMOPT_CUDA_MV_TMA=1). */
+ * Measured on the H200 (bench/results/cuda-tma-2026-11-30.md): with two blocks an SM
+ * of 100 KiB (the default shape) 4.6-4.7% faster than the register kernel on the 8B
+ * q8_0 model, 7% slower on the 0.6B one and 1% slower on 8B bf16; so by default
+ * (cu_matvec_tma_wants) only q8_0 launches with int8 x and rows of >= 4096 take it
+ * (LLMOPT_CUDA_MV_TMA=0: never, 1: wherever it applies). */
 #include "backend/cuda/cuda_device.cuh"
 
 #include <stdlib.h>
@@ -35,7 +36,8 @@
 #define MS_MAX_RS 8                     /* rows a tile */
 #define MS_MAX_STAGES 8
 #define MS_SMEM_MAX (227 << 10)         /* dynamic shared memory a block, at most */
-#define MS_SMEM_DEFAULT (110 << 10)     /* two blocks an SM fit: the next launch's beside this one's */
+#define MS_SMEM_DEFAULT (100 << 10)     /* with MS_BLOCKS_PER_SM: the best shape of the 8B q8_0 model A/B */
+#define MS_BLOCKS_PER_SM 2              /* (bench/results/cuda-tma-2026-11-30.md, 332.5 / 332.7 / 328.7 tok/s) */
 
 struct ms_job {
     struct cu_mv_seg seg[CU_MV_MAX_SEGS];
@@ -330,12 +332,16 @@ static void ms_tune_read(void) {
     cu_matvec_tma_tune(v[0], v[1], v[2], -1, 0, v[3], v[4], v[5]);
 }
 
-bool cu_matvec_tma_on(void) {
+bool cu_matvec_tma_wants(int dtype, int64_t K, bool q8_int8) {
     if (ms_mode == -2) {
         const char *e = getenv("LLMOPT_CUDA_MV_TMA");
         cu_matvec_tma(e && *e ? atoi(e) : -1);
     }
-    return ms_mode == 1; /* the default: off */
+    if (ms_mode >= 0) return ms_mode == 1;
+    /* the default: q8_0 with int8 x and rows of >= 4096 (every 8B launch: 317.3 -> 332.7,
+     * 314.4 -> 328.7 tok/s; no 0.6B launch, where the staged kernel lost: 1,361 -> 1,260);
+     * bf16 stays on the register kernel (216.6 against 214.1 at 8B) */
+    return dtype == CU_Q8_0 && q8_int8 && K >= 4096;
 }
 
 static bool ms_aligned(const void *p) {
@@ -415,7 +421,7 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
         job.n_tiles += (segs[k].w.rows + rs - 1) / rs;
         job.t_end[k] = job.n_tiles;
     }
-    int64_t cap = (int64_t)(ms_tune.blocks_per_sm ? ms_tune.blocks_per_sm : 1) * cu_sm_count();
+    int64_t cap = (int64_t)(ms_tune.blocks_per_sm ? ms_tune.blocks_per_sm : MS_BLOCKS_PER_SM) * cu_sm_count();
     if (ms_tune.max_blocks && ms_tune.max_blocks < cap) cap = ms_tune.max_blocks;
     const unsigned grid = (unsigned)(job.n_tiles < cap ? job.n_tiles : cap);
     const size_t smem = ring_off + (size_t)nst * stage;
