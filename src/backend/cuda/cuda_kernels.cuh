@@ -121,11 +121,12 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
  * not a multiple of 8 (bf16) or 256 (q8_0), unaligned pointers), with nothing launched. */
 cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv_seg *segs, int n_seg,
                              const struct cu_weight *up, bool q8_int8);
-/* Whether a one-row matvec of this weight type and row length (and x mode: q8_int8 as
- * for cu_matvec_stream) takes cu_matvec_stream: cu_matvec_tma's mode, else
- * $LLMOPT_CUDA_MV_TMA=0|1 read once (0 never, 1 wherever it applies); by default q8_0
- * with int8 x and K >= 4096 (measured faster there, slower at 0.6B shapes and bf16). */
-bool cu_matvec_tma_wants(int dtype, int64_t K, bool q8_int8);
+/* Whether a one-row matvec of this weight type, row length K and `streamed` weight rows
+ * (all segments, both halves of a pair; x mode q8_int8 as for cu_matvec_stream) takes
+ * cu_matvec_stream: cu_matvec_tma's mode, else $LLMOPT_CUDA_MV_TMA=0|1 read once (0
+ * never, 1 wherever it applies); by default q8_0 with int8 x and K >= 4096, and bf16
+ * with K == 4096 and at most 8192 rows (where it measured faster in the models). */
+bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool q8_int8);
 extern "C" void cu_matvec_tma(int mode); /* 0 off, 1 on, else the default; C: tests/unit/test_cuda.c */
 /* The staged kernel's launch shape (kernel lab, tests; 0: the default; else, and unless
  * called, $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,producers,row_copies

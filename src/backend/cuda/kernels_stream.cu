@@ -21,10 +21,11 @@
  * ring: each waits for every stage and releases it.
  *
  * Measured on the H200 (bench/results/cuda-tma-2026-11-30.md): with two blocks an SM
- * of 100 KiB (the default shape) 4.6-4.7% faster than the register kernel on the 8B
- * q8_0 model, 7% slower on the 0.6B one and 1% slower on 8B bf16; so by default
- * (cu_matvec_tma_wants) only q8_0 launches with int8 x and rows of >= 4096 take it
- * (LLMOPT_CUDA_MV_TMA=0: never, 1: wherever it applies). */
+ * of 100 KiB (the default shape) 4.5% faster than the register kernel on the 8B q8_0
+ * model, 7% slower on the 0.6B one; on 8B bf16 1% slower everywhere, 2.4% faster on the
+ * q/k/v and attn_o launches alone. So by default (cu_matvec_tma_wants) only q8_0
+ * launches with int8 x and rows of >= 4096 and bf16 launches of <= 8192 rows of 4096
+ * take it (LLMOPT_CUDA_MV_TMA=0: never, 1: wherever it applies). */
 #include "backend/cuda/cuda_device.cuh"
 
 #include <stdlib.h>
@@ -332,15 +333,18 @@ static void ms_tune_read(void) {
     cu_matvec_tma_tune(v[0], v[1], v[2], -1, 0, v[3], v[4], v[5]);
 }
 
-bool cu_matvec_tma_wants(int dtype, int64_t K, bool q8_int8) {
+bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool q8_int8) {
     if (ms_mode == -2) {
         const char *e = getenv("LLMOPT_CUDA_MV_TMA");
         cu_matvec_tma(e && *e ? atoi(e) : -1);
     }
     if (ms_mode >= 0) return ms_mode == 1;
-    /* the default: q8_0 with int8 x and rows of >= 4096 (every 8B launch: 317.3 -> 332.7,
-     * 314.4 -> 328.7 tok/s; no 0.6B launch, where the staged kernel lost: 1,361 -> 1,260);
-     * bf16 stays on the register kernel (216.6 against 214.1 at 8B) */
+    /* the default, where it measured faster in the models (bench/results/cuda-tma-2026-11-30.md):
+     * q8_0 with int8 x and rows of >= 4096 (every 8B launch: 319.4 -> 333.5 tok/s; no 0.6B
+     * launch, where the staged kernel lost: 1,361 -> 1,260); bf16 rows of 4096 in launches
+     * of at most 8192 rows (the 8B q/k/v and attn_o: 218.4 -> 223.6 tok/s; with ffn_down
+     * too 215.3, every bf16 launch 214.1 / 213.5; other row lengths not measured) */
+    if (dtype == CU_BF16) return K == 4096 && streamed <= 8192;
     return dtype == CU_Q8_0 && q8_int8 && K >= 4096;
 }
 
