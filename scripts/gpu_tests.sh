@@ -67,7 +67,7 @@ fi
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
     [ -e "$d/libcublas.so.13" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d && break
 done
-if ! ldd "$BIN/test_cuda" | grep -q "libcublas.so.13 => /"; then
+if ! grep -q "libcublas.so.13 => /" <<< "$(ldd "$BIN/test_cuda")"; then
     d=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
     [ -n "$d" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
     d=$(python3 -c 'import nvidia.cuda_runtime, os; print(os.path.join(list(nvidia.cuda_runtime.__path__)[0], "lib"))' 2>/dev/null)

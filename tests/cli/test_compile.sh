@@ -15,14 +15,14 @@ echo "$report" | sed 's/^/  /'
 k=$(echo "$report" | sed -n 's/.*kernels per forward \([0-9]*\) -> \([0-9]*\).*/\1 \2/p')
 set -- $k
 [ -n "${1:-}" ] && [ "$2" -lt "$1" ] && ok "kernels per forward drop ($1 -> $2)" || bad "kernel count report: $k"
-echo "$report" | grep -q "arena [0-9]* bytes, naive sum of intermediates [0-9]* bytes" && ok "arena vs naive reported" || bad "arena report"
+grep -q "arena [0-9]* bytes, naive sum of intermediates [0-9]* bytes" <<< "$report" && ok "arena vs naive reported" || bad "arena report"
 out=$("$LLMOPT" check "$ENG/model.llmopt" 2>&1) && ok "check passes" || bad "check: $out"
 want=$("$LLMOPT" run $M/stories260K-F32.gguf -n 64 --temp 0 --ids 2>/dev/null)
 got=$("$LLMOPT" run "$ENG" -n 64 --temp 0 --ids 2>/dev/null)
 [ -n "$got" ] && [ "$got" = "$want" ] && ok "run ENGINE_DIR equals run GGUF" || bad "run ENGINE_DIR"
 sed 's/"version": 1,/"version": 7,/' "$ENG/model.llmopt" > "$ENG/bad.llmopt"
 out=$("$LLMOPT" check "$ENG/bad.llmopt" 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "version" && ok "check names a bad version" || bad "bad version: $out"
+[ $rc -eq 1 ] && grep -q "version" <<< "$out" && ok "check names a bad version" || bad "bad version: $out"
 head -c 1000 "$ENG/model.llmopt" > "$ENG/cut.llmopt"
 out=$("$LLMOPT" run "$ENG/cut.llmopt" -n 4 2>&1); rc=$?
 [ $rc -eq 1 ] && ok "truncated program refused" || bad "truncated program: rc $rc"

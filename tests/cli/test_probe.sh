@@ -81,7 +81,7 @@ out=$("$LLMOPT" probe --show "$TMP/huge.json" 2>&1); rc=$?
 out=$("$LLMOPT" probe --quick -t 1 -o /nonexistent/dir/p.json 2>&1); rc=$?
 [ $rc -eq 1 ] && [[ "$out" == *"/nonexistent/dir/p.json"* ]] && ok "unwritable -o fails naming the path" \
     || bad "unwritable -o (rc $rc): $out"
-"$LLMOPT" --help | grep -q "probe" && ok "listed in usage" || bad "listed in usage"
+grep -q "probe" <<< "$("$LLMOPT" --help)" && ok "listed in usage" || bad "listed in usage"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -44,7 +44,7 @@ mkdir -p "$TMP/broken"
 cp tests/golden/qwen3_tiny/hf/config.json "$TMP/broken/"
 head -c 200 tests/golden/qwen3_tiny/hf/model.safetensors > "$TMP/broken/model.safetensors"
 out=$("$LLMOPT" run "$TMP/broken" --prompt-ids 1 -n 2 --ids 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "safetensors" && ok "truncated safetensors: clear error" || bad "truncated safetensors: rc $rc: $out"
+[ $rc -eq 1 ] && grep -q "safetensors" <<< "$out" && ok "truncated safetensors: clear error" || bad "truncated safetensors: rc $rc: $out"
 # Inconsistent header: a tensor's byte range larger than its shape says.
 python3 - "$TMP/broken/model.safetensors" <<'PY'
 import json, struct, sys
@@ -52,10 +52,10 @@ hdr = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]
 open(sys.argv[1], "wb").write(struct.pack("<Q", len(hdr)) + hdr + b"\0" * 16)
 PY
 out=$("$LLMOPT" run "$TMP/broken" --prompt-ids 1 -n 2 --ids 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "data_offsets" && ok "inconsistent safetensors header: clear error" || bad "inconsistent header: $out"
+[ $rc -eq 1 ] && grep -q "data_offsets" <<< "$out" && ok "inconsistent safetensors header: clear error" || bad "inconsistent header: $out"
 # A GGUF with extra tensors: no program takes it, and the error lists them.
 out=$("$LLMOPT" run ../shared/tokenizers/ggml-vocab-qwen2.gguf --prompt-ids 1 -n 2 --ids 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "qwen3: [0-9]* tensors missing: 'token_embd.weight'" && ok "vocab-only GGUF: missing tensors listed per program" \
+[ $rc -eq 1 ] && grep -q "qwen3: [0-9]* tensors missing: 'token_embd.weight'" <<< "$out" && ok "vocab-only GGUF: missing tensors listed per program" \
     || bad "no-match error: $out"
 
 echo "$pass passed, $fail failed"

@@ -19,15 +19,15 @@ trap 'rm -rf "$tmp"' EXIT
 
 # 1. Command-line errors come back at once with a clear message.
 out=$(timeout 20 "$LLMOPT" serve 2>&1); rc=$?
-[ $rc -eq 2 ] && echo "$out" | grep -q "missing MODEL" && ok "serve without a model: usage error" || bad "serve without a model: $rc $out"
+[ $rc -eq 2 ] && grep -q "missing MODEL" <<< "$out" && ok "serve without a model: usage error" || bad "serve without a model: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve $M --port 99999 2>&1); rc=$?
-[ $rc -eq 2 ] && echo "$out" | grep -q "'99999'" && ok "serve --port out of range" || bad "serve --port out of range: $rc $out"
+[ $rc -eq 2 ] && grep -q "'99999'" <<< "$out" && ok "serve --port out of range" || bad "serve --port out of range: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve $M --stream-batch 15 2>&1); rc=$?
-[ $rc -eq 2 ] && echo "$out" | grep -q "stream-batch needs 1..14, got '15'" && ok "serve --stream-batch out of range" || bad "serve --stream-batch out of range: $rc $out"
+[ $rc -eq 2 ] && grep -q "stream-batch needs 1..14, got '15'" <<< "$out" && ok "serve --stream-batch out of range" || bad "serve --stream-batch out of range: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve /nonexistent.gguf --port 0 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "/nonexistent.gguf" && ok "serve a missing file" || bad "serve a missing file: $rc $out"
+[ $rc -eq 1 ] && grep -q "/nonexistent.gguf" <<< "$out" && ok "serve a missing file" || bad "serve a missing file: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve $M --port 0 --chat-template /nonexistent.jinja 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "nonexistent.jinja" && ok "serve a missing chat template" || bad "serve a missing chat template: $rc $out"
+[ $rc -eq 1 ] && grep -q "nonexistent.jinja" <<< "$out" && ok "serve a missing chat template" || bad "serve a missing chat template: $rc $out"
 
 # 2. The request parser's fuzz entry over the corpus and a few thousand mutations.
 if [ -x "$BUILD/fuzz_server_request" ]; then

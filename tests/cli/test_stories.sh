@@ -82,18 +82,18 @@ case "$t" in "Once upon a time"?*) ok "prompt continued";; *) bad "prompt contin
 
 # 6. Errors are clear and never crashes.
 out=$("$LLMOPT" run ../shared/tokenizers/ggml-vocab-llama-spm.gguf -n 4 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "no stock program" && echo "$out" | grep -q "missing" \
+[ $rc -eq 1 ] && grep -q "no stock program" <<< "$out" && grep -q "missing" <<< "$out" \
     && ok "no program binds: clear error" || { bad "no program binds"; echo "$out" | head -5; }
 out=$("$LLMOPT" run /nonexistent.gguf 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "/nonexistent.gguf" && ok "missing file" || bad "missing file: $out"
+[ $rc -eq 1 ] && grep -q "/nonexistent.gguf" <<< "$out" && ok "missing file" || bad "missing file: $out"
 out=$("$LLMOPT" run $M/stories260K-F32.gguf -n abc 2>&1); rc=$?
-[ $rc -eq 2 ] && echo "$out" | grep -q "'abc'" && ok "bad -n value" || bad "bad -n value: $out"
+[ $rc -eq 2 ] && grep -q "'abc'" <<< "$out" && ok "bad -n value" || bad "bad -n value: $out"
 out=$("$LLMOPT" run $M/stories260K-F32.gguf --top-p 7 -n 3 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "top_p" && ok "bad top-p value" || bad "bad top-p: $out"
+[ $rc -eq 1 ] && grep -q "top_p" <<< "$out" && ok "bad top-p value" || bad "bad top-p: $out"
 out=$("$LLMOPT" frobnicate 2>&1); rc=$?
 [ $rc -eq 2 ] && ok "unknown command" || bad "unknown command"
 out=$("$LLMOPT" inspect $M/stories260K-Q4_0.gguf 2>&1); rc=$?
-[ $rc -eq 0 ] && echo "$out" | grep -q "blk.4.ffn_down.weight" && echo "$out" | grep -q "q4_0" \
+[ $rc -eq 0 ] && grep -q "blk.4.ffn_down.weight" <<< "$out" && grep -q "q4_0" <<< "$out" \
     && ok "inspect" || bad "inspect"
 
 echo "$pass passed, $fail failed"

@@ -15,7 +15,7 @@ kv_value() { echo "$2" | awk -v k="$1" '$2 == k { $1 = $2 = $3 = ""; sub(/^ +/, 
 # --- synth: tiny Llama shapes, the Llama 3 vocabulary, q8_0 ---
 out=$("$LLMOPT" synth --like tiny-llama --type q8_0 -o "$T/tiny-q8.gguf" --seed 7 2>&1); rc=$?
 echo "  $out"
-[ $rc -eq 0 ] && [ -f "$T/tiny-q8.gguf" ] && echo "$out" | grep -q "15 q8_0" && ok "synth tiny-llama q8_0" ||
+[ $rc -eq 0 ] && [ -f "$T/tiny-q8.gguf" ] && grep -q "15 q8_0" <<< "$out" && ok "synth tiny-llama q8_0" ||
     bad "synth tiny-llama q8_0 (rc $rc)"
 ins=$("$LLMOPT" inspect "$T/tiny-q8.gguf" 2>&1)
 [ "$(tensor_type blk.0.attn_q.weight "$ins")" = q8_0 ] && [ "$(tensor_type token_embd.weight "$ins")" = q8_0 ] &&
@@ -24,10 +24,10 @@ ins=$("$LLMOPT" inspect "$T/tiny-q8.gguf" 2>&1)
 [ -z "$(tensor_type output.weight "$ins")" ] && ok "tied: no output.weight" || bad "tied embedding"
 [ "$(kv_value general.architecture "$ins")" = '"llama"' ] && [ "$(kv_value llama.block_count "$ins")" = 2 ] &&
     [ "$(kv_value general.file_type "$ins")" = 7 ] && [ "$(kv_value tokenizer.ggml.model "$ins")" = '"gpt2"' ] &&
-    echo "$ins" | grep -q "tokenizer.ggml.tokens *\[string\] *128256 x" && ok "metadata and vocabulary" ||
+    grep -q "tokenizer.ggml.tokens *\[string\] *128256 x" <<< "$ins" && ok "metadata and vocabulary" ||
     bad "metadata: $(echo "$ins" | head -30)"
-echo "$ins" | grep -q "llama.rope.freq_base *f32 *500000" &&
-    echo "$ins" | grep -q "llama.attention.layer_norm_rms_epsilon *f32" && ok "eps/theta are f32" || bad "f32 keys"
+grep -q "llama.rope.freq_base *f32 *500000" <<< "$ins" &&
+    grep -q "llama.attention.layer_norm_rms_epsilon *f32" <<< "$ins" && ok "eps/theta are f32" || bad "f32 keys"
 
 ids=$("$LLMOPT" run "$T/tiny-q8.gguf" -n 8 --temp 0 -p hello --ids -v 2>"$T/err"); rc=$?
 [ $rc -eq 0 ] && [ "$(echo $ids | wc -w)" -ge 8 ] && ok "run binds and generates 8 tokens" ||
@@ -61,27 +61,27 @@ ids4=$("$LLMOPT" run "$T/tiny-q4.gguf" -n 8 --temp 0 -p hello --ids 2>"$T/err");
 # --- K-quant mix: q4_K with q6_K for the tied embedding and some attn_v/ffn_down ---
 out=$("$LLMOPT" synth --like tiny-llama --type q4_k_m -o "$T/tiny-q4km.gguf" 2>&1); rc=$?
 echo "  $out"
-[ $rc -eq 0 ] && echo "$out" | grep -q "q4_K" && echo "$out" | grep -q "q6_K" && ok "synth q4_k_m mix" ||
+[ $rc -eq 0 ] && grep -q "q4_K" <<< "$out" && grep -q "q6_K" <<< "$out" && ok "synth q4_k_m mix" ||
     bad "synth q4_k_m (rc $rc)"
 
 # --- other programs, and the errors a user meets ---
 if [ -f programs/qwen3/graph.json ]; then
     "$LLMOPT" synth --like tiny-qwen3 --type q8_0 -o "$T/qwen.gguf" >/dev/null 2>&1
     out=$("$LLMOPT" run "$T/qwen.gguf" -n 4 --temp 0 -p hello -v 2>&1); rc=$?
-    [ $rc -eq 0 ] && echo "$out" | grep -q "program 'qwen3' binds" && ok "tiny-qwen3 binds the qwen3 program" ||
+    [ $rc -eq 0 ] && grep -q "program 'qwen3' binds" <<< "$out" && ok "tiny-qwen3 binds the qwen3 program" ||
         bad "tiny-qwen3 (rc $rc): $(echo "$out" | tail -3)"
 fi
 mkdir -p "$T/no-programs"
 out=$("$LLMOPT" synth --like qwen3-0.6b --type q8_0 -o "$T/x.gguf" --programs "$T/no-programs" 2>&1); rc=$?
-[ $rc -ne 0 ] && echo "$out" | grep -q "stock program 'qwen3'" && [ ! -e "$T/x.gguf" ] &&
+[ $rc -ne 0 ] && grep -q "stock program 'qwen3'" <<< "$out" && [ ! -e "$T/x.gguf" ] &&
     ok "missing program named" || bad "missing program: $out"
 out=$("$LLMOPT" synth --like gpt-9 --type q8_0 -o "$T/x.gguf" 2>&1); rc=$?
-[ $rc -ne 0 ] && echo "$out" | grep -q "llama-3.2-1b" && ok "unknown --like lists the names" || bad "unknown like: $out"
+[ $rc -ne 0 ] && grep -q "llama-3.2-1b" <<< "$out" && ok "unknown --like lists the names" || bad "unknown like: $out"
 out=$("$LLMOPT" quantize "$T/tiny-q8.gguf" "$T/x.gguf" q3_k 2>&1); rc=$?
-[ $rc -ne 0 ] && echo "$out" | grep -q "q4_k_m" && [ ! -e "$T/x.gguf" ] && ok "unknown type lists the types" ||
+[ $rc -ne 0 ] && grep -q "q4_k_m" <<< "$out" && [ ! -e "$T/x.gguf" ] && ok "unknown type lists the types" ||
     bad "unknown type: $out"
 out=$("$LLMOPT" synth --like tiny-llama --type q8_0 -o "$T/none/x.gguf" 2>&1); rc=$?
-[ $rc -ne 0 ] && echo "$out" | grep -q "cannot create" && ok "unwritable output reported" || bad "bad output: $out"
+[ $rc -ne 0 ] && grep -q "cannot create" <<< "$out" && ok "unwritable output reported" || bad "bad output: $out"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

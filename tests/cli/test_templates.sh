@@ -104,7 +104,7 @@ else
         && ok "chat reuses the KV cache on the second turn, resets after /reset" \
         || { bad "chat KV reuse"; cat "$TMP/chat.err"; }
     # No prompts or escape codes on a pipe.
-    printf '%s' "$out" | grep -q $'\033' && bad "chat wrote ANSI codes to a pipe" || ok "no ANSI codes on a pipe"
+    grep -q $'\033' <<< "$out" && bad "chat wrote ANSI codes to a pipe" || ok "no ANSI codes on a pipe"
     # Same seed, same conversation: same replies.
     out2=$(printf 'Hello there\nTell me about the cat\n/reset\nOnce upon a time\n' |
            "$LLMOPT" chat "$STORIES" --chat-template "$G/chatml.jinja" -n 24 --temp 0 2>/dev/null)
@@ -114,7 +114,7 @@ else
     out=$(printf 'Once upon a time there was a dog\nThe dog was happy\n' |
           "$LLMOPT" chat "$STORIES" --chat-template "$TMP/dot.jinja" -n 200 --temp 0 -v 2>"$TMP/dot.err")
     rc=$?
-    if [ $rc -eq 0 ] && [ "$(grep -c 'stopped: end-of-turn text' "$TMP/dot.err")" -ge 1 ] && ! printf '%s' "$out" | grep -q '\.'; then
+    if [ $rc -eq 0 ] && [ "$(grep -c 'stopped: end-of-turn text' "$TMP/dot.err")" -ge 1 ] && ! grep -q '\.' <<< "$out"; then
         ok "a reply stops at the template's end-of-turn text"
     else
         bad "end-of-turn stop: rc=$rc"; cat "$TMP/dot.err"; printf '%s\n' "$out"
@@ -125,24 +125,24 @@ else
     rc=$?
     [ $rc -eq 0 ] && [ "$(grep -c 'generated' "$TMP/sys.err")" -eq 1 ] && ok "/system and /exit" || bad "/system and /exit (rc=$rc)"
     out=$("$LLMOPT" chat "$STORIES" </dev/null 2>&1); rc=$?
-    [ $rc -eq 1 ] && echo "$out" | grep -q "no tokenizer.chat_template" && echo "$out" | grep -q -- "--chat-template" \
+    [ $rc -eq 1 ] && grep -q "no tokenizer.chat_template" <<< "$out" && grep -q -- "--chat-template" <<< "$out" \
         && ok "chat without a template says how to give one" || bad "chat without a template: $out"
 fi
 
 # ---- (c) errors ----------------------------------------------------------------------------
 printf 'line one\n{{ messages | frobnicate }}\n' >"$TMP/badfilter.jinja"
 out=$("$LLMOPT" template --chat-template "$TMP/badfilter.jinja" --messages "$G/conversations/basic.json" 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "badfilter.jinja:2:15: unknown filter 'frobnicate'" && ok "unknown filter: $out" || bad "unknown filter: $out"
+[ $rc -eq 1 ] && grep -q "badfilter.jinja:2:15: unknown filter 'frobnicate'" <<< "$out" && ok "unknown filter: $out" || bad "unknown filter: $out"
 printf '{%% for m in messages %%}{{ m.content }}' >"$TMP/unclosed.jinja"
 out=$("$LLMOPT" template --chat-template "$TMP/unclosed.jinja" --messages "$G/conversations/basic.json" 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "'for' block opened at 1:4 is never closed" && ok "unclosed block: $out" || bad "unclosed block: $out"
+[ $rc -eq 1 ] && grep -q "'for' block opened at 1:4 is never closed" <<< "$out" && ok "unclosed block: $out" || bad "unclosed block: $out"
 if [ -f "$G/gemma2.jinja" ]; then
     out=$("$LLMOPT" template --chat-template "$G/gemma2.jinja" --messages "$G/conversations/system_multiturn.json" 2>&1); rc=$?
-    [ $rc -eq 1 ] && echo "$out" | grep -q "raise_exception: System role not supported" && ok "raise_exception: $out" \
+    [ $rc -eq 1 ] && grep -q "raise_exception: System role not supported" <<< "$out" && ok "raise_exception: $out" \
         || bad "raise_exception: $out"
 fi
 out=$("$LLMOPT" template --chat-template "$G/chatml.jinja" --messages /nonexistent.json 2>&1); rc=$?
-[ $rc -eq 1 ] && echo "$out" | grep -q "/nonexistent.json" && ok "missing messages file" || bad "missing messages file: $out"
+[ $rc -eq 1 ] && grep -q "/nonexistent.json" <<< "$out" && ok "missing messages file" || bad "missing messages file: $out"
 out=$("$LLMOPT" template --chat-template "$G/chatml.jinja" 2>&1); rc=$?
 [ $rc -eq 2 ] && ok "template without --messages is a usage error" || bad "template without --messages: rc=$rc"
 
