@@ -675,27 +675,29 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     const int persist_tunes[][8] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
     /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, wait mode, blocks an
      * SM, producer lanes, a copy a row}: the register kernel; the staged default; 8 rows
-     * a tile in a 200 KiB ring; two blocks an SM of 100 KiB; the default with spin waits */
-    const int tma_tunes[][8] = {{0}, {1, 0, 0, -1, 0, 1, 0}, {1, 8, 200, -1, 0, 1, 0}, {1, 0, 100, -1, 2, 1, 0},
-                                {1, 0, 0, 1, 0, 1, 0}};
-    const int(*tunes)[8] = kq ? kq_tunes : sweep_persist_ab ? persist_tunes : sweep_tma_ab ? tma_tunes : mv_tunes;
-    const size_t n_tunes = kq ? sizeof kq_tunes / sizeof kq_tunes[0]
+     * a tile in a 200 KiB ring; 8 rows a tile, two blocks an SM of 100 KiB; one block an
+     * SM of 100 KiB (room for the next launch's block beside it: its producer streams
+     * while this one drains); the default with spin waits */
+    const int tma_tunes[][8] = {{0}, {1, 0, 0, -1, 0, 1, 0}, {1, 8, 200, -1, 0, 1, 0}, {1, 8, 100, -1, 2, 1, 0},
+                                {1, 8, 100, -1, 1, 1, 0}, {1, 0, 0, 1, 0, 1, 0}};
+    const int(*tunes)[8] = sweep_tma_ab ? tma_tunes : kq ? kq_tunes : sweep_persist_ab ? persist_tunes : mv_tunes;
+    const size_t n_tunes = sweep_tma_ab       ? sizeof tma_tunes / sizeof tma_tunes[0]
+                           : kq               ? sizeof kq_tunes / sizeof kq_tunes[0]
                            : sweep_persist_ab ? 3
-                           : sweep_tma_ab     ? sizeof tma_tunes / sizeof tma_tunes[0]
                                               : sizeof mv_tunes / sizeof mv_tunes[0];
     bool all_ok = true;
     double best = 0;
     int best_t = 0;
     for (size_t t = 0; t < n_tunes; t++) {
-        if (js.pair && tunes[t][0] == 4) continue;
-        if (kq)
+        if (js.pair && tunes[t][0] == 4 && !sweep_tma_ab) continue;
+        if (sweep_tma_ab) { /* (K-quants: the register kernel at its default shape) */
+            cu_matvec_tma(tunes[t][0]);
+            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], tunes[t][4], -1, 0, tunes[t][3], tunes[t][5], tunes[t][6]);
+        } else if (kq)
             cu_kq_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         else if (sweep_persist_ab)
             cu_matvec_persist(tunes[t][0], 0);
-        else if (sweep_tma_ab) {
-            cu_matvec_tma(tunes[t][0]);
-            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], tunes[t][4], -1, 0, tunes[t][3], tunes[t][5], tunes[t][6]);
-        } else
+        else
             cu_matvec_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         CHECK_CUDA(cudaMemset(y, 0xff, (size_t)n_out * 4)); /* NaN: every output must be written */
         CHECK_CUDA(launch(0));
@@ -882,9 +884,11 @@ static bool bench_chain(int dtype, int heads, int64_t n_out) {
     return ok;
 }
 
-/* --tma [bf16|q8_0 [JOB]]: the 8B and 0.6B decode launches, register kernel against the
- * staged one at its launch shapes (sweep_job with tma_tunes; q8_0 with int8 x for both),
- * then the chained rows; JOB: only the launches whose name begins with it, no chains. */
+/* --tma [bf16|q8_0|q4_k|q6_k [JOB]]: the 8B and 0.6B decode launches, register kernel
+ * against the staged one at its launch shapes (sweep_job with tma_tunes; q8_0 with int8
+ * x for both; the K-quants also q/k/v of q4_K q/k and a q6_K v, as Q4_K_M files mix
+ * them), then the chained rows (bf16, q8_0); JOB: only the launches whose name begins
+ * with it, no chains. */
 static int tma_ab(double copy_gbs, const char *only, const char *job) {
     const struct mv_job_shape jobs[] = {
         {"attn_o 4096x4096", 1, {4096}, 4096, false, false},
@@ -900,11 +904,15 @@ static int tma_ab(double copy_gbs, const char *only, const char *job) {
     };
     sweep_tma_ab = true;
     bool ok = true;
-    for (int dtype : {CU_BF16, CU_Q8_0})
+    for (int dtype : {CU_BF16, CU_Q8_0, CU_Q4_K, CU_Q6_K})
         if (!only || !strcmp(only, dtype_name(dtype)))
             for (const auto &js : jobs)
                 if (!job || !strncmp(js.what, job, strlen(job)))
                     ok = sweep_job(dtype, js, copy_gbs, dtype == CU_Q8_0 ? 1 : 0) && ok;
+    const struct mv_job_shape mixed = {"q/k/v q4_K q/k, q6_K v +norm", 3, {4096, 1024, 1024}, 4096, false, true};
+    const int mixed_tys[3] = {CU_Q4_K, CU_Q4_K, CU_Q6_K};
+    if ((!only || !strcmp(only, "q4_k")) && (!job || !strncmp(mixed.what, job, strlen(job))))
+        ok = sweep_job(CU_Q4_K, mixed, copy_gbs, 0, mixed_tys) && ok;
     sweep_tma_ab = false;
     for (int dtype : {CU_BF16, CU_Q8_0})
         if ((!only || !strcmp(only, dtype_name(dtype))) && !job) {

@@ -12,7 +12,7 @@
  * kernel serves q5_K and the f32 x modes; the default for q4_K/q6_K is the int8-x
  * kernel further down (cu_matvec_kq_multi: x rounded to 8 bits, dp4a products, also
  * the fused decode launches). */
-#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/kquant_dot.cuh"
 
 #include <string.h>
 
@@ -57,20 +57,6 @@ static __device__ __forceinline__ void kq_load(const uint8_t *row, const uint16_
 /* Byte b of v as a float: v's byte under 0x4b0000 reads as 2^23 + byte, exactly. */
 static __device__ __forceinline__ float kq_byte(uint32_t v, int b) {
     return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u | (unsigned)b)) - 8388608.0f;
-}
-
-/* Sub-block j's 6-bit scale and min from the 12 packed bytes (words y, z, w of the
- * meta load: bytes 0..3, 4..7, 8..11), format/quant_k.h's packing. */
-static __device__ __forceinline__ void kq_scale_min(const uint4 &m, int j, int &sc, int &mn) {
-    const int sh = 8 * (j & 3);
-    const int by = (int)((m.y >> sh) & 0xffu), bz = (int)((m.z >> sh) & 0xffu), bw = (int)((m.w >> sh) & 0xffu);
-    if (j < 4) {
-        sc = by & 63;
-        mn = bz & 63;
-    } else {
-        sc = (bw & 15) | ((by >> 6) << 4);
-        mn = (bw >> 4) | ((bz >> 6) << 4);
-    }
 }
 
 /* First element (within the super-block) of group g of unit ub. */
@@ -428,9 +414,6 @@ cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float
 
 static bool km_type_ok(int t) { return t == CU_Q4_K || t == CU_Q6_K; }
 
-/* Shared memory of `rows` quantized x rows of K: int8 chunks, then d and sum per 32. */
-static __host__ __device__ __forceinline__ size_t km_row_bytes(int64_t K) { return (size_t)K + (size_t)K / 32 * 8; }
-
 struct km_job {
     struct cu_mv_seg seg[CU_MV_MAX_SEGS];
     int64_t g_end[CU_MV_MAX_SEGS]; /* row groups of NR rows, segments end to end */
@@ -438,132 +421,6 @@ struct km_job {
     struct cu_weight up; /* PAIR: the up weight beside segment 0 */
     int r0, rows_total;  /* the launch's x rows are r0.. of rows_total (output offsets) */
 };
-
-/* 16-byte chunk c of a quantized x row -> its slot: q4_K lanes read chunks 4 apart, q6_K
- * lanes 1, 8 and 16 apart; XOR-ing bits 0 and 2 with bit 3 and bit 1 with bit 4 puts
- * the 8 lanes of each quarter warp on distinct banks for both (a permutation inside
- * each aligned run of 32 chunks). */
-static __device__ __forceinline__ int64_t km_slot(int64_t c) {
-    return c ^ (((c >> 3) & 1) * 5) ^ (((c >> 4) & 1) << 1);
-}
-
-struct km_raw {
-    uint4 a, b, c;
-    uint2 s;
-    float d;
-};
-
-/* Lane part c (0..3) of a super-block at bp (q6_K: its scale at dp): q4_K a = header,
- * b/c = qs bytes 32c..32c+31; q6_K (h = c / 2, s = c % 2) a/b = ql slices, c = qh
- * slice, s = the 8 scales of half h, d = the super-block scale. */
-template <int DT>
-static __device__ __forceinline__ void km_load(const uint8_t *bp, const uint16_t *dp, int c, km_raw &r) {
-    if constexpr (DT == CU_Q4_K) {
-        r.a = __ldg((const uint4 *)bp);
-        r.b = __ldg((const uint4 *)(bp + 16 + 32 * c));
-        r.c = __ldg((const uint4 *)(bp + 32 + 32 * c));
-    } else {
-        const int h = c >> 1, s = c & 1;
-        r.a = __ldg((const uint4 *)(bp + 64 * h + 16 * s));
-        r.b = __ldg((const uint4 *)(bp + 64 * h + 32 + 16 * s));
-        r.c = __ldg((const uint4 *)(bp + 128 + 32 * h + 16 * s));
-        r.s = __ldg((const uint2 *)(bp + 192 + 8 * h));
-        r.d = cu_f16(__ldg(dp));
-    }
-}
-
-/* The x operands of a lane's 64 weights: 4 int8 chunks, their group scales (q4_K: 2
- * groups of 32, q6_K: 4), q4_K the groups' f32 sums, and the int sums of the quantized
- * x of each group (q4_K) or chunk (q6_K). */
-struct km_xv {
-    uint4 q[4];
-    float4 d;
-    float2 s;
-    int qs[4];
-};
-
-template <int DT>
-static __device__ __forceinline__ void km_x_load(const uint8_t *xr, int64_t K, int64_t sb, int c, km_xv &v) {
-    const uint4 *xq = (const uint4 *)xr;
-    const float *xd = (const float *)(xr + K), *xs = xd + K / 32;
-    if constexpr (DT == CU_Q4_K) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) v.q[i] = xq[km_slot(16 * sb + 4 * c + i)];
-        const float2 d = *(const float2 *)(xd + 8 * sb + 2 * c);
-        v.d = make_float4(d.x, d.y, 0.0f, 0.0f);
-        v.s = *(const float2 *)(xs + 8 * sb + 2 * c);
-#pragma unroll
-        for (int g = 0; g < 2; g++) {
-            int t = 0;
-#pragma unroll
-            for (int i = 2 * g; i < 2 * g + 2; i++) {
-                t = __dp4a((int)v.q[i].x, 0x01010101, t);
-                t = __dp4a((int)v.q[i].y, 0x01010101, t);
-                t = __dp4a((int)v.q[i].z, 0x01010101, t);
-                t = __dp4a((int)v.q[i].w, 0x01010101, t);
-            }
-            v.qs[g] = t;
-        }
-    } else {
-        const int h = c >> 1, s = c & 1;
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            v.q[g] = xq[km_slot(16 * sb + 8 * h + 2 * g + s)];
-            int t = __dp4a((int)v.q[g].x, 0x01010101, 0);
-            t = __dp4a((int)v.q[g].y, 0x01010101, t);
-            t = __dp4a((int)v.q[g].z, 0x01010101, t);
-            v.qs[g] = __dp4a((int)v.q[g].w, 0x01010101, t);
-        }
-        v.d = *(const float4 *)(xd + 8 * sb + 4 * h);
-    }
-}
-
-/* One row's contribution of a lane's 64 weights, the quants centred so that x's
- * rounding error is not carried by their offset: q4_K per sub-block of 32 d sc Σ(q -
- * 8)·x + (8 d sc - dmin mn) Σx (Σx exact in f32); q6_K per 16 d sc Σ(q - 32)·x; the
- * integer sums Σ(q - c)·qx = Σq·qx - c Σqx. */
-template <int DT>
-static __device__ __forceinline__ float km_dot(const km_raw &r, const km_xv &v, int c) {
-    const uint32_t a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, b[4] = {r.b.x, r.b.y, r.b.z, r.b.w},
-                   h[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
-    if constexpr (DT == CU_Q4_K) {
-        const uint32_t x0[4] = {v.q[0].x, v.q[0].y, v.q[0].z, v.q[0].w}, x1[4] = {v.q[1].x, v.q[1].y, v.q[1].z, v.q[1].w},
-                       x2[4] = {v.q[2].x, v.q[2].y, v.q[2].z, v.q[2].w}, x3[4] = {v.q[3].x, v.q[3].y, v.q[3].z, v.q[3].w};
-        int lo = 0, hi = 0; /* quants < 16: signed dp4a is exact */
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo = __dp4a((int)(b[i] & 0x0f0f0f0fu), (int)x0[i], lo);
-            lo = __dp4a((int)(h[i] & 0x0f0f0f0fu), (int)x1[i], lo);
-            hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)x2[i], hi);
-            hi = __dp4a((int)((h[i] >> 4) & 0x0f0f0f0fu), (int)x3[i], hi);
-        }
-        int s0, m0, s1, m1;
-        kq_scale_min(r.a, 2 * c, s0, m0);
-        kq_scale_min(r.a, 2 * c + 1, s1, m1);
-        const float d = cu_f16((uint16_t)(r.a.x & 0xffffu)), dmin = cu_f16((uint16_t)(r.a.x >> 16));
-        return d * ((float)(s0 * (lo - 8 * v.qs[0])) * v.d.x + (float)(s1 * (hi - 8 * v.qs[1])) * v.d.y) +
-               (8.0f * d * (float)s0 - dmin * (float)m0) * v.s.x + (8.0f * d * (float)s1 - dmin * (float)m1) * v.s.y;
-    } else {
-        const int s = c & 1;
-        const float dx[4] = {v.d.x, v.d.y, v.d.z, v.d.w};
-        float t = 0.0f;
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            const uint32_t xw[4] = {v.q[g].x, v.q[g].y, v.q[g].z, v.q[g].w};
-            int dot = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t lo = g == 0 ? a[i] : g == 1 ? b[i] : g == 2 ? a[i] >> 4 : b[i] >> 4;
-                const uint32_t hb = g == 0 ? h[i] << 4 : g == 1 ? h[i] << 2 : g == 2 ? h[i] : h[i] >> 2;
-                dot = __dp4a((int)((lo & 0x0f0f0f0fu) | (hb & 0x30303030u)), (int)xw[i], dot);
-            }
-            const int k = 2 * g + s; /* scales[8h + k] */
-            const int sc = (int8_t)(((k < 4 ? r.s.x : r.s.y) >> (8 * (k & 3))) & 0xffu);
-            t += (float)(sc * (dot - 32 * v.qs[g])) * dx[g];
-        }
-        return r.d * t;
-    }
-}
 
 /* x rows (rows of K) -> shared memory (km_row_bytes each), by the whole block; with
  * NORM each row becomes x * inv_rms * norm_w first (cu_norm's expressions). */
@@ -574,7 +431,6 @@ static __device__ __forceinline__ void km_stage_x(const float *__restrict__ x, i
     for (int r = 0; r < rows; r++) {
         const float4 *xr = (const float4 *)(x + (size_t)r * K);
         uint8_t *out = sm + (size_t)r * km_row_bytes(K);
-        float *xd = (float *)(out + K), *xs = xd + K / 32;
         float inv = 1.0f;
         if constexpr (NORM) {
             float ss = 0.0f;
@@ -592,30 +448,12 @@ static __device__ __forceinline__ void km_stage_x(const float *__restrict__ x, i
                 const float4 g = __ldg((const float4 *)norm_w + f);
                 v = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
             }
-            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-            float sum = (v.x + v.y) + (v.z + v.w);
-#pragma unroll
-            for (int o = 1; o < 8; o <<= 1) {
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            }
-            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            const uint32_t w = (uint32_t)(__float2int_rn(v.x * id) & 0xff) | (uint32_t)(__float2int_rn(v.y * id) & 0xff) << 8 |
-                               (uint32_t)(__float2int_rn(v.z * id) & 0xff) << 16 |
-                               (uint32_t)(__float2int_rn(v.w * id) & 0xff) << 24;
-            ((uint32_t *)out)[km_slot(f / 4) * 4 + f % 4] = w;
-            if ((f & 7) == 0) {
-                xd[f / 8] = amax / 127.0f;
-                xs[f / 8] = sum;
-            }
+            km_put_x4<false>(v, f, out, K);
         }
     }
     __syncthreads();
 }
 
-/* DT: every segment's type, or 0 (q4_K and q6_K segments mixed: per item). RM: the x
- * rows a launch takes at most (`rows` of them, each in shared memory); several rows
- * take one output row a warp. */
 /* A warp's position in its sequence of items: row group g (segment seg, first row j0)
  * and stage st (super-blocks st KM_SB ..), advanced without divisions. */
 struct km_cur {
@@ -893,6 +731,20 @@ cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, co
     job.n_seg = n_seg;
     for (int k = 0; k < n_seg; k++) job.seg[k] = segs[k];
     if (up) job.up = *up;
+    if (rows == 1 && nr == 0 && !km_nr && !km_pf && !km_bps_cap) {
+        /* the staged kernel (kernels_stream.cu), where it is chosen and applies; not
+         * under a cu_kq_tune launch shape (lab, tests of this kernel) */
+        int64_t streamed = up ? 2 * up->rows : 0;
+        bool all_q6 = true;
+        for (int k = 0; k < n_seg; k++) {
+            streamed += up ? 0 : segs[k].w.rows;
+            all_q6 = all_q6 && segs[k].w.dtype == CU_Q6_K;
+        }
+        if (cu_matvec_tma_wants(all_q6 ? CU_Q6_K : CU_Q4_K, K, streamed, up != NULL, true)) {
+            const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, true);
+            if (e != cudaErrorNotSupported) return e;
+        }
+    }
     if (nr == 0) nr = km_nr ? km_nr : 2;
     cudaError_t e;
     if (!same)

@@ -695,7 +695,7 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
         const bool q8_int8 = mv_x_mode_read() != MV_X_F32 && mv_xq_smem(segs[0].w.cols) <= (48 << 10);
         int64_t streamed = up ? 2 * up->rows : 0; /* weight rows the launch streams */
         for (int k = 0; k < n_seg; k++) streamed += up ? 0 : segs[k].w.rows;
-        if (cu_matvec_tma_wants(segs[0].w.dtype, segs[0].w.cols, streamed, q8_int8)) {
+        if (cu_matvec_tma_wants(segs[0].w.dtype, segs[0].w.cols, streamed, up != NULL, q8_int8)) {
             const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, q8_int8);
             if (e != cudaErrorNotSupported) return e;
         }

@@ -1,11 +1,11 @@
-/* The staged one-row matvec (decode, bf16 and q8_0): weights travel global -> shared
- * memory by Hopper bulk copies (cp.async.bulk ... mbarrier::complete_tx::bytes) into a
+/* The staged one-row matvec (decode: bf16, q8_0, q4_K, q6_K): weights travel global ->
+ * shared memory by Hopper bulk copies (cp.async.bulk ... mbarrier::complete_tx::bytes) into a
  * ring of stages, so the bytes in flight cost no registers.
  *
  * A block is MS_CW consumer warps and one producer warp. The launch's output rows are
  * cut into tiles of `rs` consecutive rows of one segment (of a SwiGLU pair: rs gate and
  * rs up rows); a tile's rows are a contiguous byte range of the row-major weight (q8_0:
- * a second range of its f16 scales), copied whole into one stage. Block b takes tiles
+ * and q6_K: a second range of their f16 scales), copied whole into one stage. Block b takes tiles
  * b, b + grid, ...; one producer thread fills the stages (full barrier: expect_tx of
  * the tile's bytes) and refills a stage once the consumer warps have released it
  * (empty barrier, one arrival a warp). The producer reads only weights, so it issues
@@ -13,23 +13,28 @@
  * block is resident while the kernel before it still runs, and its first tiles stream
  * in meanwhile. After the wait the consumers stage x in shared memory (bf16: f32, after
  * the rms_norm prologue when set; q8_0: int8 and a scale per 32, the rule of
- * mv_quantize_x_q8, so the same int8 x as the register kernel's int8 mode). Each
+ * mv_quantize_x_q8, so the same int8 x as the register kernel's int8 mode; K-quants:
+ * km_put_x4's int8 per 32 with the chunk sums, cu_matvec_kq_multi's x). Each
  * consumer warp then owns whole rows (row r of the block's k-th tile: warp
- * (k * rs + r) % 8): its lanes dot 16-byte chunks c = lane, lane + 32, ... with x,
- * a warp sum, and lane 0 writes the epilogue (cu_matvec_put; its operands loaded
- * before the stage wait). Warps are not synchronized with each other, only through the
- * ring: each waits for every stage and releases it.
+ * (k * rs + r) % 8): its lanes dot 16-byte chunks c = lane, lane + 32, ... with x
+ * (K-quants: 4 lanes a super-block, ms_kq_row), a warp sum, and lane 0 writes the
+ * epilogue (cu_matvec_put; its operands loaded before the stage wait). Warps are not
+ * synchronized with each other, only through the ring: each waits for every stage and
+ * releases it.
  *
  * Measured on the H200 (bench/results/cuda-tma-2026-11-30.md): with two blocks an SM
  * of 100 KiB (the default shape) 4.5% faster than the register kernel on the 8B q8_0
  * model, 7% slower on the 0.6B one; on 8B bf16 1% slower everywhere, 2.4% faster on the
- * q/k/v and attn_o launches alone. So by default (cu_matvec_tma_wants) only q8_0
- * launches with int8 x and rows of >= 4096 and bf16 launches of <= 8192 rows of 4096
- * take it (LLMOPT_CUDA_MV_TMA=0: never, 1: wherever it applies). */
-#include "backend/cuda/cuda_device.cuh"
+ * q/k/v and attn_o launches alone; on 8B q4_k_m 15% faster (bench/results/
+ * cuda-kq-stream-2026-11-30.md). So by default (cu_matvec_tma_wants) q8_0 launches with
+ * int8 x and q4_K/q6_K launches, each with rows of >= 4096, and bf16 launches of <= 8192
+ * rows of 4096 take it (LLMOPT_CUDA_MV_TMA=0: never, 1: wherever it applies). */
+#include "backend/cuda/kquant_dot.cuh"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include <algorithm>
 
 #define MS_CW 8                         /* consumer warps */
 #define MS_CT (MS_CW * CU_WARP)         /* consumer threads */
@@ -39,6 +44,139 @@
 #define MS_SMEM_MAX (227 << 10)         /* dynamic shared memory a block, at most */
 #define MS_SMEM_DEFAULT (100 << 10)     /* with MS_BLOCKS_PER_SM: the best shape of the 8B q8_0 model A/B */
 #define MS_BLOCKS_PER_SM 2              /* (bench/results/cuda-tma-2026-11-30.md, 332.5 / 332.7 / 328.7 tok/s) */
+
+/* Bytes of one weight row of K in the upload layout (cuda_kernels.cuh), and of its
+ * separate scales (q8_0: an f16 per 32; q6_K: an f16 per super-block of 256). */
+static __host__ __device__ __forceinline__ uint32_t ms_row_bytes(int dt, int64_t K) {
+    return (uint32_t)(dt == CU_Q8_0 ? K : dt == CU_Q4_K ? K / 256 * 144 : dt == CU_Q6_K ? K / 256 * 208 : 2 * K);
+}
+static __host__ __device__ __forceinline__ uint32_t ms_sc_bytes(int dt, int64_t K) {
+    return (uint32_t)(dt == CU_Q8_0 ? K / 16 : dt == CU_Q6_K ? K / 128 : 0);
+}
+static bool ms_kquant(int dt) { return dt == CU_Q4_K || dt == CU_Q6_K; }
+
+/* One row's dot products of a K-quant tile: cu_matvec_kq_multi's lane split and
+ * arithmetic (4 lanes a super-block, 64 weights a lane, int8 x, quants centred; the same
+ * expressions in the same order as km_dot, so the same sums), written for the shared
+ * memory of this kernel: lane (q, c) = (lane / 4, lane % 4) takes super-blocks q, q + 8,
+ * ...; every x address is a lane constant plus 256 bytes a super-block (the chunk slots
+ * of km_slot depend only on c and on q's low bit, since 8 super-blocks a pass keep
+ * sb % 2 == q % 2), the sub-block scale bytes are found by lane-constant shifts, and
+ * all index arithmetic is 32-bit. This takes about half the instructions of the
+ * general km_x_load + km_dot per 64 weights (the launch is bound by issue: ncu on the
+ * 8B gate/up pair, bench/results/cuda-kq-stream-2026-11-30.md). Stage row r of each of the NW
+ * weights of the stage (their scales, q6_K, after the stage's rs rows). */
+/* The lane constants of ms_kq_row for weight type D, computed once a kernel. */
+struct ms_kq_lane {
+    uint32_t xo[4];            /* x: chunk slots (km_slot) of the lane's 4 chunks in super-block q's 256 bytes */
+    const uint8_t *xq;         /* x chunks of super-block q; + 2048 a pass */
+    const uint8_t *xd, *xsum;  /* its x scales and (q4_K) f32 sums of x; + 256 */
+    const uint8_t *cs;         /* its int chunk sums; + 512 */
+};
+
+template <int D>
+static __device__ __forceinline__ ms_kq_lane ms_kq_lane_of(const uint8_t *xs, int64_t K, int lane) {
+    const uint32_t k32 = (uint32_t)K, q = (uint32_t)lane >> 2, c = (uint32_t)lane & 3, h = c >> 1;
+    const uint32_t sw = h * 5 ^ (q & 1) << 1;
+    ms_kq_lane L;
+#pragma unroll
+    for (int i = 0; i < 4; i++) L.xo[i] = 16 * ((D == CU_Q4_K ? 4 * c + i : 8 * h + 2 * i + (c & 1)) ^ sw);
+    L.xq = xs + 256 * q;
+    L.xd = xs + k32 + 32 * q + (D == CU_Q4_K ? 8 * c : 16 * h);
+    L.xsum = L.xd + k32 / 8;
+    L.cs = xs + k32 + k32 / 4 + 64 * q + (D == CU_Q4_K ? 16 * c : 32 * h);
+    return L;
+}
+
+template <int D, int NW>
+static __device__ __forceinline__ void ms_kq_row(const uint8_t *stg, uint32_t w_bytes, int r, int rs, int64_t K,
+                                                 const ms_kq_lane &L, int lane, float (&acc)[NW]) {
+    const uint32_t nb = (uint32_t)(K / 256);
+    const uint32_t row_bytes = ms_row_bytes(D, K);
+    const uint32_t q = (uint32_t)lane >> 2, c = (uint32_t)lane & 3, h = c >> 1;
+    const uint32_t *xo = L.xo;
+    const uint8_t *xq = L.xq, *xdp = L.xd, *xsp = L.xsum, *csp = L.cs;
+    constexpr uint32_t BB = D == CU_Q4_K ? 144 : 208;
+    const uint8_t *wp[NW];
+    const uint16_t *dp[NW];
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+        const uint8_t *base = stg + (size_t)w * w_bytes;
+        wp[w] = base + (uint32_t)r * row_bytes + BB * q;                      /* + 8 BB a pass */
+        dp[w] = (const uint16_t *)(base + (uint32_t)rs * row_bytes) + (uint32_t)r * nb + q;
+    }
+    const uint32_t sh = 16 * (c & 1); /* q4_K: the scale bytes of sub-blocks 2c, 2c + 1 */
+#pragma unroll 2
+    for (uint32_t sb = q, p = 0; sb < nb; sb += 8, p++) {
+        const uint4 x0 = *(const uint4 *)(xq + 2048 * p + xo[0]), x1 = *(const uint4 *)(xq + 2048 * p + xo[1]),
+                    x2 = *(const uint4 *)(xq + 2048 * p + xo[2]), x3 = *(const uint4 *)(xq + 2048 * p + xo[3]);
+        const uint32_t xw[4][4] = {{x0.x, x0.y, x0.z, x0.w}, {x1.x, x1.y, x1.z, x1.w}, {x2.x, x2.y, x2.z, x2.w},
+                                   {x3.x, x3.y, x3.z, x3.w}};
+        if constexpr (D == CU_Q4_K) {
+            const float2 xd = *(const float2 *)(xdp + 256 * p), xsum = *(const float2 *)(xsp + 256 * p);
+            const int4 cs = *(const int4 *)(csp + 512 * p);
+            const int qs0 = cs.x + cs.y, qs1 = cs.z + cs.w;
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const uint8_t *bp = wp[w] + 8 * BB * p;
+                const uint4 m = *(const uint4 *)bp, lo4 = *(const uint4 *)(bp + 16 + 32 * c),
+                            hi4 = *(const uint4 *)(bp + 32 + 32 * c);
+                const uint32_t b[4] = {lo4.x, lo4.y, lo4.z, lo4.w}, hh[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
+                int lo = 0, hi = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    lo = __dp4a((int)(b[i] & 0x0f0f0f0fu), (int)xw[0][i], lo);
+                    lo = __dp4a((int)(hh[i] & 0x0f0f0f0fu), (int)xw[1][i], lo);
+                    hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)xw[2][i], hi);
+                    hi = __dp4a((int)((hh[i] >> 4) & 0x0f0f0f0fu), (int)xw[3][i], hi);
+                }
+                /* scale and min of sub-blocks 2c, 2c + 1 (kq_scale_min): bytes 2(c % 2), +1 of
+                 * the y/z/w words; c < 2 the low 6 bits of y/z, else w's nibbles and y/z's
+                 * top 2 bits */
+                const uint32_t y = m.y >> sh, z = m.z >> sh, wv = m.w >> sh;
+                const uint32_t scp = h ? (wv & 0x0f0fu) | (y >> 2 & 0x3030u) : y & 0x3f3fu;
+                const uint32_t mnp = h ? (wv >> 4 & 0x0f0fu) | (z >> 2 & 0x3030u) : z & 0x3f3fu;
+                const int s0 = (int)(scp & 0xffu), s1 = (int)(scp >> 8 & 0xffu), m0 = (int)(mnp & 0xffu),
+                          m1 = (int)(mnp >> 8 & 0xffu);
+                const float d = cu_f16((uint16_t)(m.x & 0xffffu)), dmin = cu_f16((uint16_t)(m.x >> 16));
+                acc[w] += d * ((float)(s0 * (lo - 8 * qs0)) * xd.x + (float)(s1 * (hi - 8 * qs1)) * xd.y) +
+                          (8.0f * d * (float)s0 - dmin * (float)m0) * xsum.x +
+                          (8.0f * d * (float)s1 - dmin * (float)m1) * xsum.y;
+            }
+        } else {
+            const float4 xd = *(const float4 *)(xdp + 256 * p);
+            const int4 c0 = *(const int4 *)(csp + 512 * p), c1 = *(const int4 *)(csp + 512 * p + 16);
+            const uint32_t s = c & 1;
+            const int qs[4] = {s ? c0.y : c0.x, s ? c0.w : c0.z, s ? c1.y : c1.x, s ? c1.w : c1.z};
+            const float dx[4] = {xd.x, xd.y, xd.z, xd.w};
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const uint8_t *bp = wp[w] + 8 * BB * p;
+                const uint4 ra = *(const uint4 *)(bp + 64 * h + 16 * s), rb = *(const uint4 *)(bp + 64 * h + 32 + 16 * s),
+                            rc = *(const uint4 *)(bp + 128 + 32 * h + 16 * s);
+                const uint2 sc8 = *(const uint2 *)(bp + 192 + 8 * h);
+                const float d = cu_f16(dp[w][8 * p]);
+                const uint32_t a[4] = {ra.x, ra.y, ra.z, ra.w}, b[4] = {rb.x, rb.y, rb.z, rb.w},
+                               hq[4] = {rc.x, rc.y, rc.z, rc.w};
+                float t = 0.0f;
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    int dot = 0;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint32_t lo = g == 0 ? a[i] : g == 1 ? b[i] : g == 2 ? a[i] >> 4 : b[i] >> 4;
+                        const uint32_t hb = g == 0 ? hq[i] << 4 : g == 1 ? hq[i] << 2 : g == 2 ? hq[i] : hq[i] >> 2;
+                        dot = __dp4a((int)((lo & 0x0f0f0f0fu) | (hb & 0x30303030u)), (int)xw[g][i], dot);
+                    }
+                    /* scales[8h + 2g + s]: byte 2(g % 2) + s of word g / 2 */
+                    const int sc = (int)(int8_t)((g < 2 ? sc8.x : sc8.y) >> (16 * (g & 1) + 8 * s) & 0xffu);
+                    t += (float)(sc * (dot - 32 * qs[g])) * dx[g];
+                }
+                acc[w] += d * t;
+            }
+        }
+    }
+}
 
 struct ms_job {
     struct cu_mv_seg seg[CU_MV_MAX_SEGS];
@@ -132,18 +270,22 @@ static __device__ __forceinline__ void ms_consumer_sync(void) {
     asm volatile("bar.sync 1, %0;" ::"r"(MS_CT) : "memory");
 }
 
+/* DT: bf16, q8_0, q4_K, q6_K, or 0: K-quant segments of either type (the type is
+ * per segment, so uniform over a tile). The K-quant kernels are held to the registers
+ * of MS_BLOCKS_PER_SM blocks an SM (q6_K took 123 unbounded: one block an SM). */
 template <int DT, bool NORM, bool PAIR>
-__global__ void __launch_bounds__(MS_THREADS, 1)
+__global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1 : MS_BLOCKS_PER_SM)
     matvec_stream_kernel(const __grid_constant__ struct ms_job job, const float *__restrict__ x) {
-    constexpr bool Q8 = DT == CU_Q8_0;
+    constexpr bool Q8 = DT == CU_Q8_0, KQ = DT == CU_Q4_K || DT == CU_Q6_K || DT == 0;
     constexpr int NW = PAIR ? 2 : 1; /* weights a tile streams */
     extern __shared__ __align__(128) uint8_t ms_smem[];
     struct ms_head *hd = (struct ms_head *)ms_smem;
     uint8_t *xs = ms_smem + sizeof(struct ms_head);
     uint8_t *ring = ms_smem + job.ring_off;
     const int64_t K = job.seg[0].w.cols;
-    const uint32_t row_bytes = Q8 ? (uint32_t)K : 2 * (uint32_t)K, sc_bytes = Q8 ? (uint32_t)(K / 16) : 0;
-    const uint32_t w_bytes = (uint32_t)job.rs * (row_bytes + sc_bytes); /* one weight's part of a stage */
+    /* a pair's weights are of one type (segment 0's), so w_bytes is fixed */
+    const int dt0 = DT ? DT : job.seg[0].w.dtype;
+    const uint32_t w_bytes = (uint32_t)job.rs * (ms_row_bytes(dt0, K) + ms_sc_bytes(dt0, K));
     const int nst = job.n_stages, warp = threadIdx.x / CU_WARP, lane = threadIdx.x % CU_WARP;
     if (threadIdx.x == 0) {
         for (int s = 0; s < nst; s++) {
@@ -181,6 +323,8 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
             int si, nr;
             int64_t j0;
             tile(t, si, j0, nr);
+            const int dt = DT ? DT : job.seg[si].w.dtype;
+            const uint32_t row_bytes = ms_row_bytes(dt, K), sc_bytes = ms_sc_bytes(dt, K);
             uint8_t *stg = ring + (size_t)s * job.stage_bytes;
             ms_expect_tx(&hd->full[s], NW * (uint32_t)nr * (row_bytes + sc_bytes));
             /* the tile's rows in one copy (and its scales in another), or a copy a row */
@@ -193,7 +337,7 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
                     const int64_t r0 = j0 + (int64_t)k * prow;
                     ms_copy(dst + (size_t)k * prow * row_bytes, (const uint8_t *)wt.data + (size_t)r0 * row_bytes,
                             (uint32_t)prow * row_bytes, &hd->full[s], policy, job.evict_first);
-                    if (Q8)
+                    if (sc_bytes)
                         ms_copy(dst + (size_t)job.rs * row_bytes + (size_t)k * prow * sc_bytes,
                                 (const uint8_t *)wt.scales + (size_t)r0 * sc_bytes, (uint32_t)prow * sc_bytes,
                                 &hd->full[s], policy, job.evict_first);
@@ -233,18 +377,26 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
             if constexpr (NORM) a = make_float4(a.x * sc * w[u].x, a.y * sc * w[u].y, a.z * sc * w[u].z, a.w * sc * w[u].w);
             if constexpr (Q8)
                 mv_put_x_q8(in ? a : make_float4(0.0f, 0.0f, 0.0f, 0.0f), in, f, (uint32_t *)xs, (float *)(xs + K));
-            else if (in)
+            else if constexpr (KQ) {
+                if (in) km_put_x4<true>(a, f, xs, K); /* warp-uniform: K % 256 == 0 */
+            } else if (in)
                 ((float4 *)xs)[f] = a;
         }
     }
     ms_consumer_sync();
-    const int64_t n_chunks = Q8 ? K / 16 : K / 8; /* 16-byte chunks a row */
+    const int64_t n_chunks = Q8 ? K / 16 : K / 8; /* 16-byte chunks a row (bf16, q8_0) */
+    const uint32_t row_bytes = ms_row_bytes(DT, K); /* bf16, q8_0 */
     /* Every warp waits for every stage and releases it (one arrival each), but owns
      * whole rows: slot k * rs + r (row r of the block's k-th tile) belongs to warp
      * (k * rs + r) % MS_CW, at most one row a tile (rs <= MS_CW). No barrier between
      * warps: each runs ahead as far as the filled stages let it, so the latencies of
      * one row's chain (stage wait, dots, warp sum, epilogue) overlap across warps. */
     const int rs = job.rs;
+    ms_kq_lane kl4, kl6; /* K-quants: the lane constants of ms_kq_row */
+    if constexpr (KQ) {
+        if constexpr (DT != CU_Q6_K) kl4 = ms_kq_lane_of<CU_Q4_K>(xs, K, lane);
+        if constexpr (DT != CU_Q4_K) kl6 = ms_kq_lane_of<CU_Q6_K>(xs, K, lane);
+    }
     int k = 0;
     for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, k++) {
         const int s = k % nst;
@@ -260,28 +412,35 @@ __global__ void __launch_bounds__(MS_THREADS, 1)
         float acc[NW] = {};
         if (mine) {
             const uint8_t *stg = ring + (size_t)s * job.stage_bytes;
+            if constexpr (KQ) {
+                if ((DT ? DT : sg.w.dtype) == CU_Q4_K)
+                    ms_kq_row<CU_Q4_K, NW>(stg, w_bytes, r, rs, K, kl4, lane, acc);
+                else
+                    ms_kq_row<CU_Q6_K, NW>(stg, w_bytes, r, rs, K, kl6, lane, acc);
+            } else {
 #pragma unroll 4
-            for (int64_t c = lane; c < n_chunks; c += CU_WARP) {
-                if constexpr (Q8) {
-                    const uint4 xv = ((const uint4 *)xs)[c];
-                    const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
-                    const float xd = ((const float *)(xs + K))[c / 2];
+                for (int64_t c = lane; c < n_chunks; c += CU_WARP) {
+                    if constexpr (Q8) {
+                        const uint4 xv = ((const uint4 *)xs)[c];
+                        const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
+                        const float xd = ((const float *)(xs + K))[c / 2];
 #pragma unroll
-                    for (int w = 0; w < NW; w++) {
-                        const uint8_t *q = stg + (size_t)w * w_bytes;
-                        const uint16_t *scl = (const uint16_t *)(q + (size_t)rs * row_bytes);
-                        const uint4 raw = ((const uint4 *)(q + (size_t)r * row_bytes))[c];
-                        acc[w] += (float)mv_dot16(raw, xq) * (cu_f16(scl[(size_t)r * (K / 32) + c / 2]) * xd);
-                    }
-                } else {
-                    const float4 x0 = ((const float4 *)xs)[2 * c], x1 = ((const float4 *)xs)[2 * c + 1];
+                        for (int w = 0; w < NW; w++) {
+                            const uint8_t *q = stg + (size_t)w * w_bytes;
+                            const uint16_t *scl = (const uint16_t *)(q + (size_t)rs * row_bytes);
+                            const uint4 raw = ((const uint4 *)(q + (size_t)r * row_bytes))[c];
+                            acc[w] += (float)mv_dot16(raw, xq) * (cu_f16(scl[(size_t)r * (K / 32) + c / 2]) * xd);
+                        }
+                    } else {
+                        const float4 x0 = ((const float4 *)xs)[2 * c], x1 = ((const float4 *)xs)[2 * c + 1];
 #pragma unroll
-                    for (int w = 0; w < NW; w++) {
-                        const uint4 u = ((const uint4 *)(stg + (size_t)w * w_bytes + (size_t)r * row_bytes))[c];
-                        acc[w] += __uint_as_float(u.x << 16) * x0.x + __uint_as_float(u.x & 0xffff0000u) * x0.y +
-                                  __uint_as_float(u.y << 16) * x0.z + __uint_as_float(u.y & 0xffff0000u) * x0.w +
-                                  __uint_as_float(u.z << 16) * x1.x + __uint_as_float(u.z & 0xffff0000u) * x1.y +
-                                  __uint_as_float(u.w << 16) * x1.z + __uint_as_float(u.w & 0xffff0000u) * x1.w;
+                        for (int w = 0; w < NW; w++) {
+                            const uint4 u = ((const uint4 *)(stg + (size_t)w * w_bytes + (size_t)r * row_bytes))[c];
+                            acc[w] += __uint_as_float(u.x << 16) * x0.x + __uint_as_float(u.x & 0xffff0000u) * x0.y +
+                                      __uint_as_float(u.y << 16) * x0.z + __uint_as_float(u.y & 0xffff0000u) * x0.w +
+                                      __uint_as_float(u.z << 16) * x1.x + __uint_as_float(u.z & 0xffff0000u) * x1.y +
+                                      __uint_as_float(u.w << 16) * x1.z + __uint_as_float(u.w & 0xffff0000u) * x1.w;
+                        }
                     }
                 }
             }
@@ -333,7 +492,7 @@ static void ms_tune_read(void) {
     cu_matvec_tma_tune(v[0], v[1], v[2], -1, 0, v[3], v[4], v[5]);
 }
 
-bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool q8_int8) {
+bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool pair, bool q8_int8) {
     if (ms_mode == -2) {
         const char *e = getenv("LLMOPT_CUDA_MV_TMA");
         cu_matvec_tma(e && *e ? atoi(e) : -1);
@@ -345,6 +504,10 @@ bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool q8_int8) {
      * of at most 8192 rows (the 8B q/k/v and attn_o: 218.4 -> 223.6 tok/s; with ffn_down
      * too 215.3, every bf16 launch 214.1 / 213.5; other row lengths not measured) */
     if (dtype == CU_BF16) return K == 4096 && streamed <= 8192;
+    /* K-quants: rows of >= 4096 (every 8B q4_k_m launch: 333.1 / 335.7 -> 386.2 / 383.0
+     * tok/s; staged only for SwiGLU pairs and q6_K launches measured 342; the 0.6B
+     * launches, K <= 3072, lost with the staged pairs: 1,054.7 -> 1,011.5) */
+    if (ms_kquant(dtype)) return K >= 4096;
     return dtype == CU_Q8_0 && q8_int8 && K >= 4096;
 }
 
@@ -368,8 +531,10 @@ template <int DT>
 static cudaError_t ms_launch_dt(cudaStream_t st, const struct ms_job &job, const float *x, unsigned grid,
                                 size_t smem) {
     const bool norm = job.seg[0].ep.norm_w != NULL, pair = job.up.data != NULL;
-    if (norm && pair) return ms_launch<DT, true, true>(st, job, x, grid, smem);
-    if (pair) return ms_launch<DT, false, true>(st, job, x, grid, smem);
+    if constexpr (DT != 0) { /* (mixed segment types are never a pair) */
+        if (norm && pair) return ms_launch<DT, true, true>(st, job, x, grid, smem);
+        if (pair) return ms_launch<DT, false, true>(st, job, x, grid, smem);
+    }
     if (norm) return ms_launch<DT, true, false>(st, job, x, grid, smem);
     return ms_launch<DT, false, false>(st, job, x, grid, smem);
 }
@@ -378,25 +543,34 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
                              const struct cu_weight *up, bool q8_int8) {
     const int dt = segs[0].w.dtype;
     const int64_t K = segs[0].w.cols;
-    if (n_seg < 1 || n_seg > CU_MV_MAX_SEGS || !(dt == CU_BF16 || (dt == CU_Q8_0 && q8_int8)) ||
-        K % (dt == CU_Q8_0 ? 256 : 8) || !ms_aligned(x) || (segs[0].ep.norm_w && !ms_aligned(segs[0].ep.norm_w)))
-        return cudaErrorNotSupported; /* (q8_0: whole 16-byte runs of scales a row) */
+    const bool kq = ms_kquant(dt);
+    /* q8_0: whole 16-byte runs of scales a row; K-quants: whole super-blocks, q6_K also
+     * 16-byte runs of super-block scales (K % 2048) */
+    if (n_seg < 1 || n_seg > CU_MV_MAX_SEGS || !(dt == CU_BF16 || (dt == CU_Q8_0 && q8_int8) || kq) ||
+        K % (dt == CU_BF16 ? 8 : 256) || !ms_aligned(x) || (segs[0].ep.norm_w && !ms_aligned(segs[0].ep.norm_w)))
+        return cudaErrorNotSupported;
     struct ms_job job;
     memset(&job, 0, sizeof job);
     job.n_seg = n_seg;
+    size_t row_max = 0; /* bytes of the largest weight row and its scales (segment types may differ: q4_K, q6_K) */
+    bool mixed = false;
     for (int k = 0; k < n_seg; k++) {
         const struct cu_weight &w = segs[k].w;
-        if (w.dtype != dt || w.cols != K || w.rows < 1 || !ms_aligned(w.data) || (dt == CU_Q8_0 && !ms_aligned(w.scales)))
+        const bool same = w.dtype == dt || (kq && ms_kquant(w.dtype));
+        if (!same || w.cols != K || w.rows < 1 || !ms_aligned(w.data) || (ms_sc_bytes(w.dtype, K) && !ms_aligned(w.scales)) ||
+            (w.dtype == CU_Q6_K && K % 2048))
             return cudaErrorNotSupported;
+        mixed = mixed || w.dtype != dt;
+        row_max = std::max(row_max, (size_t)ms_row_bytes(w.dtype, K) + ms_sc_bytes(w.dtype, K));
         job.seg[k] = segs[k];
     }
     if (up) {
-        if (!ms_aligned(up->data) || (dt == CU_Q8_0 && !ms_aligned(up->scales))) return cudaErrorNotSupported;
+        if (up->dtype != dt || !ms_aligned(up->data) || (ms_sc_bytes(dt, K) && !ms_aligned(up->scales)))
+            return cudaErrorNotSupported;
         job.up = *up;
     }
-    const size_t row_bytes = dt == CU_Q8_0 ? (size_t)K : 2 * (size_t)K, sc_bytes = dt == CU_Q8_0 ? (size_t)K / 16 : 0;
-    const size_t unit = (row_bytes + sc_bytes) * (up ? 2 : 1); /* stage bytes of one tile row */
-    const size_t x_bytes = dt == CU_Q8_0 ? (size_t)K + (size_t)K / 8 : 4 * (size_t)K;
+    const size_t unit = row_max * (up ? 2 : 1); /* stage bytes of one tile row */
+    const size_t x_bytes = dt == CU_Q8_0 ? (size_t)K + (size_t)K / 8 : kq ? km_row_bytes(K, true) : 4 * (size_t)K;
     const size_t ring_off = (sizeof(struct ms_head) + x_bytes + 127) & ~(size_t)127;
     if (ring_off + 2 * ((unit + 127) & ~(size_t)127) > MS_SMEM_MAX) return cudaErrorNotSupported;
     ms_tune_read();
@@ -404,9 +578,11 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
     if (budget > MS_SMEM_MAX) budget = MS_SMEM_MAX;
     const size_t ring = budget > ring_off + 2 * ((unit + 127) & ~(size_t)127) ? budget - ring_off
                                                                                : 2 * ((unit + 127) & ~(size_t)127);
-    /* rows a tile: the most (<= 8) that leave 4 stages in the ring, at least 2 */
+    /* rows a tile: the most (<= 8) that leave 4 stages in the ring (K-quant rows of <=
+     * 4096: 2 stages), at least 2 */
     int rs = ms_tune.rs ? ms_tune.rs : MS_MAX_RS;
-    while (rs > 1 && (ms_tune.rs ? 2 : 4) * ((rs * unit + 127) & ~(size_t)127) > ring) rs /= 2;
+    const int min_stages = ms_tune.rs || (kq && K <= 4096) ? 2 : 4;
+    while (rs > 1 && min_stages * ((rs * unit + 127) & ~(size_t)127) > ring) rs /= 2;
     const size_t stage = (rs * unit + 127) & ~(size_t)127;
     int nst = (int)(ring / stage);
     if (nst > MS_MAX_STAGES) nst = MS_MAX_STAGES;
@@ -429,5 +605,11 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
     if (ms_tune.max_blocks && ms_tune.max_blocks < cap) cap = ms_tune.max_blocks;
     const unsigned grid = (unsigned)(job.n_tiles < cap ? job.n_tiles : cap);
     const size_t smem = ring_off + (size_t)nst * stage;
-    return dt == CU_Q8_0 ? ms_launch_dt<CU_Q8_0>(st, job, x, grid, smem) : ms_launch_dt<CU_BF16>(st, job, x, grid, smem);
+    if (mixed) return ms_launch_dt<0>(st, job, x, grid, smem);
+    switch (dt) {
+    case CU_Q8_0: return ms_launch_dt<CU_Q8_0>(st, job, x, grid, smem);
+    case CU_Q4_K: return ms_launch_dt<CU_Q4_K>(st, job, x, grid, smem);
+    case CU_Q6_K: return ms_launch_dt<CU_Q6_K>(st, job, x, grid, smem);
+    default: return ms_launch_dt<CU_BF16>(st, job, x, grid, smem);
+    }
 }

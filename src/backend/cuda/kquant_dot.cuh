@@ -1,0 +1,218 @@
+/* The int8-x K-quant dot product (q4_K, q6_K): what one lane loads of a super-block,
+ * the x operands of its 64 weights, and their product. Shared by the register kernel
+ * (kernels_kquant.cu, cu_matvec_kq_multi: weights from global memory) and the staged
+ * one (kernels_stream.cu: weights from a shared-memory ring), so that both compute the
+ * same sums in the same order. The x layout (km_put_x4): a row of K int8 in 16-byte
+ * chunks at km_slot(chunk), then K / 32 f32 scales d, then K / 32 f32 sums of the
+ * unrounded x of each group of 32. */
+#pragma once
+
+#include "backend/cuda/cuda_device.cuh"
+
+/* Sub-block j's 6-bit scale and min from the 12 packed bytes (words y, z, w of the
+ * meta load: bytes 0..3, 4..7, 8..11), format/quant_k.h's packing. */
+static __device__ __forceinline__ void kq_scale_min(const uint4 &m, int j, int &sc, int &mn) {
+    const int sh = 8 * (j & 3);
+    const int by = (int)((m.y >> sh) & 0xffu), bz = (int)((m.z >> sh) & 0xffu), bw = (int)((m.w >> sh) & 0xffu);
+    if (j < 4) {
+        sc = by & 63;
+        mn = bz & 63;
+    } else {
+        sc = (bw & 15) | ((by >> 6) << 4);
+        mn = (bw >> 4) | ((bz >> 6) << 4);
+    }
+}
+
+/* 16-byte chunk c of a quantized x row -> its slot: q4_K lanes read chunks 4 apart, q6_K
+ * lanes 1, 8 and 16 apart; XOR-ing bits 0 and 2 with bit 3 and bit 1 with bit 4 puts
+ * the 8 lanes of each quarter warp on distinct banks for both (a permutation inside
+ * each aligned run of 32 chunks). */
+static __device__ __forceinline__ int64_t km_slot(int64_t c) {
+    return c ^ (((c >> 3) & 1) * 5) ^ (((c >> 4) & 1) << 1);
+}
+
+struct km_raw {
+    uint4 a, b, c;
+    uint2 s;
+    float d;
+};
+
+/* A load of T at p: through the read-only path from global memory, or a plain one
+ * (SMEM: p is in shared memory). */
+template <typename T, bool SMEM> static __device__ __forceinline__ T km_ld(const void *p) {
+    if constexpr (SMEM)
+        return *(const T *)p;
+    else
+        return __ldg((const T *)p);
+}
+
+/* Lane part c (0..3) of a super-block at bp (q6_K: its scale at dp): q4_K a = header,
+ * b/c = qs bytes 32c..32c+31; q6_K (h = c / 2, s = c % 2) a/b = ql slices, c = qh
+ * slice, s = the 8 scales of half h, d = the super-block scale. SMEM: bp and dp are in
+ * shared memory. */
+template <int DT, bool SMEM = false>
+static __device__ __forceinline__ void km_load(const uint8_t *bp, const uint16_t *dp, int c, km_raw &r) {
+    if constexpr (DT == CU_Q4_K) {
+        r.a = km_ld<uint4, SMEM>(bp);
+        r.b = km_ld<uint4, SMEM>(bp + 16 + 32 * c);
+        r.c = km_ld<uint4, SMEM>(bp + 32 + 32 * c);
+    } else {
+        const int h = c >> 1, s = c & 1;
+        r.a = km_ld<uint4, SMEM>(bp + 64 * h + 16 * s);
+        r.b = km_ld<uint4, SMEM>(bp + 64 * h + 32 + 16 * s);
+        r.c = km_ld<uint4, SMEM>(bp + 128 + 32 * h + 16 * s);
+        r.s = km_ld<uint2, SMEM>(bp + 192 + 8 * h);
+        r.d = cu_f16(km_ld<uint16_t, SMEM>(dp));
+    }
+}
+
+/* The x operands of a lane's 64 weights: 4 int8 chunks, their group scales (q4_K: 2
+ * groups of 32, q6_K: 4), q4_K the groups' f32 sums, and the int sums of the quantized
+ * x of each group (q4_K) or chunk (q6_K). */
+struct km_xv {
+    uint4 q[4];
+    float4 d;
+    float2 s;
+    int qs[4];
+};
+
+/* Shared-memory bytes of one quantized x row of K (km_put_x4's layout; SUMS: with the
+ * int sums of each 16-byte chunk after it). */
+static __host__ __device__ __forceinline__ size_t km_row_bytes(int64_t K, bool sums = false) {
+    return (size_t)K + (size_t)K / 32 * 8 + (sums ? (size_t)K / 16 * 4 : 0);
+}
+
+/* The x operands of super-block sb, lane part c, from the quantized row at xr. SUMS:
+ * the int sums come from the row's chunk sums (km_put_x4<true>) instead of 4 or 8 dp4a
+ * here; the same integers either way. */
+template <int DT, bool SUMS = false>
+static __device__ __forceinline__ void km_x_load(const uint8_t *xr, int64_t K, int64_t sb, int c, km_xv &v) {
+    const uint4 *xq = (const uint4 *)xr;
+    const float *xd = (const float *)(xr + K), *xs = xd + K / 32;
+    const int *cs = (const int *)(xs + K / 32); /* SUMS: chunk sums */
+    if constexpr (DT == CU_Q4_K) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) v.q[i] = xq[km_slot(16 * sb + 4 * c + i)];
+        const float2 d = *(const float2 *)(xd + 8 * sb + 2 * c);
+        v.d = make_float4(d.x, d.y, 0.0f, 0.0f);
+        v.s = *(const float2 *)(xs + 8 * sb + 2 * c);
+        if constexpr (SUMS) {
+            const int4 t = *(const int4 *)(cs + 16 * sb + 4 * c);
+            v.qs[0] = t.x + t.y;
+            v.qs[1] = t.z + t.w;
+        } else {
+#pragma unroll
+            for (int g = 0; g < 2; g++) {
+                int t = 0;
+#pragma unroll
+                for (int i = 2 * g; i < 2 * g + 2; i++) {
+                    t = __dp4a((int)v.q[i].x, 0x01010101, t);
+                    t = __dp4a((int)v.q[i].y, 0x01010101, t);
+                    t = __dp4a((int)v.q[i].z, 0x01010101, t);
+                    t = __dp4a((int)v.q[i].w, 0x01010101, t);
+                }
+                v.qs[g] = t;
+            }
+        }
+    } else {
+        const int h = c >> 1, s = c & 1;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            v.q[g] = xq[km_slot(16 * sb + 8 * h + 2 * g + s)];
+            if constexpr (!SUMS) {
+                int t = __dp4a((int)v.q[g].x, 0x01010101, 0);
+                t = __dp4a((int)v.q[g].y, 0x01010101, t);
+                t = __dp4a((int)v.q[g].z, 0x01010101, t);
+                v.qs[g] = __dp4a((int)v.q[g].w, 0x01010101, t);
+            }
+        }
+        if constexpr (SUMS) { /* chunks 16 sb + 8 h + 2 g + s */
+            const int4 t0 = *(const int4 *)(cs + 16 * sb + 8 * h), t1 = *(const int4 *)(cs + 16 * sb + 8 * h + 4);
+            v.qs[0] = s ? t0.y : t0.x;
+            v.qs[1] = s ? t0.w : t0.z;
+            v.qs[2] = s ? t1.y : t1.x;
+            v.qs[3] = s ? t1.w : t1.z;
+        }
+        v.d = *(const float4 *)(xd + 8 * sb + 4 * h);
+    }
+}
+
+/* One thread's 4 elements v (elements 4f .. 4f + 3) of an x row into its quantized form
+ * at out (km_row_bytes(K, SUMS)): int8 per group of 32 with d = max|x| / 127, and the
+ * group's f32 sum; SUMS also the int sum of each 16-byte chunk. Groups are 8
+ * neighbouring lanes with f % 8 == lane % 8, so every lane of the warp calls this. */
+template <bool SUMS>
+static __device__ __forceinline__ void km_put_x4(float4 v, int64_t f, uint8_t *out, int64_t K) {
+    float *xd = (float *)(out + K), *xs = xd + K / 32;
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    float sum = (v.x + v.y) + (v.z + v.w);
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const int q0 = __float2int_rn(v.x * id), q1 = __float2int_rn(v.y * id), q2 = __float2int_rn(v.z * id),
+              q3 = __float2int_rn(v.w * id);
+    const uint32_t w = (uint32_t)(q0 & 0xff) | (uint32_t)(q1 & 0xff) << 8 | (uint32_t)(q2 & 0xff) << 16 |
+                       (uint32_t)(q3 & 0xff) << 24;
+    ((uint32_t *)out)[km_slot(f / 4) * 4 + f % 4] = w;
+    if ((f & 7) == 0) {
+        xd[f / 8] = amax / 127.0f;
+        xs[f / 8] = sum;
+    }
+    if constexpr (SUMS) {
+        int t = (q0 + q1) + (q2 + q3);
+        t += __shfl_xor_sync(0xffffffffu, t, 1);
+        t += __shfl_xor_sync(0xffffffffu, t, 2);
+        if ((f & 3) == 0) ((int *)(xs + K / 32))[f / 4] = t;
+    }
+}
+
+/* One row's contribution of a lane's 64 weights, the quants centred so that x's
+ * rounding error is not carried by their offset: q4_K per sub-block of 32 d sc Σ(q -
+ * 8)·x + (8 d sc - dmin mn) Σx (Σx exact in f32); q6_K per 16 d sc Σ(q - 32)·x; the
+ * integer sums Σ(q - c)·qx = Σq·qx - c Σqx. */
+template <int DT>
+static __device__ __forceinline__ float km_dot(const km_raw &r, const km_xv &v, int c) {
+    const uint32_t a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, b[4] = {r.b.x, r.b.y, r.b.z, r.b.w},
+                   h[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
+    if constexpr (DT == CU_Q4_K) {
+        const uint32_t x0[4] = {v.q[0].x, v.q[0].y, v.q[0].z, v.q[0].w}, x1[4] = {v.q[1].x, v.q[1].y, v.q[1].z, v.q[1].w},
+                       x2[4] = {v.q[2].x, v.q[2].y, v.q[2].z, v.q[2].w}, x3[4] = {v.q[3].x, v.q[3].y, v.q[3].z, v.q[3].w};
+        int lo = 0, hi = 0; /* quants < 16: signed dp4a is exact */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo = __dp4a((int)(b[i] & 0x0f0f0f0fu), (int)x0[i], lo);
+            lo = __dp4a((int)(h[i] & 0x0f0f0f0fu), (int)x1[i], lo);
+            hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)x2[i], hi);
+            hi = __dp4a((int)((h[i] >> 4) & 0x0f0f0f0fu), (int)x3[i], hi);
+        }
+        int s0, m0, s1, m1;
+        kq_scale_min(r.a, 2 * c, s0, m0);
+        kq_scale_min(r.a, 2 * c + 1, s1, m1);
+        const float d = cu_f16((uint16_t)(r.a.x & 0xffffu)), dmin = cu_f16((uint16_t)(r.a.x >> 16));
+        return d * ((float)(s0 * (lo - 8 * v.qs[0])) * v.d.x + (float)(s1 * (hi - 8 * v.qs[1])) * v.d.y) +
+               (8.0f * d * (float)s0 - dmin * (float)m0) * v.s.x + (8.0f * d * (float)s1 - dmin * (float)m1) * v.s.y;
+    } else {
+        const int s = c & 1;
+        const float dx[4] = {v.d.x, v.d.y, v.d.z, v.d.w};
+        float t = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t xw[4] = {v.q[g].x, v.q[g].y, v.q[g].z, v.q[g].w};
+            int dot = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t lo = g == 0 ? a[i] : g == 1 ? b[i] : g == 2 ? a[i] >> 4 : b[i] >> 4;
+                const uint32_t hb = g == 0 ? h[i] << 4 : g == 1 ? h[i] << 2 : g == 2 ? h[i] : h[i] >> 2;
+                dot = __dp4a((int)((lo & 0x0f0f0f0fu) | (hb & 0x30303030u)), (int)xw[i], dot);
+            }
+            const int k = 2 * g + s; /* scales[8h + k] */
+            const int sc = (int8_t)(((k < 4 ? r.s.x : r.s.y) >> (8 * (k & 3))) & 0xffu);
+            t += (float)(sc * (dot - 32 * v.qs[g])) * dx[g];
+        }
+        return r.d * t;
+    }
+}
+
