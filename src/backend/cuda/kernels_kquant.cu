@@ -410,7 +410,7 @@ cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float
 
 #define KM_THREADS 256
 #define KM_WARPS (KM_THREADS / CU_WARP)
-#define KM_SB 8 /* super-blocks of a row per item: 32 lanes x 64 weights */
+#define KM_SB 8 /* super-blocks of a row per item: 32 lanes x 64 weights (km_lane assumes 8 a pass) */
 
 static bool km_type_ok(int t) { return t == CU_Q4_K || t == CU_Q6_K; }
 
@@ -448,7 +448,7 @@ static __device__ __forceinline__ void km_stage_x(const float *__restrict__ x, i
                 const float4 g = __ldg((const float4 *)norm_w + f);
                 v = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
             }
-            km_put_x4<false>(v, f, out, K);
+            km_put_x4(v, f, out, K);
         }
     }
     __syncthreads();
@@ -551,13 +551,17 @@ __global__ void __launch_bounds__(KM_THREADS, PF || RM > 1 ? 2 : 3)
 #pragma unroll
         for (int r = 0; r < RM; r++) acc[nr][r] = 0.0f;
     const uint8_t *sm = (const uint8_t *)km_sm;
-    auto dots = [&](auto dc, const km_raw *R, int64_t sb) {
+    km_lane xl4, xl6; /* where each lane's x operands are (kquant_dot.cuh) */
+    if constexpr (DT != CU_Q6_K) xl4 = km_lane_of<CU_Q4_K>(K, lane);
+    if constexpr (DT != CU_Q4_K) xl6 = km_lane_of<CU_Q6_K>(K, lane);
+    const uint32_t xrow = (uint32_t)km_row_bytes(K);
+    auto dots = [&](auto dc, const km_raw *R, int st) {
         constexpr int D = decltype(dc)::value;
 #pragma unroll
         for (int r = 0; r < RM; r++) {
             if (r >= rows) break;
             km_xv v;
-            km_x_load<D>(sm + (size_t)r * km_row_bytes(K), K, sb, c, v);
+            km_x_load<D>(sm + r * xrow, D == CU_Q4_K ? xl4 : xl6, (uint32_t)st, c, v);
 #pragma unroll
             for (int nr = 0; nr < NW; nr++) acc[nr][r] += km_dot<D>(R[nr], v, c);
         }
@@ -568,11 +572,11 @@ __global__ void __launch_bounds__(KM_THREADS, PF || RM > 1 ? 2 : 3)
         if (sb < nb) {
             if constexpr (DT == 0) {
                 if (weight(cc.seg).dtype == CU_Q4_K)
-                    dots(std::integral_constant<int, CU_Q4_K>(), R, sb);
+                    dots(std::integral_constant<int, CU_Q4_K>(), R, cc.st);
                 else
-                    dots(std::integral_constant<int, CU_Q6_K>(), R, sb);
+                    dots(std::integral_constant<int, CU_Q6_K>(), R, cc.st);
             } else {
-                dots(std::integral_constant<int, DT>(), R, sb);
+                dots(std::integral_constant<int, DT>(), R, cc.st);
             }
         }
         if (cc.st == S - 1) {

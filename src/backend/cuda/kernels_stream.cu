@@ -56,124 +56,34 @@ static __host__ __device__ __forceinline__ uint32_t ms_sc_bytes(int dt, int64_t 
 static bool ms_kquant(int dt) { return dt == CU_Q4_K || dt == CU_Q6_K; }
 
 /* One row's dot products of a K-quant tile: cu_matvec_kq_multi's lane split and
- * arithmetic (4 lanes a super-block, 64 weights a lane, int8 x, quants centred; the same
- * expressions in the same order as km_dot, so the same sums), written for the shared
- * memory of this kernel: lane (q, c) = (lane / 4, lane % 4) takes super-blocks q, q + 8,
- * ...; every x address is a lane constant plus 256 bytes a super-block (the chunk slots
- * of km_slot depend only on c and on q's low bit, since 8 super-blocks a pass keep
- * sb % 2 == q % 2), the sub-block scale bytes are found by lane-constant shifts, and
- * all index arithmetic is 32-bit. This takes about half the instructions of the
- * general km_x_load + km_dot per 64 weights (the launch is bound by issue: ncu on the
- * 8B gate/up pair, bench/results/cuda-kq-stream-2026-11-30.md). Stage row r of each of the NW
- * weights of the stage (their scales, q6_K, after the stage's rs rows). */
-/* The lane constants of ms_kq_row for weight type D, computed once a kernel. */
-struct ms_kq_lane {
-    uint32_t xo[4];            /* x: chunk slots (km_slot) of the lane's 4 chunks in super-block q's 256 bytes */
-    const uint8_t *xq;         /* x chunks of super-block q; + 2048 a pass */
-    const uint8_t *xd, *xsum;  /* its x scales and (q4_K) f32 sums of x; + 256 */
-    const uint8_t *cs;         /* its int chunk sums; + 512 */
-};
-
-template <int D>
-static __device__ __forceinline__ ms_kq_lane ms_kq_lane_of(const uint8_t *xs, int64_t K, int lane) {
-    const uint32_t k32 = (uint32_t)K, q = (uint32_t)lane >> 2, c = (uint32_t)lane & 3, h = c >> 1;
-    const uint32_t sw = h * 5 ^ (q & 1) << 1;
-    ms_kq_lane L;
-#pragma unroll
-    for (int i = 0; i < 4; i++) L.xo[i] = 16 * ((D == CU_Q4_K ? 4 * c + i : 8 * h + 2 * i + (c & 1)) ^ sw);
-    L.xq = xs + 256 * q;
-    L.xd = xs + k32 + 32 * q + (D == CU_Q4_K ? 8 * c : 16 * h);
-    L.xsum = L.xd + k32 / 8;
-    L.cs = xs + k32 + k32 / 4 + 64 * q + (D == CU_Q4_K ? 16 * c : 32 * h);
-    return L;
-}
-
+ * arithmetic (kquant_dot.cuh: 4 lanes a super-block, 64 weights a lane, int8 x, quants
+ * centred, every x address a lane constant L plus a stride a pass), on stage row r of
+ * each of the NW weights of the stage (their scales, q6_K, after the stage's rs rows).
+ * Lane (q, c) takes super-blocks q, q + 8, ... */
 template <int D, int NW>
 static __device__ __forceinline__ void ms_kq_row(const uint8_t *stg, uint32_t w_bytes, int r, int rs, int64_t K,
-                                                 const ms_kq_lane &L, int lane, float (&acc)[NW]) {
-    const uint32_t nb = (uint32_t)(K / 256);
-    const uint32_t row_bytes = ms_row_bytes(D, K);
-    const uint32_t q = (uint32_t)lane >> 2, c = (uint32_t)lane & 3, h = c >> 1;
-    const uint32_t *xo = L.xo;
-    const uint8_t *xq = L.xq, *xdp = L.xd, *xsp = L.xsum, *csp = L.cs;
+                                                 const uint8_t *xs, const km_lane &L, int lane, float (&acc)[NW]) {
+    const uint32_t nb = (uint32_t)(K / 256), row_bytes = ms_row_bytes(D, K);
+    const uint32_t q = (uint32_t)lane >> 2;
+    const int c = lane & 3;
     constexpr uint32_t BB = D == CU_Q4_K ? 144 : 208;
     const uint8_t *wp[NW];
     const uint16_t *dp[NW];
 #pragma unroll
     for (int w = 0; w < NW; w++) {
         const uint8_t *base = stg + (size_t)w * w_bytes;
-        wp[w] = base + (uint32_t)r * row_bytes + BB * q;                      /* + 8 BB a pass */
+        wp[w] = base + (uint32_t)r * row_bytes + BB * q; /* + 8 BB a pass */
         dp[w] = (const uint16_t *)(base + (uint32_t)rs * row_bytes) + (uint32_t)r * nb + q;
     }
-    const uint32_t sh = 16 * (c & 1); /* q4_K: the scale bytes of sub-blocks 2c, 2c + 1 */
 #pragma unroll 2
     for (uint32_t sb = q, p = 0; sb < nb; sb += 8, p++) {
-        const uint4 x0 = *(const uint4 *)(xq + 2048 * p + xo[0]), x1 = *(const uint4 *)(xq + 2048 * p + xo[1]),
-                    x2 = *(const uint4 *)(xq + 2048 * p + xo[2]), x3 = *(const uint4 *)(xq + 2048 * p + xo[3]);
-        const uint32_t xw[4][4] = {{x0.x, x0.y, x0.z, x0.w}, {x1.x, x1.y, x1.z, x1.w}, {x2.x, x2.y, x2.z, x2.w},
-                                   {x3.x, x3.y, x3.z, x3.w}};
-        if constexpr (D == CU_Q4_K) {
-            const float2 xd = *(const float2 *)(xdp + 256 * p), xsum = *(const float2 *)(xsp + 256 * p);
-            const int4 cs = *(const int4 *)(csp + 512 * p);
-            const int qs0 = cs.x + cs.y, qs1 = cs.z + cs.w;
+        km_xv v;
+        km_x_load<D>(xs, L, p, c, v);
 #pragma unroll
-            for (int w = 0; w < NW; w++) {
-                const uint8_t *bp = wp[w] + 8 * BB * p;
-                const uint4 m = *(const uint4 *)bp, lo4 = *(const uint4 *)(bp + 16 + 32 * c),
-                            hi4 = *(const uint4 *)(bp + 32 + 32 * c);
-                const uint32_t b[4] = {lo4.x, lo4.y, lo4.z, lo4.w}, hh[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
-                int lo = 0, hi = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    lo = __dp4a((int)(b[i] & 0x0f0f0f0fu), (int)xw[0][i], lo);
-                    lo = __dp4a((int)(hh[i] & 0x0f0f0f0fu), (int)xw[1][i], lo);
-                    hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)xw[2][i], hi);
-                    hi = __dp4a((int)((hh[i] >> 4) & 0x0f0f0f0fu), (int)xw[3][i], hi);
-                }
-                /* scale and min of sub-blocks 2c, 2c + 1 (kq_scale_min): bytes 2(c % 2), +1 of
-                 * the y/z/w words; c < 2 the low 6 bits of y/z, else w's nibbles and y/z's
-                 * top 2 bits */
-                const uint32_t y = m.y >> sh, z = m.z >> sh, wv = m.w >> sh;
-                const uint32_t scp = h ? (wv & 0x0f0fu) | (y >> 2 & 0x3030u) : y & 0x3f3fu;
-                const uint32_t mnp = h ? (wv >> 4 & 0x0f0fu) | (z >> 2 & 0x3030u) : z & 0x3f3fu;
-                const int s0 = (int)(scp & 0xffu), s1 = (int)(scp >> 8 & 0xffu), m0 = (int)(mnp & 0xffu),
-                          m1 = (int)(mnp >> 8 & 0xffu);
-                const float d = cu_f16((uint16_t)(m.x & 0xffffu)), dmin = cu_f16((uint16_t)(m.x >> 16));
-                acc[w] += d * ((float)(s0 * (lo - 8 * qs0)) * xd.x + (float)(s1 * (hi - 8 * qs1)) * xd.y) +
-                          (8.0f * d * (float)s0 - dmin * (float)m0) * xsum.x +
-                          (8.0f * d * (float)s1 - dmin * (float)m1) * xsum.y;
-            }
-        } else {
-            const float4 xd = *(const float4 *)(xdp + 256 * p);
-            const int4 c0 = *(const int4 *)(csp + 512 * p), c1 = *(const int4 *)(csp + 512 * p + 16);
-            const uint32_t s = c & 1;
-            const int qs[4] = {s ? c0.y : c0.x, s ? c0.w : c0.z, s ? c1.y : c1.x, s ? c1.w : c1.z};
-            const float dx[4] = {xd.x, xd.y, xd.z, xd.w};
-#pragma unroll
-            for (int w = 0; w < NW; w++) {
-                const uint8_t *bp = wp[w] + 8 * BB * p;
-                const uint4 ra = *(const uint4 *)(bp + 64 * h + 16 * s), rb = *(const uint4 *)(bp + 64 * h + 32 + 16 * s),
-                            rc = *(const uint4 *)(bp + 128 + 32 * h + 16 * s);
-                const uint2 sc8 = *(const uint2 *)(bp + 192 + 8 * h);
-                const float d = cu_f16(dp[w][8 * p]);
-                const uint32_t a[4] = {ra.x, ra.y, ra.z, ra.w}, b[4] = {rb.x, rb.y, rb.z, rb.w},
-                               hq[4] = {rc.x, rc.y, rc.z, rc.w};
-                float t = 0.0f;
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    int dot = 0;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint32_t lo = g == 0 ? a[i] : g == 1 ? b[i] : g == 2 ? a[i] >> 4 : b[i] >> 4;
-                        const uint32_t hb = g == 0 ? hq[i] << 4 : g == 1 ? hq[i] << 2 : g == 2 ? hq[i] : hq[i] >> 2;
-                        dot = __dp4a((int)((lo & 0x0f0f0f0fu) | (hb & 0x30303030u)), (int)xw[g][i], dot);
-                    }
-                    /* scales[8h + 2g + s]: byte 2(g % 2) + s of word g / 2 */
-                    const int sc = (int)(int8_t)((g < 2 ? sc8.x : sc8.y) >> (16 * (g & 1) + 8 * s) & 0xffu);
-                    t += (float)(sc * (dot - 32 * qs[g])) * dx[g];
-                }
-                acc[w] += d * t;
-            }
+        for (int w = 0; w < NW; w++) {
+            km_raw R;
+            km_load<D, true>(wp[w] + 8 * BB * p, dp[w] + 8 * p, c, R);
+            acc[w] += km_dot<D>(R, v, c);
         }
     }
 }
@@ -378,7 +288,7 @@ __global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1
             if constexpr (Q8)
                 mv_put_x_q8(in ? a : make_float4(0.0f, 0.0f, 0.0f, 0.0f), in, f, (uint32_t *)xs, (float *)(xs + K));
             else if constexpr (KQ) {
-                if (in) km_put_x4<true>(a, f, xs, K); /* warp-uniform: K % 256 == 0 */
+                if (in) km_put_x4(a, f, xs, K); /* warp-uniform: K % 256 == 0 */
             } else if (in)
                 ((float4 *)xs)[f] = a;
         }
@@ -392,10 +302,10 @@ __global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1
      * warps: each runs ahead as far as the filled stages let it, so the latencies of
      * one row's chain (stage wait, dots, warp sum, epilogue) overlap across warps. */
     const int rs = job.rs;
-    ms_kq_lane kl4, kl6; /* K-quants: the lane constants of ms_kq_row */
+    km_lane kl4, kl6; /* K-quants: the lane constants of ms_kq_row */
     if constexpr (KQ) {
-        if constexpr (DT != CU_Q6_K) kl4 = ms_kq_lane_of<CU_Q4_K>(xs, K, lane);
-        if constexpr (DT != CU_Q4_K) kl6 = ms_kq_lane_of<CU_Q6_K>(xs, K, lane);
+        if constexpr (DT != CU_Q6_K) kl4 = km_lane_of<CU_Q4_K>(K, lane);
+        if constexpr (DT != CU_Q4_K) kl6 = km_lane_of<CU_Q6_K>(K, lane);
     }
     int k = 0;
     for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, k++) {
@@ -414,9 +324,9 @@ __global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1
             const uint8_t *stg = ring + (size_t)s * job.stage_bytes;
             if constexpr (KQ) {
                 if ((DT ? DT : sg.w.dtype) == CU_Q4_K)
-                    ms_kq_row<CU_Q4_K, NW>(stg, w_bytes, r, rs, K, kl4, lane, acc);
+                    ms_kq_row<CU_Q4_K, NW>(stg, w_bytes, r, rs, K, xs, kl4, lane, acc);
                 else
-                    ms_kq_row<CU_Q6_K, NW>(stg, w_bytes, r, rs, K, kl6, lane, acc);
+                    ms_kq_row<CU_Q6_K, NW>(stg, w_bytes, r, rs, K, xs, kl6, lane, acc);
             } else {
 #pragma unroll 4
                 for (int64_t c = lane; c < n_chunks; c += CU_WARP) {
@@ -570,7 +480,7 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
         job.up = *up;
     }
     const size_t unit = row_max * (up ? 2 : 1); /* stage bytes of one tile row */
-    const size_t x_bytes = dt == CU_Q8_0 ? (size_t)K + (size_t)K / 8 : kq ? km_row_bytes(K, true) : 4 * (size_t)K;
+    const size_t x_bytes = dt == CU_Q8_0 ? (size_t)K + (size_t)K / 8 : kq ? km_row_bytes(K) : 4 * (size_t)K;
     const size_t ring_off = (sizeof(struct ms_head) + x_bytes + 127) & ~(size_t)127;
     if (ring_off + 2 * ((unit + 127) & ~(size_t)127) > MS_SMEM_MAX) return cudaErrorNotSupported;
     ms_tune_read();

@@ -2,9 +2,7 @@
  * the x operands of its 64 weights, and their product. Shared by the register kernel
  * (kernels_kquant.cu, cu_matvec_kq_multi: weights from global memory) and the staged
  * one (kernels_stream.cu: weights from a shared-memory ring), so that both compute the
- * same sums in the same order. The x layout (km_put_x4): a row of K int8 in 16-byte
- * chunks at km_slot(chunk), then K / 32 f32 scales d, then K / 32 f32 sums of the
- * unrounded x of each group of 32. */
+ * same sums in the same order. The x layout: km_put_x4, km_row_bytes. */
 #pragma once
 
 #include "backend/cuda/cuda_device.cuh"
@@ -66,82 +64,82 @@ static __device__ __forceinline__ void km_load(const uint8_t *bp, const uint16_t
     }
 }
 
-/* The x operands of a lane's 64 weights: 4 int8 chunks, their group scales (q4_K: 2
- * groups of 32, q6_K: 4), q4_K the groups' f32 sums, and the int sums of the quantized
- * x of each group (q4_K) or chunk (q6_K). */
+/* Shared-memory bytes of one quantized x row of K (km_put_x4's layout: K int8 in
+ * 16-byte chunks at km_slot(chunk), K / 32 f32 scales, K / 32 f32 sums of x, K / 16 int
+ * sums of the quantized chunks). */
+static __host__ __device__ __forceinline__ size_t km_row_bytes(int64_t K) {
+    return (size_t)K + (size_t)K / 32 * 8 + (size_t)K / 16 * 4;
+}
+
+/* Where lane (q, c) = (lane / 4, lane % 4) finds its x operands in a quantized row, for
+ * weight type D, in bytes from the row's start at its first super-block q; each pass of
+ * 8 super-blocks adds 2048 (chunks), 256 (scales, sums of x) and 512 (chunk sums).
+ * Lane constants: km_slot's permutation depends only on c and on q's low bit, as 8
+ * super-blocks a pass keep sb % 2 == q % 2. Computed once a kernel, so the inner loops
+ * do no index arithmetic beyond a stride a pass. */
+struct km_lane {
+    uint32_t xo[4]; /* the lane's 4 int8 chunks (q4_K: 64 consecutive x; q6_K: 4 groups of 16, 32 apart) */
+    uint32_t xd;    /* its group scales: q4_K 2, q6_K 4 */
+    uint32_t xs;    /* q4_K: its 2 groups' f32 sums of x */
+    uint32_t cs;    /* the int sums of its chunks: q4_K 4 consecutive, q6_K 8 around them */
+};
+
+template <int D>
+static __device__ __forceinline__ km_lane km_lane_of(int64_t K, int lane) {
+    const uint32_t k32 = (uint32_t)K, q = (uint32_t)lane >> 2, c = (uint32_t)lane & 3, h = c >> 1;
+    const uint32_t sw = h * 5 ^ (q & 1) << 1;
+    km_lane L;
+#pragma unroll
+    for (int i = 0; i < 4; i++) L.xo[i] = 256 * q + 16 * ((D == CU_Q4_K ? 4 * c + i : 8 * h + 2 * i + (c & 1)) ^ sw);
+    L.xd = k32 + 32 * q + (D == CU_Q4_K ? 8 * c : 16 * h);
+    L.xs = L.xd + k32 / 8;
+    L.cs = k32 + k32 / 4 + 64 * q + (D == CU_Q4_K ? 16 * c : 32 * h);
+    return L;
+}
+
+/* The x operands of a lane's 64 weights: 4 int8 chunks (as words), their group scales
+ * (q4_K: 2 groups of 32, q6_K: 4 of 16), q4_K the groups' f32 sums, and the int sums of
+ * the quantized x of each group. */
 struct km_xv {
-    uint4 q[4];
+    uint32_t w[4][4];
     float4 d;
     float2 s;
     int qs[4];
 };
 
-/* Shared-memory bytes of one quantized x row of K (km_put_x4's layout; SUMS: with the
- * int sums of each 16-byte chunk after it). */
-static __host__ __device__ __forceinline__ size_t km_row_bytes(int64_t K, bool sums = false) {
-    return (size_t)K + (size_t)K / 32 * 8 + (sums ? (size_t)K / 16 * 4 : 0);
-}
-
-/* The x operands of super-block sb, lane part c, from the quantized row at xr. SUMS:
- * the int sums come from the row's chunk sums (km_put_x4<true>) instead of 4 or 8 dp4a
- * here; the same integers either way. */
-template <int DT, bool SUMS = false>
-static __device__ __forceinline__ void km_x_load(const uint8_t *xr, int64_t K, int64_t sb, int c, km_xv &v) {
-    const uint4 *xq = (const uint4 *)xr;
-    const float *xd = (const float *)(xr + K), *xs = xd + K / 32;
-    const int *cs = (const int *)(xs + K / 32); /* SUMS: chunk sums */
-    if constexpr (DT == CU_Q4_K) {
+/* Pass p's x operands of lane part c from the quantized row at xr (shared memory). */
+template <int D>
+static __device__ __forceinline__ void km_x_load(const uint8_t *xr, const km_lane &L, uint32_t p, int c, km_xv &v) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) v.q[i] = xq[km_slot(16 * sb + 4 * c + i)];
-        const float2 d = *(const float2 *)(xd + 8 * sb + 2 * c);
+    for (int i = 0; i < 4; i++) {
+        const uint4 t = *(const uint4 *)(xr + L.xo[i] + 2048 * p);
+        v.w[i][0] = t.x;
+        v.w[i][1] = t.y;
+        v.w[i][2] = t.z;
+        v.w[i][3] = t.w;
+    }
+    if constexpr (D == CU_Q4_K) {
+        const float2 d = *(const float2 *)(xr + L.xd + 256 * p);
         v.d = make_float4(d.x, d.y, 0.0f, 0.0f);
-        v.s = *(const float2 *)(xs + 8 * sb + 2 * c);
-        if constexpr (SUMS) {
-            const int4 t = *(const int4 *)(cs + 16 * sb + 4 * c);
-            v.qs[0] = t.x + t.y;
-            v.qs[1] = t.z + t.w;
-        } else {
-#pragma unroll
-            for (int g = 0; g < 2; g++) {
-                int t = 0;
-#pragma unroll
-                for (int i = 2 * g; i < 2 * g + 2; i++) {
-                    t = __dp4a((int)v.q[i].x, 0x01010101, t);
-                    t = __dp4a((int)v.q[i].y, 0x01010101, t);
-                    t = __dp4a((int)v.q[i].z, 0x01010101, t);
-                    t = __dp4a((int)v.q[i].w, 0x01010101, t);
-                }
-                v.qs[g] = t;
-            }
-        }
-    } else {
-        const int h = c >> 1, s = c & 1;
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            v.q[g] = xq[km_slot(16 * sb + 8 * h + 2 * g + s)];
-            if constexpr (!SUMS) {
-                int t = __dp4a((int)v.q[g].x, 0x01010101, 0);
-                t = __dp4a((int)v.q[g].y, 0x01010101, t);
-                t = __dp4a((int)v.q[g].z, 0x01010101, t);
-                v.qs[g] = __dp4a((int)v.q[g].w, 0x01010101, t);
-            }
-        }
-        if constexpr (SUMS) { /* chunks 16 sb + 8 h + 2 g + s */
-            const int4 t0 = *(const int4 *)(cs + 16 * sb + 8 * h), t1 = *(const int4 *)(cs + 16 * sb + 8 * h + 4);
-            v.qs[0] = s ? t0.y : t0.x;
-            v.qs[1] = s ? t0.w : t0.z;
-            v.qs[2] = s ? t1.y : t1.x;
-            v.qs[3] = s ? t1.w : t1.z;
-        }
-        v.d = *(const float4 *)(xd + 8 * sb + 4 * h);
+        v.s = *(const float2 *)(xr + L.xs + 256 * p);
+        const int4 t = *(const int4 *)(xr + L.cs + 512 * p);
+        v.qs[0] = t.x + t.y;
+        v.qs[1] = t.z + t.w;
+    } else { /* chunks 16 sb + 8 h + 2 g + s of the 8 at cs */
+        v.d = *(const float4 *)(xr + L.xd + 256 * p);
+        const int4 t0 = *(const int4 *)(xr + L.cs + 512 * p), t1 = *(const int4 *)(xr + L.cs + 512 * p + 16);
+        const bool s = c & 1;
+        v.qs[0] = s ? t0.y : t0.x;
+        v.qs[1] = s ? t0.w : t0.z;
+        v.qs[2] = s ? t1.y : t1.x;
+        v.qs[3] = s ? t1.w : t1.z;
     }
 }
 
 /* One thread's 4 elements v (elements 4f .. 4f + 3) of an x row into its quantized form
- * at out (km_row_bytes(K, SUMS)): int8 per group of 32 with d = max|x| / 127, and the
- * group's f32 sum; SUMS also the int sum of each 16-byte chunk. Groups are 8
+ * at out (km_row_bytes(K)): int8 per group of 32 with d = max|x| / 127, the group's f32
+ * sum, and the int sum of each 16-byte chunk. Groups are 8
  * neighbouring lanes with f % 8 == lane % 8, so every lane of the warp calls this. */
-template <bool SUMS>
 static __device__ __forceinline__ void km_put_x4(float4 v, int64_t f, uint8_t *out, int64_t K) {
     float *xd = (float *)(out + K), *xs = xd + K / 32;
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
@@ -161,12 +159,10 @@ static __device__ __forceinline__ void km_put_x4(float4 v, int64_t f, uint8_t *o
         xd[f / 8] = amax / 127.0f;
         xs[f / 8] = sum;
     }
-    if constexpr (SUMS) {
-        int t = (q0 + q1) + (q2 + q3);
-        t += __shfl_xor_sync(0xffffffffu, t, 1);
-        t += __shfl_xor_sync(0xffffffffu, t, 2);
-        if ((f & 3) == 0) ((int *)(xs + K / 32))[f / 4] = t;
-    }
+    int t = (q0 + q1) + (q2 + q3);
+    t += __shfl_xor_sync(0xffffffffu, t, 1);
+    t += __shfl_xor_sync(0xffffffffu, t, 2);
+    if ((f & 3) == 0) ((int *)(xs + K / 32))[f / 4] = t;
 }
 
 /* One row's contribution of a lane's 64 weights, the quants centred so that x's
@@ -178,41 +174,41 @@ static __device__ __forceinline__ float km_dot(const km_raw &r, const km_xv &v, 
     const uint32_t a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, b[4] = {r.b.x, r.b.y, r.b.z, r.b.w},
                    h[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
     if constexpr (DT == CU_Q4_K) {
-        const uint32_t x0[4] = {v.q[0].x, v.q[0].y, v.q[0].z, v.q[0].w}, x1[4] = {v.q[1].x, v.q[1].y, v.q[1].z, v.q[1].w},
-                       x2[4] = {v.q[2].x, v.q[2].y, v.q[2].z, v.q[2].w}, x3[4] = {v.q[3].x, v.q[3].y, v.q[3].z, v.q[3].w};
         int lo = 0, hi = 0; /* quants < 16: signed dp4a is exact */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            lo = __dp4a((int)(b[i] & 0x0f0f0f0fu), (int)x0[i], lo);
-            lo = __dp4a((int)(h[i] & 0x0f0f0f0fu), (int)x1[i], lo);
-            hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)x2[i], hi);
-            hi = __dp4a((int)((h[i] >> 4) & 0x0f0f0f0fu), (int)x3[i], hi);
+            lo = __dp4a((int)(b[i] & 0x0f0f0f0fu), (int)v.w[0][i], lo);
+            lo = __dp4a((int)(h[i] & 0x0f0f0f0fu), (int)v.w[1][i], lo);
+            hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)v.w[2][i], hi);
+            hi = __dp4a((int)((h[i] >> 4) & 0x0f0f0f0fu), (int)v.w[3][i], hi);
         }
-        int s0, m0, s1, m1;
-        kq_scale_min(r.a, 2 * c, s0, m0);
-        kq_scale_min(r.a, 2 * c + 1, s1, m1);
+        /* scale and min of sub-blocks 2c, 2c + 1 (kq_scale_min's packing): bytes 2(c % 2)
+         * and 2(c % 2) + 1 of the header's words y, z, w; c < 2 the low 6 bits of y / z,
+         * else w's nibbles under y's / z's top 2 bits */
+        const uint32_t sh = 16 * ((uint32_t)c & 1), y = r.a.y >> sh, z = r.a.z >> sh, w = r.a.w >> sh;
+        const uint32_t scp = c >> 1 ? (w & 0x0f0fu) | (y >> 2 & 0x3030u) : y & 0x3f3fu;
+        const uint32_t mnp = c >> 1 ? (w >> 4 & 0x0f0fu) | (z >> 2 & 0x3030u) : z & 0x3f3fu;
+        const int s0 = (int)(scp & 0xffu), s1 = (int)(scp >> 8 & 0xffu), m0 = (int)(mnp & 0xffu), m1 = (int)(mnp >> 8 & 0xffu);
         const float d = cu_f16((uint16_t)(r.a.x & 0xffffu)), dmin = cu_f16((uint16_t)(r.a.x >> 16));
         return d * ((float)(s0 * (lo - 8 * v.qs[0])) * v.d.x + (float)(s1 * (hi - 8 * v.qs[1])) * v.d.y) +
                (8.0f * d * (float)s0 - dmin * (float)m0) * v.s.x + (8.0f * d * (float)s1 - dmin * (float)m1) * v.s.y;
     } else {
-        const int s = c & 1;
+        const uint32_t s = (uint32_t)c & 1;
         const float dx[4] = {v.d.x, v.d.y, v.d.z, v.d.w};
         float t = 0.0f;
 #pragma unroll
         for (int g = 0; g < 4; g++) {
-            const uint32_t xw[4] = {v.q[g].x, v.q[g].y, v.q[g].z, v.q[g].w};
             int dot = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const uint32_t lo = g == 0 ? a[i] : g == 1 ? b[i] : g == 2 ? a[i] >> 4 : b[i] >> 4;
                 const uint32_t hb = g == 0 ? h[i] << 4 : g == 1 ? h[i] << 2 : g == 2 ? h[i] : h[i] >> 2;
-                dot = __dp4a((int)((lo & 0x0f0f0f0fu) | (hb & 0x30303030u)), (int)xw[i], dot);
+                dot = __dp4a((int)((lo & 0x0f0f0f0fu) | (hb & 0x30303030u)), (int)v.w[g][i], dot);
             }
-            const int k = 2 * g + s; /* scales[8h + k] */
-            const int sc = (int8_t)(((k < 4 ? r.s.x : r.s.y) >> (8 * (k & 3))) & 0xffu);
+            /* scales[8h + 2g + s]: byte 2(g % 2) + s of word g / 2 */
+            const int sc = (int)(int8_t)((g < 2 ? r.s.x : r.s.y) >> (16 * (g & 1) + 8 * s) & 0xffu);
             t += (float)(sc * (dot - 32 * v.qs[g])) * dx[g];
         }
         return r.d * t;
     }
 }
-
