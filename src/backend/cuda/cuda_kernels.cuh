@@ -117,19 +117,14 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
  * by Hopper bulk copies into a ring of stages (no registers hold bytes in flight, and
  * the ring fills before the PDL wait), bf16 (f32 x), q8_0 with int8 x (q8_int8: the x
  * mode allows it) and q4_K/q6_K (int8 x, cu_matvec_kq_multi's arithmetic; segments may
- * mix the two), for the one-row launches of cu_matvec_multi and cu_matvec_kq_multi where
- * cu_matvec_tma_wants(); cudaErrorNotSupported where it does not apply (another dtype, K
- * not a multiple of 8 (bf16), 256 (q8_0, q4_K) or 2048 (q6_K), unaligned pointers), with
- * nothing launched. */
+ * mix the two), for the one-row launches of cu_matvec_multi and cu_matvec_kq_multi. It
+ * launches where it is chosen (cu_matvec_tma's mode, else $LLMOPT_CUDA_MV_TMA=0|1 read
+ * once: 0 never, 1 wherever it applies; by default where it measured faster in the
+ * models, kernels_stream.cu names them) and applies; else cudaErrorNotSupported with
+ * nothing launched (not chosen, another dtype, K not a multiple of 8 (bf16), 256 (q8_0,
+ * q4_K) or 2048 (q6_K), unaligned pointers). */
 cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv_seg *segs, int n_seg,
                              const struct cu_weight *up, bool q8_int8);
-/* Whether a one-row matvec of this weight type (K-quant launches: CU_Q6_K when every
- * segment is q6_K, else CU_Q4_K), row length K, `streamed` weight rows (all segments,
- * both halves of a pair) and pair or not (x mode q8_int8 as for cu_matvec_stream) takes
- * cu_matvec_stream: cu_matvec_tma's mode, else $LLMOPT_CUDA_MV_TMA=0|1 read once (0
- * never, 1 wherever it applies); by default where it measured faster in the models
- * (kernels_stream.cu names them). */
-bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool pair, bool q8_int8);
 extern "C" void cu_matvec_tma(int mode); /* 0 off, 1 on, else the default; C: tests/unit/test_cuda.c */
 /* The staged kernel's launch shape (kernel lab, tests; 0: the default; else, and unless
  * called, $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,producers,row_copies

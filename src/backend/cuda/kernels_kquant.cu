@@ -24,18 +24,12 @@ template <> struct kq_traits<CU_Q4_K> { static constexpr int BYTES = 144, UPB = 
 template <> struct kq_traits<CU_Q5_K> { static constexpr int BYTES = 176, UPB = 8, G = 2; };
 template <> struct kq_traits<CU_Q6_K> { static constexpr int BYTES = 208, UPB = 4, G = 4; };
 
-/* The loads of one unit: Q4_K a = meta (d, dmin, scales), b = qs slice; Q5_K adds
- * c = qh slice; Q6_K a, b = the two ql slices, c = qh slice, s = 8 sub-block scales,
- * d = super-block scale. */
-struct kq_raw {
-    uint4 a, b, c;
-    uint2 s;
-    float d;
-};
-
+/* The loads of one unit, into a km_raw (kquant_dot.cuh): Q4_K a = meta (d, dmin,
+ * scales), b = qs slice; Q5_K adds c = qh slice; Q6_K a, b = the two ql slices, c = qh
+ * slice, s = 8 sub-block scales, d = super-block scale. */
 template <int DT>
 static __device__ __forceinline__ void kq_load(const uint8_t *row, const uint16_t *drow, int64_t blk, int ub,
-                                               kq_raw &r) {
+                                               km_raw &r) {
     const uint8_t *bp = row + blk * kq_traits<DT>::BYTES;
     if constexpr (DT == CU_Q4_K) {
         r.a = __ldg((const uint4 *)bp);
@@ -59,6 +53,20 @@ static __device__ __forceinline__ float kq_byte(uint32_t v, int b) {
     return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u | (unsigned)b)) - 8388608.0f;
 }
 
+/* Sub-block j's 6-bit scale and min from the 12 packed bytes (words y, z, w of the
+ * meta load: bytes 0..3, 4..7, 8..11), format/quant_k.h's packing. */
+static __device__ __forceinline__ void kq_scale_min(const uint4 &m, int j, int &sc, int &mn) {
+    const int sh = 8 * (j & 3);
+    const int by = (int)((m.y >> sh) & 0xffu), bz = (int)((m.z >> sh) & 0xffu), bw = (int)((m.w >> sh) & 0xffu);
+    if (j < 4) {
+        sc = by & 63;
+        mn = bz & 63;
+    } else {
+        sc = (bw & 15) | ((by >> 6) << 4);
+        mn = (bw >> 4) | ((bz >> 6) << 4);
+    }
+}
+
 /* First element (within the super-block) of group g of unit ub. */
 template <int DT> static __device__ __forceinline__ int kq_group_off(int ub, int g) {
     if constexpr (DT == CU_Q6_K)
@@ -69,7 +77,7 @@ template <int DT> static __device__ __forceinline__ int kq_group_off(int ub, int
 
 /* Group g of unit ub: 16 quants as bytes (4 words) and the group's scale and min. */
 template <int DT, int g>
-static __device__ __forceinline__ void kq_group(const kq_raw &r, int ub, uint32_t qw[4], float &sc, float &mn) {
+static __device__ __forceinline__ void kq_group(const km_raw &r, int ub, uint32_t qw[4], float &sc, float &mn) {
     const uint32_t b[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
     if constexpr (DT == CU_Q6_K) {
         const uint32_t a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, c[4] = {r.c.x, r.c.y, r.c.z, r.c.w};
@@ -227,7 +235,7 @@ __global__ void __launch_bounds__(KQ_THREADS, 2) /* <= 128 registers: 16 warps a
 #pragma unroll
         for (int r = 0; r < RMAX; r++) acc[nr][r] = 0.0f;
     const int64_t step = (int64_t)CU_WARP * ksplit;
-    kq_raw raw[U][NR];
+    km_raw raw[U][NR];
     auto load = [&](int64_t u0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -359,8 +367,6 @@ static void kq_launch_rows(cudaStream_t st, const struct cu_weight *w, const flo
         kq_launch_nr<DT, KQ_X_GLOBAL>(st, w, x, rows, y, ep, nr);
 }
 
-static bool km_type_ok(int t);
-
 cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
                          const struct cu_epilogue *ep, int nr, int xm) {
     if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || w->cols % 256 || w->rows < 1 || nr > 4 || xm > KQ_X_Q8)
@@ -411,8 +417,6 @@ cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float
 #define KM_THREADS 256
 #define KM_WARPS (KM_THREADS / CU_WARP)
 #define KM_SB 8 /* super-blocks of a row per item: 32 lanes x 64 weights (km_lane assumes 8 a pass) */
-
-static bool km_type_ok(int t) { return t == CU_Q4_K || t == CU_Q6_K; }
 
 struct km_job {
     struct cu_mv_seg seg[CU_MV_MAX_SEGS];
@@ -738,16 +742,8 @@ cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, co
     if (rows == 1 && nr == 0 && !km_nr && !km_pf && !km_bps_cap) {
         /* the staged kernel (kernels_stream.cu), where it is chosen and applies; not
          * under a cu_kq_tune launch shape (lab, tests of this kernel) */
-        int64_t streamed = up ? 2 * up->rows : 0;
-        bool all_q6 = true;
-        for (int k = 0; k < n_seg; k++) {
-            streamed += up ? 0 : segs[k].w.rows;
-            all_q6 = all_q6 && segs[k].w.dtype == CU_Q6_K;
-        }
-        if (cu_matvec_tma_wants(all_q6 ? CU_Q6_K : CU_Q4_K, K, streamed, up != NULL, true)) {
-            const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, true);
-            if (e != cudaErrorNotSupported) return e;
-        }
+        const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, true);
+        if (e != cudaErrorNotSupported) return e;
     }
     if (nr == 0) nr = km_nr ? km_nr : 2;
     cudaError_t e;
@@ -766,7 +762,7 @@ cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, co
  * order), value = sc * q - mn rounded once (the matvec's factoring, not the
  * reference's expression order: bf16 rounding dominates either way). */
 template <int DT, int g>
-static __device__ __forceinline__ void kq_group_to_bf16(const kq_raw &r, int ub, uint4 *dst) {
+static __device__ __forceinline__ void kq_group_to_bf16(const km_raw &r, int ub, uint4 *dst) {
     uint32_t qw[4], o[8];
     float sc, mn;
     kq_group<DT, g>(r, ub, qw, sc, mn);
@@ -790,7 +786,7 @@ __global__ void kq_to_bf16_kernel(struct cu_weight w, uint4 *out, int64_t n_grou
         /* the unit and group holding them (kq_group_off inverted) */
         const int ub = DT == CU_Q6_K ? 2 * (G / 8) + (G & 1) : 2 * (G / 4) + (G & 1);
         const int g = DT == CU_Q6_K ? (G % 8) / 2 : (G % 4) / 2;
-        kq_raw r;
+        km_raw r;
         kq_load<DT>((const uint8_t *)w.data, w.scales, blk, ub, r);
         uint4 *dst = out + gi * 2;
         if (g == 0) kq_group_to_bf16<DT, 0>(r, ub, dst);

@@ -693,12 +693,8 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
     if (rows == 1) { /* the staged kernel (kernels_stream.cu), where it is chosen and applies */
         /* int8 x where the register kernel may take it (not forced f32, K fits 48 KiB) */
         const bool q8_int8 = mv_x_mode_read() != MV_X_F32 && mv_xq_smem(segs[0].w.cols) <= (48 << 10);
-        int64_t streamed = up ? 2 * up->rows : 0; /* weight rows the launch streams */
-        for (int k = 0; k < n_seg; k++) streamed += up ? 0 : segs[k].w.rows;
-        if (cu_matvec_tma_wants(segs[0].w.dtype, segs[0].w.cols, streamed, up != NULL, q8_int8)) {
-            const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, q8_int8);
-            if (e != cudaErrorNotSupported) return e;
-        }
+        const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, q8_int8);
+        if (e != cudaErrorNotSupported) return e;
     }
     switch (segs[0].w.dtype) {
     case CU_F32: mv_launch<CU_F32>(st, job, x, (int)rows); break;

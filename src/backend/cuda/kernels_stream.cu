@@ -26,7 +26,7 @@
  * of 100 KiB (the default shape) 4.5% faster than the register kernel on the 8B q8_0
  * model, 7% slower on the 0.6B one; on 8B bf16 1% slower everywhere, 2.4% faster on the
  * q/k/v and attn_o launches alone; on 8B q4_k_m 15% faster (bench/results/
- * cuda-kq-stream-2026-11-30.md). So by default (cu_matvec_tma_wants) q8_0 launches with
+ * cuda-kq-stream-2026-11-30.md). So by default (ms_chosen) q8_0 launches with
  * int8 x and q4_K/q6_K launches, each with rows of >= 4096, and bf16 launches of <= 8192
  * rows of 4096 take it (LLMOPT_CUDA_MV_TMA=0: never, 1: wherever it applies). */
 #include "backend/cuda/kquant_dot.cuh"
@@ -53,8 +53,6 @@ static __host__ __device__ __forceinline__ uint32_t ms_row_bytes(int dt, int64_t
 static __host__ __device__ __forceinline__ uint32_t ms_sc_bytes(int dt, int64_t K) {
     return (uint32_t)(dt == CU_Q8_0 ? K / 16 : dt == CU_Q6_K ? K / 128 : 0);
 }
-static bool ms_kquant(int dt) { return dt == CU_Q4_K || dt == CU_Q6_K; }
-
 /* One row's dot products of a K-quant tile: cu_matvec_kq_multi's lane split and
  * arithmetic (kquant_dot.cuh: 4 lanes a super-block, 64 weights a lane, int8 x, quants
  * centred, every x address a lane constant L plus a stride a pass), on stage row r of
@@ -272,8 +270,8 @@ __global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1
         }
         sc = 1.0f / sqrtf(cu_warps_sum(ss, hd->red, MS_CW, 1) / (float)K + job.seg[0].ep.norm_eps);
     }
-    /* x (times sc * nw) into shared memory: f32, or int8 by mv_put_x_q8 (the rule and
-     * thread layout of mv_quantize_x_q8) */
+    /* x (times sc * nw) into shared memory: f32; q8_0 int8 by mv_put_x_q8 (the rule and
+     * thread layout of mv_quantize_x_q8); K-quants by km_put_x4 */
     for (int64_t f0 = 0; f0 < K / 4; f0 += MS_XB * MS_CT) {
         float4 v[MS_XB], w[MS_XB];
         ms_load_x(x, f0, K, v);
@@ -402,7 +400,11 @@ static void ms_tune_read(void) {
     cu_matvec_tma_tune(v[0], v[1], v[2], -1, 0, v[3], v[4], v[5]);
 }
 
-bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool pair, bool q8_int8) {
+/* Whether a one-row matvec of this weight type (segment 0's), row length K and `streamed`
+ * weight rows (all segments, both halves of a pair) takes the staged kernel:
+ * cu_matvec_tma's mode, else $LLMOPT_CUDA_MV_TMA=0|1 read once (0 never, 1 wherever it
+ * applies), else where it measured faster in the models. */
+static bool ms_chosen(int dtype, int64_t K, int64_t streamed, bool q8_int8) {
     if (ms_mode == -2) {
         const char *e = getenv("LLMOPT_CUDA_MV_TMA");
         cu_matvec_tma(e && *e ? atoi(e) : -1);
@@ -417,7 +419,7 @@ bool cu_matvec_tma_wants(int dtype, int64_t K, int64_t streamed, bool pair, bool
     /* K-quants: rows of >= 4096 (every 8B q4_k_m launch: 333.1 / 335.7 -> 386.2 / 383.0
      * tok/s; staged only for SwiGLU pairs and q6_K launches measured 342; the 0.6B
      * launches, K <= 3072, lost with the staged pairs: 1,054.7 -> 1,011.5) */
-    if (ms_kquant(dtype)) return K >= 4096;
+    if (km_type_ok(dtype)) return K >= 4096;
     return dtype == CU_Q8_0 && q8_int8 && K >= 4096;
 }
 
@@ -453,12 +455,15 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
                              const struct cu_weight *up, bool q8_int8) {
     const int dt = segs[0].w.dtype;
     const int64_t K = segs[0].w.cols;
-    const bool kq = ms_kquant(dt);
+    const bool kq = km_type_ok(dt);
     /* q8_0: whole 16-byte runs of scales a row; K-quants: whole super-blocks, q6_K also
      * 16-byte runs of super-block scales (K % 2048) */
     if (n_seg < 1 || n_seg > CU_MV_MAX_SEGS || !(dt == CU_BF16 || (dt == CU_Q8_0 && q8_int8) || kq) ||
         K % (dt == CU_BF16 ? 8 : 256) || !ms_aligned(x) || (segs[0].ep.norm_w && !ms_aligned(segs[0].ep.norm_w)))
         return cudaErrorNotSupported;
+    int64_t streamed = up ? 2 * up->rows : 0; /* weight rows the launch streams */
+    for (int k = 0; k < n_seg; k++) streamed += up ? 0 : segs[k].w.rows;
+    if (!ms_chosen(dt, K, streamed, q8_int8)) return cudaErrorNotSupported;
     struct ms_job job;
     memset(&job, 0, sizeof job);
     job.n_seg = n_seg;
@@ -466,7 +471,7 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
     bool mixed = false;
     for (int k = 0; k < n_seg; k++) {
         const struct cu_weight &w = segs[k].w;
-        const bool same = w.dtype == dt || (kq && ms_kquant(w.dtype));
+        const bool same = w.dtype == dt || (kq && km_type_ok(w.dtype));
         if (!same || w.cols != K || w.rows < 1 || !ms_aligned(w.data) || (ms_sc_bytes(w.dtype, K) && !ms_aligned(w.scales)) ||
             (w.dtype == CU_Q6_K && K % 2048))
             return cudaErrorNotSupported;

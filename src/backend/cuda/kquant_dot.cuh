@@ -7,19 +7,9 @@
 
 #include "backend/cuda/cuda_device.cuh"
 
-/* Sub-block j's 6-bit scale and min from the 12 packed bytes (words y, z, w of the
- * meta load: bytes 0..3, 4..7, 8..11), format/quant_k.h's packing. */
-static __device__ __forceinline__ void kq_scale_min(const uint4 &m, int j, int &sc, int &mn) {
-    const int sh = 8 * (j & 3);
-    const int by = (int)((m.y >> sh) & 0xffu), bz = (int)((m.z >> sh) & 0xffu), bw = (int)((m.w >> sh) & 0xffu);
-    if (j < 4) {
-        sc = by & 63;
-        mn = bz & 63;
-    } else {
-        sc = (bw & 15) | ((by >> 6) << 4);
-        mn = (bw >> 4) | ((bz >> 6) << 4);
-    }
-}
+/* The K-quant types with this int8-x dot product (q5_K keeps kernels_kquant.cu's older
+ * kernel). */
+static inline bool km_type_ok(int t) { return t == CU_Q4_K || t == CU_Q6_K; }
 
 /* 16-byte chunk c of a quantized x row -> its slot: q4_K lanes read chunks 4 apart, q6_K
  * lanes 1, 8 and 16 apart; XOR-ing bits 0 and 2 with bit 3 and bit 1 with bit 4 puts
@@ -182,9 +172,10 @@ static __device__ __forceinline__ float km_dot(const km_raw &r, const km_xv &v, 
             hi = __dp4a((int)((b[i] >> 4) & 0x0f0f0f0fu), (int)v.w[2][i], hi);
             hi = __dp4a((int)((h[i] >> 4) & 0x0f0f0f0fu), (int)v.w[3][i], hi);
         }
-        /* scale and min of sub-blocks 2c, 2c + 1 (kq_scale_min's packing): bytes 2(c % 2)
-         * and 2(c % 2) + 1 of the header's words y, z, w; c < 2 the low 6 bits of y / z,
-         * else w's nibbles under y's / z's top 2 bits */
+        /* scale and min of sub-blocks 2c, 2c + 1 (format/quant_k.h's packing, as
+         * kernels_kquant.cu's kq_scale_min reads one): bytes 2(c % 2) and 2(c % 2) + 1 of
+         * the header's words y, z, w; c < 2 the low 6 bits of y / z, else w's nibbles
+         * under y's / z's top 2 bits */
         const uint32_t sh = 16 * ((uint32_t)c & 1), y = r.a.y >> sh, z = r.a.z >> sh, w = r.a.w >> sh;
         const uint32_t scp = c >> 1 ? (w & 0x0f0fu) | (y >> 2 & 0x3030u) : y & 0x3f3fu;
         const uint32_t mnp = c >> 1 ? (w >> 4 & 0x0f0fu) | (z >> 2 & 0x3030u) : z & 0x3f3fu;
