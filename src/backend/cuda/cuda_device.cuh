@@ -126,7 +126,8 @@ static __device__ __forceinline__ struct cu_mv_epi cu_matvec_epi(int64_t j, int 
 }
 /* Output j of x row r of a matvec whose product is `sum` (`up`: the second product of a
  * SwiGLU pair; e: cu_matvec_epi's operands): act(sum + bias) * (up or gate) + residual,
- * stored row-major or, with head_dim > 0, head-major (cu_matvec_finish, kernels_stream.cu). */
+ * stored row-major or, with head_dim > 0, head-major (cu_matvec_finish, kernels_stream.cu,
+ * kernels_kquant.cu). */
 template <bool PAIR>
 static __device__ __forceinline__ void cu_matvec_put(float sum, float up, const struct cu_mv_epi &e, int64_t j, int r,
                                                      int64_t n_out, int rows, float *__restrict__ y,

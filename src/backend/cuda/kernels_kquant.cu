@@ -594,22 +594,17 @@ __global__ void __launch_bounds__(KM_THREADS, PF || RM > 1 ? 2 : 3)
                 struct cu_mv_seg sg = job.seg[0];
                 if (cc.seg == 1) sg = job.seg[1];
                 if (cc.seg == 2) sg = job.seg[2];
-                const int64_t n_out = sg.w.rows, hd = sg.head_dim;
+                const int64_t n_out = sg.w.rows;
 #pragma unroll
                 for (int nr = 0; nr < NR; nr++)
 #pragma unroll
                     for (int r = 0; r < RM; r++) {
-                        const int64_t j = cc.j0 + nr, rr = job.r0 + r;
+                        const int64_t j = cc.j0 + nr;
+                        const int rr = job.r0 + r; /* the launch's x row */
                         if (j >= n_out || r >= rows) continue;
-                        float y = acc[nr][r] + (sg.ep.bias ? sg.ep.bias[j] : 0.0f);
-                        if (sg.ep.act >= 0) y = op_unary_apply(sg.ep.act, y);
-                        const size_t o = (size_t)(rr * n_out + j);
-                        if constexpr (PAIR)
-                            y *= acc[NR + nr][r];
-                        else if (sg.ep.gate)
-                            y *= sg.ep.gate[o];
-                        if (sg.ep.residual) y += sg.ep.residual[o];
-                        sg.y[hd > 0 ? (size_t)(((j / hd) * job.rows_total + rr) * hd + j % hd) : o] = y;
+                        cu_matvec_put<PAIR>(acc[nr][r], PAIR ? acc[NR + nr][r] : 0.0f,
+                                            cu_matvec_epi<PAIR>(j, rr, n_out, sg.ep), j, rr, n_out, job.rows_total,
+                                            sg.y, sg.ep, sg.head_dim);
                     }
             }
 #pragma unroll
