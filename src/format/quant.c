@@ -144,6 +144,19 @@ static int clamp_to_int(float v, int lo, int hi) {
     return lo;
 }
 
+/* The element of x[0..n) of largest magnitude, its sign kept (the first one on ties;
+ * 0 when all are 0 or NaN). */
+static float signed_amax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
 void quant_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
     LLMOPT_ASSERT(n >= 0 && n % QK8_0 == 0);
     uint8_t *out = dst;
@@ -170,16 +183,9 @@ void quant_quantize_row_q4_0(const float *src, void *dst, int64_t n) {
     uint8_t *out = dst;
     for (int64_t b = 0; b < n / QK4_0; b++) {
         const float *x = src + b * QK4_0;
-        /* the element of largest magnitude, sign kept (first one on ties): it maps
-         * to quant 0, i.e. -8 * d, so the opposite side gets the extra level */
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK4_0; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
-        float d = max / -8.0f;
+        /* the element of largest magnitude maps to quant 0, i.e. -8 * d, so the
+         * opposite side gets the extra level */
+        float d = signed_amax(x, QK4_0) / -8.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         block_q4_0 blk;
         blk.d = fp16_from_f32(d);
@@ -202,14 +208,7 @@ void quant_quantize_row_q5_0(const float *src, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / QK5_0; b++) {
         const float *x = src + b * QK5_0;
         /* as Q4_0: the element of largest magnitude maps to quant 0 (-16 * d) */
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK5_0; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
-        float d = max / -16.0f;
+        float d = signed_amax(x, QK5_0) / -16.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         block_q5_0 blk;
         blk.d = fp16_from_f32(d);

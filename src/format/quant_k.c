@@ -52,20 +52,30 @@ static inline int round_clamp(float v, int lo, int hi) {
 
 /* ---- dequantization ---- */
 
+/* One q4_K (qh NULL) or q5_K super-block to QK_K floats: sub-block j's 32 quants are
+ * the low (j even) or high nibbles of qs[32 (j / 2) ..], with bit j of qh[l] as the
+ * fifth bit, times d * sc_j, minus dmin * mn_j. */
+static void dequantize_k_nibbles(uint16_t d16, uint16_t dmin16, const uint8_t scales[K_SCALE_SIZE],
+                                 const uint8_t *qs, const uint8_t *qh, float *y) {
+    const float d = fp16_to_f32(d16), dmin = fp16_to_f32(dmin16);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        quant_k_get_scale_min(scales, j, &sc, &mn);
+        const float ds = d * sc, dm = dmin * mn;
+        const uint8_t *q = qs + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        for (int l = 0; l < 32; l++) {
+            const int v = ((q[l] >> shift) & 0x0f) | (qh ? ((qh[l] >> j) & 1) << 4 : 0);
+            y[32 * j + l] = ds * (float)v - dm;
+        }
+    }
+}
+
 static void dequantize_q4_K(const uint8_t *src, float *dst, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; b++) {
         block_q4_K blk;
         memcpy(&blk, src + b * (int64_t)sizeof blk, sizeof blk);
-        float d = fp16_to_f32(blk.d), dmin = fp16_to_f32(blk.dmin);
-        float *y = dst + b * QK_K;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, mn;
-            quant_k_get_scale_min(blk.scales, j, &sc, &mn);
-            float ds = d * sc, dm = dmin * mn;
-            const uint8_t *q = blk.qs + 32 * (j / 2);
-            int shift = 4 * (j % 2);
-            for (int l = 0; l < 32; l++) y[32 * j + l] = ds * (float)((q[l] >> shift) & 0x0f) - dm;
-        }
+        dequantize_k_nibbles(blk.d, blk.dmin, blk.scales, blk.qs, NULL, dst + b * QK_K);
     }
 }
 
@@ -73,19 +83,7 @@ static void dequantize_q5_K(const uint8_t *src, float *dst, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; b++) {
         block_q5_K blk;
         memcpy(&blk, src + b * (int64_t)sizeof blk, sizeof blk);
-        float d = fp16_to_f32(blk.d), dmin = fp16_to_f32(blk.dmin);
-        float *y = dst + b * QK_K;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, mn;
-            quant_k_get_scale_min(blk.scales, j, &sc, &mn);
-            float ds = d * sc, dm = dmin * mn;
-            const uint8_t *q = blk.qs + 32 * (j / 2);
-            int shift = 4 * (j % 2);
-            for (int l = 0; l < 32; l++) {
-                int v = ((q[l] >> shift) & 0x0f) | (((blk.qh[l] >> j) & 1) << 4);
-                y[32 * j + l] = ds * (float)v - dm;
-            }
-        }
+        dequantize_k_nibbles(blk.d, blk.dmin, blk.scales, blk.qs, blk.qh, dst + b * QK_K);
     }
 }
 
