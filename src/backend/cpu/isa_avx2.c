@@ -218,42 +218,29 @@ static inline __attribute__((always_inline)) void tile_q4_0_rc(const struct cpu_
         for (int c = 0; c < nc; c++) out[r * CPU_TILE_C + c] = v_hsum(acc[r][c]);
 }
 
-#define Q8_CALL(R, C) tile_q8_0_rc(qa, r0 + rp, w, ldw, out + rp * CPU_TILE_C, R, C)
-#define Q4_CALL(R, C) tile_q4_0_rc(qa, r0 + rp, w, ldw, out + rp * CPU_TILE_C, R, C)
-
-static void tile_q8_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, int nr,
-                      int nc, float *out) {
-    for (int rp = 0; rp < nr; rp += 2) {
-        int pr = nr - rp < 2 ? nr - rp : 2;
-        switch ((pr - 1) * 4 + nc - 1) {
-        case 0: Q8_CALL(1, 1); break;
-        case 1: Q8_CALL(1, 2); break;
-        case 2: Q8_CALL(1, 3); break;
-        case 3: Q8_CALL(1, 4); break;
-        case 4: Q8_CALL(2, 1); break;
-        case 5: Q8_CALL(2, 2); break;
-        case 6: Q8_CALL(2, 3); break;
-        default: Q8_CALL(2, 4); break;
-        }
+/* tile_q8_0 / tile_q4_0: an nr x nc tile (nr <= CPU_TILE_R, nc <= CPU_TILE_C) as row
+ * pairs, each through the instance of KERNEL (tile_*_rc) of its shape, so the
+ * accumulators stay in registers. */
+#define TILE_BY_ROW_PAIRS(NAME, KERNEL)                                                                     \
+    static void NAME(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, int nr, int nc,   \
+                     float *out) {                                                                          \
+        for (int rp = 0; rp < nr; rp += 2) {                                                                \
+            int pr = nr - rp < 2 ? nr - rp : 2;                                                             \
+            float *o = out + rp * CPU_TILE_C;                                                               \
+            switch ((pr - 1) * 4 + nc - 1) {                                                                \
+            case 0: KERNEL(qa, r0 + rp, w, ldw, o, 1, 1); break;                                            \
+            case 1: KERNEL(qa, r0 + rp, w, ldw, o, 1, 2); break;                                            \
+            case 2: KERNEL(qa, r0 + rp, w, ldw, o, 1, 3); break;                                            \
+            case 3: KERNEL(qa, r0 + rp, w, ldw, o, 1, 4); break;                                            \
+            case 4: KERNEL(qa, r0 + rp, w, ldw, o, 2, 1); break;                                            \
+            case 5: KERNEL(qa, r0 + rp, w, ldw, o, 2, 2); break;                                            \
+            case 6: KERNEL(qa, r0 + rp, w, ldw, o, 2, 3); break;                                            \
+            default: KERNEL(qa, r0 + rp, w, ldw, o, 2, 4); break;                                           \
+            }                                                                                               \
+        }                                                                                                   \
     }
-}
-
-static void tile_q4_0(const struct cpu_qact *qa, int64_t r0, const uint8_t *w, size_t ldw, int nr,
-                      int nc, float *out) {
-    for (int rp = 0; rp < nr; rp += 2) {
-        int pr = nr - rp < 2 ? nr - rp : 2;
-        switch ((pr - 1) * 4 + nc - 1) {
-        case 0: Q4_CALL(1, 1); break;
-        case 1: Q4_CALL(1, 2); break;
-        case 2: Q4_CALL(1, 3); break;
-        case 3: Q4_CALL(1, 4); break;
-        case 4: Q4_CALL(2, 1); break;
-        case 5: Q4_CALL(2, 2); break;
-        case 6: Q4_CALL(2, 3); break;
-        default: Q4_CALL(2, 4); break;
-        }
-    }
-}
+TILE_BY_ROW_PAIRS(tile_q8_0, tile_q8_0_rc)
+TILE_BY_ROW_PAIRS(tile_q4_0, tile_q4_0_rc)
 
 /* n f16 values from src, 8 at a time with F16C (round to nearest even). */
 static void store_f16(const float *src, uint8_t *dst, int64_t n) {
