@@ -479,8 +479,10 @@ static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
     struct cu_attention &a = d.a;
     const int64_t q_n = d.q_n;
     float *out = d.out;
-    /* {splits, dec_splits, dec_warps}: the reference, the warp kernel's default, cluster shapes */
-    const int var[][3] = {{1, 0, 0}, {cu_attention_splits(1, heads, ctx + 1), 0, 0}, {1, 8, 8}, {1, 8, 4}, {1, 4, 8}};
+    /* {splits, dec_splits, dec_warps, warp_warps}: the reference, the warp kernel's default
+     * splits at 4 and 8 warps a block, cluster shapes */
+    const int dflt = cu_attention_splits(1, heads, ctx + 1);
+    const int var[][4] = {{1, 0, 0, 4}, {dflt, 0, 0, 4}, {dflt, 0, 0, 8}, {1, 8, 8, 0}, {1, 8, 4, 0}, {1, 4, 8, 0}};
     const int n_v = (int)(sizeof var / sizeof var[0]);
     std::vector<float> ref((size_t)q_n), got((size_t)q_n);
     bool ok = true;
@@ -490,6 +492,7 @@ static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
         a.splits = var[i][0];
         a.dec_splits = var[i][1];
         a.dec_warps = var[i][2];
+        a.warp_warps = var[i][3];
     };
     const auto launch = [&]() { lab_dec_att_launch(&d); };
     for (int i = 0; i < n_v; i++) {
@@ -523,7 +526,8 @@ static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
             printf("  cluster %2d splits x %d warps %6.2f us (err %.1e, %d clusters fit)\n", var[i][1], var[i][2],
                    median(t[i]) * 1e6, err[i], clusters[i]);
         else
-            printf("  warp kernel %2d splits      %6.2f us (err %.1e)\n", var[i][0], median(t[i]) * 1e6, err[i]);
+            printf("  warp kernel %2d splits x %d warps %6.2f us (err %.1e)\n", var[i][0], var[i][3], median(t[i]) * 1e6,
+                   err[i]);
     }
     printf("  %s\n", ok ? "ok" : "FAIL");
     lab_dec_att_free(&d);

@@ -59,11 +59,10 @@ static enum llmopt_status resolve_opts(const struct llmopt_model *m, const struc
     if (!o.n_slots) o.n_slots = 1;
     if ((unsigned)o.kv_type >= LLMOPT_KV_TYPE_COUNT)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: unknown KV type %d", (int)o.kv_type);
-    /* cuda (docs/cuda.md): an f32 device cache unless f16 or q8_0 is asked for, which
-     * it holds as f16 (and the session reports f16); the host cache only holds metadata */
-    if (o.backend && !strcmp(o.backend, "cuda"))
-        o.kv_type = o.kv_type == LLMOPT_KV_F16 || o.kv_type == LLMOPT_KV_Q8_0 ? LLMOPT_KV_F16 : LLMOPT_KV_F32;
     if (o.kv_type == LLMOPT_KV_DEFAULT) o.kv_type = m->kv_type != LLMOPT_KV_DEFAULT ? m->kv_type : LLMOPT_KV_F16;
+    /* cuda (docs/cuda.md): f16 or f32 device caches; q8_0 is held as f16 (and the
+     * session reports f16); the host cache only holds metadata */
+    if (o.backend && !strcmp(o.backend, "cuda") && o.kv_type == LLMOPT_KV_Q8_0) o.kv_type = LLMOPT_KV_F16;
     if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
     *out = o;
     return LLMOPT_OK;

@@ -752,6 +752,15 @@ static void attention_case(const char *what, int64_t h, int64_t hkv, int64_t dh,
     gb_free(&b);
 }
 
+/* attention_case named "<what> (<kernel> <shape>)": a case run under a forced kernel shape. */
+static void attention_case_as(const char *what, const char *kernel, const char *shape, int64_t h, int64_t hkv,
+                              int64_t dh, int64_t window, const struct batch_spec *steps, int n_steps, int64_t max_ctx,
+                              double tol) {
+    char name[160];
+    snprintf(name, sizeof name, "%s (%s %s)", what, kernel, shape);
+    attention_case(name, h, hkv, dh, window, steps, n_steps, max_ctx, tol);
+}
+
 static void test_attention(void) {
     /* the f32 kernels at the f32 bound; the tensor-core prefill kernel below */
     setenv("LLMOPT_CUDA_ATT_MMA", "0", 1);
@@ -801,17 +810,31 @@ static void test_attention(void) {
                    7, 1024, TOL_F32);
     static const char *const dec_shapes[] = {"8,8", "8,4", "8,1", "2,1"};
     for (int i = 0; i < 4; i++) {
-        char what[96];
-        setenv("LLMOPT_CUDA_ATT_DEC", dec_shapes[i], 1);
-        snprintf(what, sizeof what, "attention H16 Hkv8 Dh128 600+ positions (cluster decode %s)", dec_shapes[i]);
-        attention_case(what, 16, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
-        snprintf(what, sizeof what, "attention H6 Hkv1 Dh64 window 4 (cluster decode %s)", dec_shapes[i]);
-        attention_case(what, 6, 1, 64, 4, mixed, 7, 64, TOL_F32);
+        const char *k = "cluster decode", *sh = dec_shapes[i];
+        setenv("LLMOPT_CUDA_ATT_DEC", sh, 1);
+        attention_case_as("attention H16 Hkv8 Dh128 600+ positions", k, sh, 16, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
+        attention_case_as("attention H6 Hkv1 Dh64 window 4", k, sh, 6, 1, 64, 4, mixed, 7, 64, TOL_F32);
     }
     unsetenv("LLMOPT_CUDA_ATT_DEC");
-    /* the warp kernel at the 8B / 0.6B shapes over 600+ positions (5 and 9 splits) */
-    attention_case("attention H32 Hkv8 Dh128 600+ positions (warp kernel)", 32, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
-    attention_case("attention H16 Hkv8 Dh128 600+ positions (warp kernel)", 16, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
+    /* the warp kernel at the 8B / 0.6B shapes over 600+ positions (5 and 9 splits), at 4
+     * and 8 warps a block (LLMOPT_CUDA_ATT_WARPS: 16 or 8 positions a warp a round), with
+     * head dim 60 (q/k rotated in shared memory) and f16 caches too */
+    static const char *const warp_shapes[] = {"4", "8"};
+    for (int i = 0; i < 2; i++) {
+        const char *k = "warp kernel, warps", *sh = warp_shapes[i];
+        setenv("LLMOPT_CUDA_ATT_WARPS", sh, 1);
+        attention_case_as("attention H32 Hkv8 Dh128 600+ positions", k, sh, 32, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
+        attention_case_as("attention H16 Hkv8 Dh128 600+ positions", k, sh, 16, 8, 128, 0, long_ctx, 5, 1024, TOL_F32);
+        attention_case_as("attention H4 Hkv2 Dh60 window 100", k, sh, 4, 2, 60, 100, longer, 7, 1024, TOL_F32);
+        /* f16 rows: 8 warps take the 80-register build for grids of more than 264 blocks
+         * (H32 x 9 splits), the 128-register one below (H4) */
+        test_kv = KV_DTYPE_F16;
+        attention_case_as("f16 KV: attention H32 Hkv8 Dh128 600+ positions", k, sh, 32, 8, 128, 0, long_ctx, 5, 1024,
+                          TOL_F32);
+        attention_case_as("f16 KV: attention H4 Hkv2 Dh60 window 100", k, sh, 4, 2, 60, 100, longer, 7, 1024, TOL_F32);
+        test_kv = KV_DTYPE_F32;
+    }
+    unsetenv("LLMOPT_CUDA_ATT_WARPS");
     setenv("LLMOPT_CUDA_ATT_WARP", "0", 1);
     attention_case("attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024, TOL_F32);
     attention_case("attention H8 Hkv8 Dh128 per-position", 8, 8, 128, 0, mixed, 7, 64, TOL_F32);
@@ -997,6 +1020,11 @@ static void test_decode_fusion(void) {
     fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
     fusion_case(IR_DTYPE_F32, 256, 16, 8, 64, 256, false, false, false, true);
     unsetenv("LLMOPT_CUDA_ATT_DEC");
+    setenv("LLMOPT_CUDA_ATT_WARPS", "8", 1); /* the warp kernel at 8 warps a block */
+    fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
+    setenv("LLMOPT_CUDA_ATT_WARPS", "4", 1);
+    fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
+    unsetenv("LLMOPT_CUDA_ATT_WARPS");
     /* the same through f16 caches: a last-bit f32 difference in layer 0's output can flip
      * an f16 rounding of layer 1's K/V rows (seen: 1.5e-5 in the 300-token step) */
     test_kv = KV_DTYPE_F16;

@@ -29,6 +29,7 @@ extern "C" {
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static_assert(CU_MAX_RANK == IR_MAX_RANK, "kernel shape structs hold IR ranks");
 static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
@@ -159,6 +160,7 @@ struct cuda_state {
     bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
     bool att_late_kv;             /* $LLMOPT_CUDA_ATT_EARLY=0: no K/V loads before the PDL wait */
     int att_dec_splits, att_dec_warps; /* $LLMOPT_CUDA_ATT_DEC: one-token cluster kernel shape (0: the warp kernel) */
+    int att_warp_warps;                /* $LLMOPT_CUDA_ATT_WARPS: the warp kernel's warps a block (0: default) */
     bool att_tiled_f32;           /* $LLMOPT_CUDA_ATT_MMA=0: prefill attention without tensor cores */
     int64_t att_part_floats;
     /* KV mirror */
@@ -216,6 +218,14 @@ struct cuda_state {
     struct cuda_prof_row prof[CUDA_PROF_ROWS];
     int32_t n_prof;
     uint64_t prof_steps[2], prof_seen[2];
+    /* LLMOPT_CUDA_STEP_TIME=1: of replayed steps after the first, the device time from an
+     * event before the replay to one after it (input copies, kernels, result copy) and the
+     * host time from one step's start to the next's, summed; printed to stderr at
+     * release. Their difference is what the host adds to a step. */
+    bool step_time;
+    cudaEvent_t st_ev[2];
+    double st_device_ms, st_period_s, st_last_start; /* st_last_start 0: no period open */
+    uint64_t st_steps, st_periods;
 };
 
 /* ---- shapes ------------------------------------------------------------------------- */
@@ -524,6 +534,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.tiled_f32 = s->att_tiled_f32;
     a.dec_splits = s->att_dec_splits;
     a.dec_warps = s->att_dec_warps;
+    a.warp_warps = s->att_warp_warps;
     if (!s->fused && s->pf_tok_major[i]) { /* the skipped permutes' sources */
         if (s->pf_tok_major[i] & 1) a.k = node_f32(s, s->g->nodes[n->in[1]].in[0]);
         if (s->pf_tok_major[i] & 2) a.v = node_f32(s, s->g->nodes[n->in[2]].in[0]);
@@ -1537,6 +1548,12 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
         s->profile = true;
         s->use_graphs = false; /* events between the nodes of every step */
     }
+    e = getenv("LLMOPT_CUDA_STEP_TIME");
+    if (e && *e && strcmp(e, "0") && !s->profile) {
+        CU_TRY(cudaEventCreate(&s->st_ev[0]));
+        CU_TRY(cudaEventCreate(&s->st_ev[1]));
+        s->step_time = true;
+    }
     e = getenv("LLMOPT_CUDA_ATT_WARP");
     s->att_per_position = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_ATT_EARLY"); /* A/B: 0 loads the cached K/V rows after the PDL wait */
@@ -1553,6 +1570,12 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
                            CU_ATT_DEC_MAX_SPLITS);
         s->att_dec_splits = sp;
         s->att_dec_warps = w;
+    }
+    e = getenv("LLMOPT_CUDA_ATT_WARPS");
+    if (e && *e) {
+        s->att_warp_warps = atoi(e);
+        if (s->att_warp_warps != 4 && s->att_warp_warps != 8)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: LLMOPT_CUDA_ATT_WARPS=%s: want 4 or 8", e);
     }
     e = getenv("LLMOPT_CUDA_ATT_MMA");
     s->att_tiled_f32 = e && !strcmp(e, "0");
@@ -1895,6 +1918,12 @@ static void profile_print(struct cuda_state *s) {
     }
 }
 
+static double step_clock_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* One step; logits come back (ids NULL), or only each output row's argmax (ids). */
 static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, struct kv_cache *kv,
                                     const float **logits, int32_t *ids, struct llmopt_err *err) {
@@ -1919,13 +1948,31 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
                                cudaMemcpyHostToDevice, s->stream));
     }
     s->fused = b->n_tokens <= CUDA_MATVEC_MAX_ROWS;
+    const bool timed = s->step_time && s->use_graphs && b->n_tokens <= CUDA_GRAPH_MAX_N;
+    if (timed) {
+        double now = step_clock_s();
+        if (s->st_last_start > 0) {
+            s->st_period_s += now - s->st_last_start;
+            s->st_periods++;
+        }
+        s->st_last_start = now;
+        CU_TRY(cudaEventRecord(s->st_ev[0], s->stream));
+    } else
+        s->st_last_start = 0; /* a prefill step between: no period measured across it */
     if ((st = launch_step(s, b, ids != NULL, err))) {
         cudaStreamSynchronize(s->stream);
         cudaGetLastError();
         return st;
     }
+    if (timed) CU_TRY(cudaEventRecord(s->st_ev[1], s->stream));
     CU_TRY(cudaStreamSynchronize(s->stream));
     CU_TRY(cudaGetLastError());
+    if (timed) {
+        float ms = 0.0f;
+        CU_TRY(cudaEventElapsedTime(&ms, s->st_ev[0], s->st_ev[1]));
+        if (s->st_steps++) s->st_device_ms += ms;
+        else s->st_last_start = 0; /* the first step captured the graph: neither counted */
+    }
     s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step) + s->step_extra_kernels;
     s->stats.steps++;
     if (s->profile) profile_collect(s, b->n_tokens > CUDA_GRAPH_MAX_N ? 0 : 1);
@@ -1955,6 +2002,16 @@ static void cuda_release(void *state) {
     if (!s) return;
     if (s->stream) cudaStreamSynchronize(s->stream);
     if (s->profile) profile_print(s);
+    if (s->step_time) {
+        if (s->st_steps > 1 && s->st_periods)
+            fprintf(stderr, "cuda step time (replayed steps of <= %d tokens after the first): %llu steps, device "
+                            "%.1f us a step; %llu periods between consecutive steps' starts, %.1f us each\n",
+                    CUDA_GRAPH_MAX_N, (unsigned long long)s->st_steps - 1,
+                    1e3 * s->st_device_ms / (double)(s->st_steps - 1), (unsigned long long)s->st_periods,
+                    1e6 * s->st_period_s / (double)s->st_periods);
+        cudaEventDestroy(s->st_ev[0]);
+        cudaEventDestroy(s->st_ev[1]);
+    }
     for (int32_t k = 0; s->prof_ev && k <= s->g->n_nodes; k++)
         if (s->prof_ev[k]) cudaEventDestroy(s->prof_ev[k]);
     free(s->prof_ev);

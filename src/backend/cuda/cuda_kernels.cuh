@@ -303,6 +303,9 @@ struct cu_attention {
      * dec_warps warps (1 to 8) for each (KV head, up to 4 of its query heads); part and
      * counters are not used. 0: the warp kernel with `splits`. */
     int dec_splits, dec_warps;
+    /* The warp kernel's warps a block: 4 (16 positions a warp a round) or 8 (8 a warp);
+     * 0: the default, 8. */
+    int warp_warps;
 };
 /* The cluster decode kernel's largest split (thread-block cluster) count. */
 #define CU_ATT_DEC_MAX_SPLITS 8

@@ -35,6 +35,7 @@ namespace cg = cooperative_groups;
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 64
+#define ATT_TWO_BLOCKS_AN_SM 264 /* the H200's 132 SMs: decode grids are sized by it */
 #define ATT_MAX_DH 512
 #define ATT_DH_PER_THREAD (ATT_MAX_DH / ATT_THREADS)
 #define ATT_MERGE_GROUP 16 /* splits whose partial results the merge loads at once */
@@ -313,13 +314,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
 }
 
 /* Decode attention with warps as independent sub-splits (head dim a multiple of 4, at
- * most 128: a lane holds 4 dims of a row). One block per (split, head, token), the
- * split's positions as in attention_partial_kernel; warp w takes positions w, w + 4,
- * ... of each group of ATT_WCHUNK: the lanes find 16 rows through the block table at
- * once, load 16 K rows and 16 V rows (32 independent 16-byte loads a lane), score the
- * K rows (warp sums), update the warp's own running max / sum / weighted V sum. The
- * four warps merge at the end; splits merge as in attention_partial_kernel (counters,
- * last block), and APPEND has the same meaning.
+ * most 128: a lane holds 4 dims of a row). One block of NW warps (4 or 8) per (split,
+ * head, token), the split's positions as in attention_partial_kernel; warp w takes
+ * positions w, w + NW, ... of each group of ATT_CHUNK, P = ATT_CHUNK / NW of them (16
+ * or 8): the lanes find P rows through the block table at once, load P K rows and P V
+ * rows (2P independent loads a lane: 16 bytes of f32 rows, 8 of f16), score the K rows
+ * (warp sums), update the warp's own running max / sum / weighted V sum. The warps
+ * merge at the end; splits merge as in attention_partial_kernel (counters, last
+ * block), and APPEND has the same meaning. 8 warps halve each warp's chain of
+ * dependent work (measured faster: att_warp_launch).
  * kv_before_wait (APPEND only): the positions, slots and block table are step inputs and
  * the cached rows were written by earlier steps, so the first group's rows are found
  * and loaded before the PDL wait, while the kernel before (the q/k/v product) runs; the
@@ -330,31 +333,35 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
  * barrier; head dims % 8 == 4: warps 0 and 1 into shared memory), cu_norm_rope's
  * arithmetic, and the appended K row is the rotated one. The split merge loads up to 16
  * splits' partial results in one round. */
-#define ATT_WPOS 16                        /* positions per warp per group */
-#define ATT_WCHUNK (ATT_WPOS * ATT_THREADS / CU_WARP)
+/* NW warps a block share a group of ATT_CHUNK positions, ATT_CHUNK / NW a warp (a round). */
+template <int NW> struct att_w {
+    static constexpr int POS = ATT_CHUNK / NW; /* positions a warp a round */
+    static_assert(POS * NW == ATT_CHUNK && POS <= CU_WARP, "a round is one ATT_CHUNK");
+};
 
-/* Lane i < ATT_WPOS of warp `warp` finds the cache offset of the warp's i-th position
- * of the group at c0 (-1: past the span or the token's own position); the warp's count
- * of positions in the group. */
+/* Lane i < POS of warp `warp` finds the cache offset of the warp's i-th position of the
+ * group at c0 (-1: past the span or the token's own position); the warp's count of
+ * positions in the group. */
+template <int NW>
 static __device__ __forceinline__ int att_warp_rows(const struct cu_attention &a, const struct att_span &sp, int32_t c0,
                                                     int warp, int lane, int64_t *off) {
-    constexpr int nw = ATT_THREADS / CU_WARP;
-    const int32_t mine = c0 + warp + nw * lane;
+    constexpr int POS = att_w<NW>::POS;
+    const int32_t mine = c0 + warp + NW * lane;
     *off = -1;
-    if (lane < ATT_WPOS && mine < sp.end && mine != sp.p)
+    if (lane < POS && mine < sp.end && mine != sp.p)
         *off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, mine) * sp.row_elems +
                (int64_t)sp.kvh * a.head_dim;
-    return min(ATT_WPOS, max(0, (sp.end - c0 - warp + nw - 1) / nw));
+    return min(POS, max(0, (sp.end - c0 - warp + NW - 1) / NW));
 }
 
 /* The warp's K and V rows of a group (this lane's 4 dims; zeros where there is none,
- * and at the token's own position, which att_warp_own fills). */
-template <typename KV>
+ * and at the token's own position, which the kernel fills). */
+template <typename KV, int POS>
 static __device__ __forceinline__ void att_warp_load(const struct cu_attention &a, int64_t off, int n_mine, bool dl,
                                                      int lane, typename kv_raw4<KV>::T *kk,
                                                      typename kv_raw4<KV>::T *vv) {
 #pragma unroll
-    for (int i = 0; i < ATT_WPOS; i++) {
+    for (int i = 0; i < POS; i++) {
         const int64_t oi = __shfl_sync(0xffffffffu, off, i);
         kv_pack4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), &kk[i]);
         vv[i] = kk[i];
@@ -388,12 +395,14 @@ static __device__ __forceinline__ float4 att_dec_rope(float4 x, const float *w, 
                        x.w * c.w + sg * o.w * s.w);
 }
 
-template <bool APPEND, typename KV>
-__global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_attention a) {
+/* MINB: blocks an SM the registers must allow (8 warps: 2, <= 128 registers; f16 rows
+ * also 3, <= 80: att_warp_launch). */
+template <bool APPEND, typename KV, int NW, int MINB>
+__global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     const bool early = APPEND && a.kv_before_wait;
     if (!early) cu_pdl_wait(); /* launched as a dependent itself */
-    constexpr int nw = ATT_THREADS / CU_WARP;
+    constexpr int nw = NW, WPOS = att_w<NW>::POS;
     __shared__ float wm[nw], wl[nw];
     __shared__ __align__(16) float wacc[nw][128];
     __shared__ __align__(16) float qk[2][128]; /* rope_c: the rotated q and own k rows */
@@ -404,10 +413,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
     const int32_t p = sp.p, begin = sp.begin, end = sp.end;
     const bool dl = 4 * lane < Dh; /* this lane's 4 dims exist */
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    typename kv_raw4<KV>::T kk[ATT_WPOS], vv[ATT_WPOS]; /* as cached: widened where used */
+    typename kv_raw4<KV>::T kk[WPOS], vv[WPOS]; /* as cached: widened where used */
     int64_t off;
-    int n_mine = att_warp_rows(a, sp, begin, warp, lane, &off);
-    att_warp_load<KV>(a, off, n_mine, dl, lane, kk, vv);
+    int n_mine = att_warp_rows<NW>(a, sp, begin, warp, lane, &off);
+    att_warp_load<KV, WPOS>(a, off, n_mine, dl, lane, kk, vv);
     if (early) cu_pdl_wait(); /* q, k, v of this step, and the scratch of the last attention */
     float4 q, kown = zero4, vown = zero4; /* this lane's dims of the (rotated) q row and the own K/V rows */
     if (APPEND && a.rope_c && Dh % 8 == 0) { /* every warp rotates q and k in registers: one round of loads */
@@ -467,14 +476,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
     for (int32_t c0 = begin; c0 < end;) {
         if (n_mine > 0) {
 #pragma unroll
-            for (int i = 0; i < ATT_WPOS; i++) /* the token's own row, from the inputs as the cache holds it */
+            for (int i = 0; i < WPOS; i++) /* the token's own row, from the inputs as the cache holds it */
                 if (c0 + warp + nw * i == p && dl) {
                     kk[i] = kown_c;
                     vv[i] = vown_c;
                 }
-            float sc[ATT_WPOS], cmax = -INFINITY;
+            float sc[WPOS], cmax = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < ATT_WPOS; i++) {
+            for (int i = 0; i < WPOS; i++) {
                 const float4 k4 = kv_widen4(kk[i]);
                 float d = q.x * k4.x + q.y * k4.y + q.z * k4.z + q.w * k4.w;
                 d = cu_warp_sum(d) * a.scale;
@@ -489,7 +498,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
             acc.z *= corr;
             acc.w *= corr;
 #pragma unroll
-            for (int i = 0; i < ATT_WPOS; i++) {
+            for (int i = 0; i < WPOS; i++) {
                 const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
                 const float4 v4 = kv_widen4(vv[i]);
                 csum += e;
@@ -501,10 +510,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
             l = l * corr + csum;
             m = new_m;
         }
-        c0 += ATT_WCHUNK;
+        c0 += ATT_CHUNK;
         if (c0 < end) {
-            n_mine = att_warp_rows(a, sp, c0, warp, lane, &off);
-            att_warp_load<KV>(a, off, n_mine, dl, lane, kk, vv);
+            n_mine = att_warp_rows<NW>(a, sp, c0, warp, lane, &off);
+            att_warp_load<KV, WPOS>(a, off, n_mine, dl, lane, kk, vv);
         }
     }
     /* the warps' results, merged by the block */
@@ -526,7 +535,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_warp_kernel(struct cu_a
     }
     const int64_t th = (int64_t)t * a.n_heads + h;
     float *part = a.splits > 1 ? a.part + (th * a.splits + split) * (Dh + 2) : NULL;
-    for (int d = threadIdx.x; d < Dh; d += ATT_THREADS) {
+    for (int d = threadIdx.x; d < Dh; d += NW * CU_WARP) {
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < nw; w++) o += wacc[w][d] * wsc[w];
@@ -1203,7 +1212,7 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
 }
 
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx) {
-    int64_t want = (264 + (int64_t)n_tok * n_heads - 1) / ((int64_t)n_tok * n_heads); /* 2 blocks / SM */
+    int64_t want = (ATT_TWO_BLOCKS_AN_SM + (int64_t)n_tok * n_heads - 1) / ((int64_t)n_tok * n_heads);
     int64_t chunks = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
     if (want > chunks) want = chunks;
     if (want > CU_ATT_MAX_SPLITS) want = CU_ATT_MAX_SPLITS;
@@ -1303,6 +1312,26 @@ int cu_attention_dec_clusters(const struct cu_attention *a) {
     return n;
 }
 
+template <typename KV, int NW, int MINB>
+static cudaError_t att_warp_launch_as(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
+    return cu_launch_pdl(a->n_tok == 1 ? attention_warp_kernel<true, KV, NW, MINB>
+                                       : attention_warp_kernel<false, KV, NW, MINB>,
+                         grid, dim3(NW * CU_WARP), 0, st, *a);
+}
+
+/* The warp kernel's launch shape (bench/results/cuda-att8-2026-11-30.md): 8 warps a
+ * block (8 positions a warp a round) unless a.warp_warps says 4. With f16 rows, a grid
+ * that 2 blocks an SM do not hold takes the 80-register build (3 blocks an SM: the 8B
+ * shapes, 32 heads x 9 splits; it also fits beside the staged matvec's blocks), a
+ * smaller one the 128-register build (the 0.6B: 3 an SM measured slower there). */
+template <typename KV>
+static cudaError_t att_warp_launch(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
+    if (a->warp_warps == 4) return att_warp_launch_as<KV, 4, 1>(grid, st, a);
+    if (sizeof(KV) == 2 && (int64_t)grid.x * grid.y * grid.z > ATT_TWO_BLOCKS_AN_SM)
+        return att_warp_launch_as<KV, 8, sizeof(KV) == 2 ? 3 : 2>(grid, st, a); /* no f32 build at 80 */
+    return att_warp_launch_as<KV, 8, 2>(grid, st, a);
+}
+
 template <typename KV>
 static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *a) {
     bool tiled = cu_attention_tiled_ok(a);
@@ -1327,8 +1356,7 @@ static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *
     if (cu_attention_dec_ok(a)) return att_dec_launch(st, a);
     dim3 grid(a->splits, a->n_heads, a->n_tok);
     if (a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position)
-        e = cu_launch_pdl(a->n_tok == 1 ? attention_warp_kernel<true, KV> : attention_warp_kernel<false, KV>, grid,
-                          dim3(ATT_THREADS), 0, st, *a);
+        e = att_warp_launch<KV>(grid, st, a);
     else
         e = cu_launch_pdl(a->n_tok == 1 ? attention_partial_kernel<true, KV> : attention_partial_kernel<false, KV>, grid,
                           dim3(ATT_THREADS), 0, st, *a);
@@ -1342,6 +1370,7 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
         (a->splits > 1 && (!a->part || !a->counters || (int64_t)a->n_tok * a->n_heads > CU_ATT_COUNTERS)))
         return cudaErrorInvalidValue;
     if ((a->rope_c || a->kv_before_wait) && !cu_attention_rope_ok(a)) return cudaErrorInvalidValue;
+    if (a->warp_warps != 0 && a->warp_warps != 4 && a->warp_warps != 8) return cudaErrorInvalidValue;
     if (a->dec_splits && (a->dec_splits < 2 || a->dec_splits > CU_ATT_DEC_MAX_SPLITS || a->dec_warps < 1 ||
                           a->dec_warps > ATT_DEC_MAX_WARPS))
         return cudaErrorInvalidValue;
