@@ -455,7 +455,7 @@ static void lab_dec_att_init(struct lab_dec_att *d, int ctx, int heads, bool kv_
     d->a.part = d->part;
     d->a.counters = d->counters;
     d->a.kv_f16 = kv_f16;
-    d->a.splits = cu_attention_splits(1, heads, ctx + 1); /* the warp kernel's default */
+    d->a.splits = cu_attention_splits(1, heads, ctx + 1, kv_f16); /* the warp kernel's default */
 }
 
 /* one attention launch over the next cache copy */
@@ -480,9 +480,9 @@ static bool bench_decode_attention(int ctx, int heads, bool kv_f16) {
     const int64_t q_n = d.q_n;
     float *out = d.out;
     /* {splits, dec_splits, dec_warps, warp_warps}: the reference, the warp kernel's default
-     * splits at 4 and 8 warps a block, cluster shapes */
-    const int dflt = cu_attention_splits(1, heads, ctx + 1);
-    const int var[][4] = {{1, 0, 0, 4}, {dflt, 0, 0, 4}, {dflt, 0, 0, 8}, {1, 8, 8, 0}, {1, 8, 4, 0}, {1, 4, 8, 0}};
+     * splits at 4 and 8 warps a block, f32 rows' split count, cluster shapes */
+    const int dflt = cu_attention_splits(1, heads, ctx + 1, kv_f16), f32s = cu_attention_splits(1, heads, ctx + 1, false);
+    const int var[][4] = {{1, 0, 0, 4}, {dflt, 0, 0, 4}, {dflt, 0, 0, 8}, {f32s, 0, 0, 8}, {1, 8, 8, 0}, {1, 8, 4, 0}};
     const int n_v = (int)(sizeof var / sizeof var[0]);
     std::vector<float> ref((size_t)q_n), got((size_t)q_n);
     bool ok = true;

@@ -161,6 +161,7 @@ struct cuda_state {
     bool att_late_kv;             /* $LLMOPT_CUDA_ATT_EARLY=0: no K/V loads before the PDL wait */
     int att_dec_splits, att_dec_warps; /* $LLMOPT_CUDA_ATT_DEC: one-token cluster kernel shape (0: the warp kernel) */
     int att_warp_warps;                /* $LLMOPT_CUDA_ATT_WARPS: the warp kernel's warps a block (0: default) */
+    int att_splits_forced;             /* $LLMOPT_CUDA_ATT_SPLITS: one-token attention's splits (0: default) */
     bool att_tiled_f32;           /* $LLMOPT_CUDA_ATT_MMA=0: prefill attention without tensor cores */
     int64_t att_part_floats;
     /* KV mirror */
@@ -227,6 +228,13 @@ struct cuda_state {
     double st_device_ms, st_period_s, st_last_start; /* st_last_start 0: no period open */
     uint64_t st_steps, st_periods;
 };
+
+/* Context splits of an attention launch of n_tok tokens, n_heads heads (the warp kernel's
+ * grid; cu_attention_splits unless $LLMOPT_CUDA_ATT_SPLITS forced a one-token count). */
+static int att_splits(const struct cuda_state *s, int n_tok, int n_heads, bool kv_f16) {
+    if (n_tok == 1 && s->att_splits_forced) return s->att_splits_forced;
+    return cu_attention_splits(n_tok, n_heads, s->max_ctx, kv_f16);
+}
 
 /* ---- shapes ------------------------------------------------------------------------- */
 
@@ -527,7 +535,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.block_table = s->d_block_table;
     a.block_size = s->kv_owner->block_size;
     a.max_blocks_per_slot = s->kv_owner->max_blocks_per_slot;
-    a.splits = cu_attention_splits(a.n_tok, a.n_heads, s->max_ctx);
+    a.splits = att_splits(s, a.n_tok, a.n_heads, s->kv_f16);
     a.part = s->att_part;
     a.counters = s->att_counters;
     a.per_position = s->att_per_position;
@@ -1509,8 +1517,10 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
             const struct ir_shape *q = &g->nodes[n->in[0]].shape;
             int heads = (int)q->dims[1].coef, dh = (int)q->dims[3].coef;
             for (int64_t t = 1; t <= s->n_max && t <= 1024; t++) {
-                int64_t f = cu_attention_part_floats((int)t, heads, dh, cu_attention_splits((int)t, heads, s->max_ctx));
-                if (f > s->att_part_floats) s->att_part_floats = f;
+                for (int f16 = 0; f16 < 2; f16++) { /* the cache's type is known at the first run */
+                    int64_t f = cu_attention_part_floats((int)t, heads, dh, att_splits(s, (int)t, heads, f16));
+                    if (f > s->att_part_floats) s->att_part_floats = f;
+                }
             }
         }
     }
@@ -1576,6 +1586,13 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
         s->att_warp_warps = atoi(e);
         if (s->att_warp_warps != 4 && s->att_warp_warps != 8)
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: LLMOPT_CUDA_ATT_WARPS=%s: want 4 or 8", e);
+    }
+    e = getenv("LLMOPT_CUDA_ATT_SPLITS");
+    if (e && *e) {
+        s->att_splits_forced = atoi(e);
+        if (s->att_splits_forced < 1 || s->att_splits_forced > CU_ATT_MAX_SPLITS)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: LLMOPT_CUDA_ATT_SPLITS=%s: want 1..%d", e,
+                           CU_ATT_MAX_SPLITS);
     }
     e = getenv("LLMOPT_CUDA_ATT_MMA");
     s->att_tiled_f32 = e && !strcmp(e, "0");

@@ -315,10 +315,11 @@ bool cu_attention_dec_ok(const struct cu_attention *a);
 int cu_attention_dec_clusters(const struct cu_attention *a);
 /* Split attention launches have N * H < 264 (cu_attention_splits): counters enough. */
 #define CU_ATT_COUNTERS 512
-/* Splits that keep the device busy for n_tok tokens of n_heads heads; at most
- * CU_ATT_MAX_SPLITS, and part needs cu_attention_part_floats() floats. */
+/* Splits that keep the device busy for n_tok tokens of n_heads heads over f16 (kv_f16)
+ * or f32 cached rows; at most CU_ATT_MAX_SPLITS, and part needs
+ * cu_attention_part_floats() floats. */
 #define CU_ATT_MAX_SPLITS 32
-int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx);
+int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16);
 int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int splits);
 /* Batches of at least this many tokens (head dim <= 128, a multiple of 4) take the
  * tiled kernel: K/V chunks in shared memory for 16 queries at a time (prefill). */

@@ -1211,8 +1211,12 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
     }
 }
 
-int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx) {
-    int64_t want = (ATT_TWO_BLOCKS_AN_SM + (int64_t)n_tok * n_heads - 1) / ((int64_t)n_tok * n_heads);
+/* f32 rows: enough blocks for 2 an SM (the 4-warp kernel's 207 registers allow no more);
+ * f16 rows: as many as 3 an SM hold (157 / 80 registers; the 8B: 11 splits, one 64-position
+ * chunk a block at 640 positions, where 9 left a block 2: bench/results/cuda-att8-2026-11-30.md) */
+int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16) {
+    const int64_t th = (int64_t)n_tok * n_heads;
+    int64_t want = kv_f16 ? 3 * ATT_TWO_BLOCKS_AN_SM / 2 / th : (ATT_TWO_BLOCKS_AN_SM + th - 1) / th;
     int64_t chunks = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
     if (want > chunks) want = chunks;
     if (want > CU_ATT_MAX_SPLITS) want = CU_ATT_MAX_SPLITS;
