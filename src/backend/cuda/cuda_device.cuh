@@ -191,6 +191,11 @@ static __device__ __forceinline__ void cu_matvec_finish(float (&acc)[NR * (PAIR 
 
 /* ---- int8 x of the q8_0 matvecs (kernels_linear.cu, kernels_stream.cu) ---- */
 
+/* Bytes of a K-element x row staged as int8: K quants, then one f32 scale per 32. */
+static inline size_t mv_xq_smem(int64_t K) {
+    return (size_t)K + (size_t)(K / 32) * sizeof(float);
+}
+
 /* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
  * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */
 static __device__ __forceinline__ uint32_t mv_q8_pack4(float a, float b, float c, float d, float id) {

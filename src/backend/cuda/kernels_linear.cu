@@ -458,10 +458,6 @@ extern "C" void cu_matvec_q8_x(int mode) {
     mv_x_mode = mode == MV_X_F32 || mode == MV_X_Q8 ? mode : -1;
 }
 
-static size_t mv_xq_smem(int64_t K) {
-    return (size_t)K + (size_t)(K / 32) * sizeof(float);
-}
-
 /* Persistent one-row matvec launches (cu_matvec_persist): -1 the default (the launches
  * with a per-block prologue: the rms_norm or x to int8), 0 none, 1 all; -2 unread;
  * at most mv_persist_cap blocks when not 0 (tests: many groups a block). */

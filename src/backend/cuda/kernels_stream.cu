@@ -485,7 +485,7 @@ cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv
         job.up = *up;
     }
     const size_t unit = row_max * (up ? 2 : 1); /* stage bytes of one tile row */
-    const size_t x_bytes = dt == CU_Q8_0 ? (size_t)K + (size_t)K / 8 : kq ? km_row_bytes(K) : 4 * (size_t)K;
+    const size_t x_bytes = dt == CU_Q8_0 ? mv_xq_smem(K) : kq ? km_row_bytes(K) : 4 * (size_t)K;
     const size_t ring_off = (sizeof(struct ms_head) + x_bytes + 127) & ~(size_t)127;
     if (ring_off + 2 * ((unit + 127) & ~(size_t)127) > MS_SMEM_MAX) return cudaErrorNotSupported;
     ms_tune_read();
