@@ -20,6 +20,7 @@
  * the server and passes both. Exit status 1 when a request fails, an output differs or
  * the median ratio is under --min-speedup (0: only measure); 2 on bad arguments. */
 #define _GNU_SOURCE
+#include "base/clock.h"
 #include "loadgen_parse.h"
 
 #include <dirent.h>
@@ -67,12 +68,6 @@ struct lg_conn {
     double t_start, t_last;
     struct lg_resp resp;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double self_cpu_s(void) {
     struct rusage ru;
@@ -128,7 +123,7 @@ static bool conn_start(struct lg_conn *c, int i, struct lg_result *res, const st
     c->resp.event_ctx = &res->c;
     c->req = i;
     c->sent = 0;
-    c->t_start = c->t_last = now_s();
+    c->t_start = c->t_last = clock_now_s();
     return true;
 }
 
@@ -180,7 +175,7 @@ static int run_requests(struct lg_conn *conns, int n_conn, const struct lg_req *
             }
             next++;
         }
-        double now = now_s(), wait = 1.0;
+        double now = clock_now_s(), wait = 1.0;
         int np = 0;
         for (int k = 0; k < n_conn; k++) {
             struct lg_conn *c = &conns[k];
@@ -200,7 +195,7 @@ static int run_requests(struct lg_conn *conns, int n_conn, const struct lg_req *
             fprintf(stderr, "loadgen: poll: %s\n", strerror(errno));
             return n_req;
         }
-        now = now_s();
+        now = clock_now_s();
         for (int k = 0; k < n_conn; k++) {
             struct lg_conn *c = &conns[k];
             if (c->req < 0) continue;
@@ -422,9 +417,9 @@ static void pass_run(struct pass *p, struct lg_conn *conns, int n_conn, struct l
                      const struct lg_req *reqs, struct lg_result *res, int n,
                      const struct lg_opts *o) {
     server_sample(mc, o, &p->before);
-    double c0 = self_cpu_s(), t0 = now_s();
+    double c0 = self_cpu_s(), t0 = clock_now_s();
     p->failed = run_requests(conns, n_conn, reqs, res, n, o);
-    p->secs = now_s() - t0;
+    p->secs = clock_now_s() - t0;
     p->client_cpu = self_cpu_s() - c0;
     server_sample(mc, o, &p->after);
     p->tokens = 0;

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <jansson.h>
 
@@ -146,12 +145,6 @@ double cli_profile_read_bandwidth(const char *path) {
     }
     json_decref(root);
     return best;
-}
-
-double cli_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_bench_opts *o) {

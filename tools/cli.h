@@ -56,8 +56,6 @@ enum llmopt_status cli_bench_setup(const struct cli_bench_opts *o, struct llmopt
                                    struct llmopt_session **s, int32_t *tokens, struct llmopt_err *err);
 /* Index of the largest of n logits (greedy choice). */
 int32_t cli_argmax(const float *logits, int32_t n);
-/* Monotonic clock in seconds. */
-double cli_now_s(void);
 
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

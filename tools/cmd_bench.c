@@ -1,6 +1,7 @@
 /* llmopt bench: prefill and decode speed of a model, as llama-bench reports them, plus
  * the roofline view: bytes read per decoded token and the fraction of the measured
  * read bandwidth (from a `llmopt probe` profile) that decode reaches. */
+#include "base/clock.h"
 #include "cli.h"
 
 #include <math.h>
@@ -38,16 +39,16 @@ int cmd_bench(int argc, char **argv) {
     double kernels_per_step = 0; /* launched per decode step, fusion included (last repetition) */
     for (long long r = 0; r <= o.reps; r++) { /* r == 0 warms up */
         llmopt_session_reset(s, 0);
-        double t0 = cli_now_s();
+        double t0 = clock_now_s();
         int32_t tok = 1;
         /* greedy decode: the backend picks the argmax (on the device for cuda) */
         if (llmopt_session_append_greedy(s, 0, tokens, (int32_t)o.n_prompt, &tok, &err)) goto done;
-        double t1 = cli_now_s();
+        double t1 = clock_now_s();
         double prev = t1;
         uint64_t k0 = llmopt_session_kernels_run(s);
         for (long long g = 0; g < o.n_gen; g++) {
             if (llmopt_session_append_greedy(s, 0, &tok, 1, &tok, &err)) goto done;
-            double t = cli_now_s();
+            double t = clock_now_s();
             if (r > 0) itl[n_itl++] = t - prev;
             prev = t;
         }

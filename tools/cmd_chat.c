@@ -11,6 +11,7 @@
  * A reply ends at an end-of-generation token, at the template's end-of-turn string
  * (found by rendering a probe conversation and reading what follows the assistant's
  * text) appearing in the text, or after -n tokens. */
+#include "base/clock.h"
 #include "cli.h"
 
 #include <jansson.h>
@@ -168,7 +169,7 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
         keep = 0;
     }
     const float *logits = NULL;
-    double t0 = cli_now_s();
+    double t0 = clock_now_s();
     st = llmopt_session_append(c->sess, 0, p_ids + keep, (int32_t)n_ids - keep, &logits, err);
     if (st) {
         c->n_kv = 0;
@@ -227,7 +228,7 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
     }
     if (a->verbose)
         fprintf(stderr, "[fed %d prompt tokens (%d reused from the cache), generated %d, stopped: %s, %.2f s]\n",
-                n_fed, keep, n_gen, why, cli_now_s() - t0);
+                n_fed, keep, n_gen, why, clock_now_s() - t0);
     free(r.text);
     return st;
 }

@@ -4,6 +4,7 @@
  * into chunks of ctx tokens (a partial last chunk is dropped); each chunk runs from an
  * empty cache with its first token replaced by BOS, and only the second half of each
  * chunk is scored (every scored token sees at least ctx/2 tokens of context). */
+#include "base/clock.h"
 #include "cli.h"
 
 #include <math.h>
@@ -82,7 +83,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!chunk || !pos || !slots || !rows) goto oom;
     int32_t n_vocab = llmopt_model_n_vocab(model), bos = llmopt_token_bos(model);
     long long first = ctx / 2, count = 0;
-    double nll = 0, nll2 = 0, t0 = cli_now_s();
+    double nll = 0, nll2 = 0, t0 = clock_now_s();
     if (!as_json) fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %lld, scoring the last %lld of each\n",
                           n_ids, n_chunks, ctx, ctx - first - 1);
     for (long long c = 0; c < n_chunks; c++) {
@@ -110,7 +111,7 @@ int cmd_perplexity(int argc, char **argv) {
         }
         if (!as_json) fprintf(stderr, "[%lld]%.4f%s", c + 1, exp(nll / (double)count), c + 1 < n_chunks ? "," : "\n");
     }
-    double seconds = cli_now_s() - t0, mean = nll / (double)count, ppl = exp(mean);
+    double seconds = clock_now_s() - t0, mean = nll / (double)count, ppl = exp(mean);
     double var = nll2 / (double)count - mean * mean;
     double se = var > 0 && count > 1 ? sqrt(var / (double)(count - 1)) : 0;
     if (as_json) {

@@ -1,5 +1,6 @@
 /* Generation loop: prefill the prompt, then sample and decode one token per step. All
  * buffers are allocated before the first decode step. */
+#include "base/clock.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -36,12 +37,6 @@ int32_t llmopt_sampler_sample(struct llmopt_sampler *s, float *logits, const int
 
 void llmopt_sampler_free(struct llmopt_sampler *s) { sampler_free((struct sampler *)s); }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const int32_t *prompt,
                                    int32_t n_prompt, int32_t max_new,
                                    const struct llmopt_sampling *sampling, llmopt_token_cb cb,
@@ -74,14 +69,14 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
      * the logits are (on the device) and hand back the id alone */
     bool greedy = sp.temperature <= 0.0f && sp.repeat_penalty == 1.0f && sp.presence_penalty == 0.0f &&
                   sp.frequency_penalty == 0.0f;
-    double t0 = now_seconds();
+    double t0 = clock_now_s();
     const float *out = NULL;
     int32_t id = 0;
     st = greedy ? llmopt_session_append_greedy(s, slot, prompt, n_prompt, &id, err)
                 : llmopt_session_append(s, slot, prompt, n_prompt, &out, err);
     if (st) goto done;
     result->n_prompt = n_prompt;
-    double t1 = now_seconds();
+    double t1 = clock_now_s();
     result->prefill_seconds = t1 - t0;
     for (int32_t i = 0; i < max_new; i++) {
         if (!greedy) {
@@ -100,7 +95,7 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
                     : llmopt_session_append(s, slot, &history[n_hist - 1], 1, &out, err);
         if (st) goto done;
     }
-    result->decode_seconds = now_seconds() - t1;
+    result->decode_seconds = clock_now_s() - t1;
 done:
     free(history);
     free(logits);

@@ -5,6 +5,7 @@
  * values); tensors and keys come from the program's graph.json and map.json. */
 #include "runtime/synth.h"
 
+#include "base/clock.h"
 #include "format/gguf_write.h"
 #include "format/graph_file.h"
 #include "format/quant_k.h"
@@ -251,12 +252,6 @@ static enum llmopt_status emit_rows(struct gguf_w *w, row_fill_fn fill, const vo
     free(task.dst);
     free(task.scratch);
     return st;
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 void synth_report_print(const struct synth_report *rep, const char *path, FILE *out) {
@@ -709,7 +704,7 @@ static void add_to_report(struct synth_report *rep, enum ggml_type type, const u
 
 enum llmopt_status synth_write(const struct synth_opts *opts, struct synth_report *report,
                                struct llmopt_err *err) {
-    double t0 = now_seconds();
+    double t0 = clock_now_s();
     struct synth_report rep = {0};
     struct synth_ctx c = {.opts = opts};
     c.sm = find_model(opts->like);
@@ -797,7 +792,7 @@ enum llmopt_status synth_write(const struct synth_opts *opts, struct synth_repor
     json_decref(c.graph);
     json_decref(c.map);
     free(c.tensors);
-    rep.seconds = now_seconds() - t0;
+    rep.seconds = clock_now_s() - t0;
     if (report) *report = rep;
     return st;
 }
@@ -818,7 +813,7 @@ static void fill_decoded_row(const void *ctx, int64_t row, float *out) {
 
 enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts,
                                   struct synth_report *report, struct llmopt_err *err) {
-    double t0 = now_seconds();
+    double t0 = clock_now_s();
     struct synth_report rep = {0};
     struct synth_qplan plan;
     if (!synth_qplan_parse(opts->type, &plan))
@@ -878,7 +873,7 @@ enum llmopt_status synth_quantize(const struct synth_quantize_opts *opts,
     gguf_w_free(w);
     gguf_close(in);
     free(types);
-    rep.seconds = now_seconds() - t0;
+    rep.seconds = clock_now_s() - t0;
     if (report) *report = rep;
     return st;
 }

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "server/srv_sched.h"
 
+#include "base/clock.h"
 #include "base/cpu_features.h"
 
 #include <errno.h>
@@ -109,15 +110,9 @@ struct srv_engine {
  * for steps far shorter than this. */
 #define SRV_STREAM_BATCH_MAX_STEP_S 0.002
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Ends the scheduler's current phase, charging its time to p. */
 static void sched_lap(struct srv_engine *e, enum srv_phase p) {
-    double t = now_seconds();
+    double t = clock_now_s();
     e->lap[p] += t - e->lap_t;
     e->lap_t = t;
 }
@@ -194,7 +189,7 @@ static enum srv_submit engine_submit(struct srv_engine *e, const struct srv_req_
         return SRV_SUBMIT_ERROR;
     }
     for (int32_t i = 0; i < r->n_prompt; i++) llmopt_detok_push(r->detok, r->tokens[i]);
-    r->t_submit = now_seconds();
+    r->t_submit = clock_now_s();
 
     pthread_mutex_lock(&e->mu);
     /* Requests that a free slot will take at the next step do not count against the
@@ -483,7 +478,7 @@ static void req_sample(struct srv_engine *e, struct srv_req *r, const float *row
     memcpy(e->scratch, row, (size_t)e->n_vocab * sizeof *e->scratch);
     int32_t id = llmopt_sampler_sample(r->sampler, e->scratch, r->tokens,
                                        (size_t)(r->n_prompt + r->n_gen), NULL);
-    double t = now_seconds();
+    double t = clock_now_s();
     if (r->n_gen == 0)
         srv_metrics_ttft(e->metrics, t - r->t_submit);
     else
@@ -607,7 +602,7 @@ static bool sched_step(struct srv_engine *e) {
     if (n_rows == 0) e->out_rows[n_rows++] = n - 1;
     const float *logits = NULL;
     struct llmopt_err err = {0};
-    const double forward_t0 = now_seconds();
+    const double forward_t0 = clock_now_s();
     enum llmopt_status st = llmopt_session_forward(e->session, n, e->tokens, e->positions, e->slots,
                                                    n_rows, e->out_rows, &logits, &err);
     sched_lap(e, SRV_PHASE_FORWARD);
@@ -685,7 +680,7 @@ static void sched_publish(struct srv_engine *e, int32_t queued) {
 
 static void *sched_main(void *arg) {
     struct srv_engine *e = arg;
-    e->lap_t = now_seconds();
+    e->lap_t = clock_now_s();
     pthread_mutex_lock(&e->mu);
     while (!e->stopping) {
         sched_lap(e, SRV_PHASE_IDLE);

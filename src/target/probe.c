@@ -6,6 +6,7 @@
  * workers spin briefly between steps, then sleep on a condition variable), so the
  * dispatch numbers are what one pool step costs. */
 #define _GNU_SOURCE
+#include "base/clock.h"
 #include "target/profile.h"
 
 #include <pthread.h>
@@ -22,12 +23,6 @@
 #include <immintrin.h>
 #define PROBE_X86 1
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static inline void cpu_relax(void) {
 #ifdef PROBE_X86
@@ -164,8 +159,8 @@ static enum llmopt_status pool_create(struct probe_pool *pool, int n_threads,
 
 /* Until every worker sleeps (bounded: a busy machine may keep one off its CPU). */
 static void pool_wait_all_asleep(struct probe_pool *pool) {
-    double deadline = now_s() + 0.05;
-    while (atomic_load(&pool->sleepers) < pool->n_threads - 1 && now_s() < deadline) sched_yield();
+    double deadline = clock_now_s() + 0.05;
+    while (atomic_load(&pool->sleepers) < pool->n_threads - 1 && clock_now_s() < deadline) sched_yield();
 }
 
 /* ---- Repeats and statistics ------------------------------------------------------------- */
@@ -222,9 +217,9 @@ static void measure_dispatch(struct probe_pool *pool, const struct probe_setting
     pool->spin_iters = 2000;
     for (int r = -1; r < s->repeats; r++) {
         int steps = s->dispatch_spin_steps;
-        double t0 = now_s();
+        double t0 = clock_now_s();
         for (int i = 0; i < steps; i++) pool_step(pool, empty_step, NULL);
-        double ns = (now_s() - t0) * 1e9 / steps;
+        double ns = (clock_now_s() - t0) * 1e9 / steps;
         if (r >= 0) v[r] = ns;
     }
     summarize(&p->m[TARGET_DISPATCH_SPIN], TARGET_DISPATCH_SPIN, v, s->repeats, pool->n_threads,
@@ -237,9 +232,9 @@ static void measure_dispatch(struct probe_pool *pool, const struct probe_setting
         double total = 0;
         for (int i = 0; i < steps; i++) {
             pool_wait_all_asleep(pool);
-            double t0 = now_s();
+            double t0 = clock_now_s();
             pool_step(pool, empty_step, NULL);
-            total += now_s() - t0;
+            total += clock_now_s() - t0;
         }
         if (r >= 0) v[r] = total * 1e9 / steps;
     }
@@ -357,12 +352,12 @@ static void measure_read(struct probe_pool *pool, struct read_job *job,
                          enum target_metric metric, bool all_threads, const char *kernel) {
     double v[PROBE_MAX_REPEATS];
     for (int r = -1; r < s->repeats; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         if (all_threads)
             pool_step(pool, read_step, job);
         else
             read_step(job, 0, 1);
-        double t = now_s() - t0;
+        double t = clock_now_s() - t0;
         if (r >= 0) v[r] = (double)job->bytes * job->passes / t * 1e-9;
     }
     summarize(&p->m[metric], metric, v, s->repeats, all_threads ? pool->n_threads : 1, kernel);
@@ -584,9 +579,9 @@ static void measure_compute(struct probe_pool *pool, const struct probe_settings
     /* Warm-up and calibration on one thread: grow until a run takes >= 1/8 of a repeat. */
     double t;
     for (;;) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         compute_step(&job, 0, 1);
-        t = now_s() - t0;
+        t = clock_now_s() - t0;
         if (t >= s->compute_rep_s / 8 || job.iters > ((int64_t)1 << 40)) break;
         job.iters *= 2;
     }
@@ -595,17 +590,17 @@ static void measure_compute(struct probe_pool *pool, const struct probe_settings
 
     double v[PROBE_MAX_REPEATS];
     for (int r = -1; r < s->repeats; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         compute_step(&job, 0, 1);
-        double rate = job.ops[0] / (now_s() - t0) * 1e-9;
+        double rate = job.ops[0] / (clock_now_s() - t0) * 1e-9;
         if (r >= 0) v[r] = rate;
     }
     summarize(&p->m[metric_1t], metric_1t, v, s->repeats, 1, kernel);
 
     for (int r = -1; r < s->repeats; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         pool_step(pool, compute_step, &job);
-        double elapsed = now_s() - t0;
+        double elapsed = clock_now_s() - t0;
         double ops = 0;
         for (int i = 0; i < pool->n_threads; i++)
             ops += i < 64 ? job.ops[i * 8] : job.ops[0]; /* every thread does the same work */

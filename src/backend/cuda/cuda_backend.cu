@@ -17,6 +17,7 @@
  * of the block table only when it changes. Sampling stays on the host for now (the
  * logits rows come back), a later step moves it to the device. */
 extern "C" {
+#include "base/clock.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "passes/memplan.h"
@@ -29,7 +30,6 @@ extern "C" {
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static_assert(CU_MAX_RANK == IR_MAX_RANK, "kernel shape structs hold IR ranks");
 static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
@@ -1935,12 +1935,6 @@ static void profile_print(struct cuda_state *s) {
     }
 }
 
-static double step_clock_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One step; logits come back (ids NULL), or only each output row's argmax (ids). */
 static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, struct kv_cache *kv,
                                     const float **logits, int32_t *ids, struct llmopt_err *err) {
@@ -1967,7 +1961,7 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     s->fused = b->n_tokens <= CUDA_MATVEC_MAX_ROWS;
     const bool timed = s->step_time && s->use_graphs && b->n_tokens <= CUDA_GRAPH_MAX_N;
     if (timed) {
-        double now = step_clock_s();
+        double now = clock_now_s();
         if (s->st_last_start > 0) {
             s->st_period_s += now - s->st_last_start;
             s->st_periods++;
