@@ -35,7 +35,7 @@ namespace cg = cooperative_groups;
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 64
-#define ATT_TWO_BLOCKS_AN_SM 264 /* the H200's 132 SMs: decode grids are sized by it */
+#define ATT_SMS 132 /* the H200's SMs: decode grids are sized by them */
 #define ATT_MAX_DH 512
 #define ATT_DH_PER_THREAD (ATT_MAX_DH / ATT_THREADS)
 #define ATT_MERGE_GROUP 16 /* splits whose partial results the merge loads at once */
@@ -402,9 +402,9 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
     const bool early = APPEND && a.kv_before_wait;
     if (!early) cu_pdl_wait(); /* launched as a dependent itself */
-    constexpr int nw = NW, WPOS = att_w<NW>::POS;
-    __shared__ float wm[nw], wl[nw];
-    __shared__ __align__(16) float wacc[nw][128];
+    constexpr int WPOS = att_w<NW>::POS;
+    __shared__ float wm[NW], wl[NW];
+    __shared__ __align__(16) float wacc[NW][128];
     __shared__ __align__(16) float qk[2][128]; /* rope_c: the rotated q and own k rows */
     __shared__ bool last_block;
     const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
         if (n_mine > 0) {
 #pragma unroll
             for (int i = 0; i < WPOS; i++) /* the token's own row, from the inputs as the cache holds it */
-                if (c0 + warp + nw * i == p && dl) {
+                if (c0 + warp + NW * i == p && dl) {
                     kk[i] = kown_c;
                     vv[i] = vown_c;
                 }
@@ -525,11 +525,11 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
     __syncthreads();
     float bm = -INFINITY, bl = 0.0f;
 #pragma unroll
-    for (int w = 0; w < nw; w++)
+    for (int w = 0; w < NW; w++)
         if (wl[w] > 0.0f) bm = fmaxf(bm, wm[w]);
-    float wsc[nw];
+    float wsc[NW];
 #pragma unroll
-    for (int w = 0; w < nw; w++) {
+    for (int w = 0; w < NW; w++) {
         wsc[w] = wl[w] > 0.0f ? expf(wm[w] - bm) : 0.0f;
         bl += wl[w] * wsc[w];
     }
@@ -538,7 +538,7 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
     for (int d = threadIdx.x; d < Dh; d += NW * CU_WARP) {
         float o = 0.0f;
 #pragma unroll
-        for (int w = 0; w < nw; w++) o += wacc[w][d] * wsc[w];
+        for (int w = 0; w < NW; w++) o += wacc[w][d] * wsc[w];
         if (part)
             part[2 + d] = o;
         else
@@ -1216,7 +1216,7 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
  * chunk a block at 640 positions, where 9 left a block 2: bench/results/cuda-att8-2026-11-30.md) */
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16) {
     const int64_t th = (int64_t)n_tok * n_heads;
-    int64_t want = kv_f16 ? 3 * ATT_TWO_BLOCKS_AN_SM / 2 / th : (ATT_TWO_BLOCKS_AN_SM + th - 1) / th;
+    int64_t want = kv_f16 ? 3 * ATT_SMS / th : (2 * ATT_SMS + th - 1) / th;
     int64_t chunks = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
     if (want > chunks) want = chunks;
     if (want > CU_ATT_MAX_SPLITS) want = CU_ATT_MAX_SPLITS;
@@ -1331,8 +1331,8 @@ static cudaError_t att_warp_launch_as(dim3 grid, cudaStream_t st, const struct c
 template <typename KV>
 static cudaError_t att_warp_launch(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
     if (a->warp_warps == 4) return att_warp_launch_as<KV, 4, 1>(grid, st, a);
-    if (sizeof(KV) == 2 && (int64_t)grid.x * grid.y * grid.z > ATT_TWO_BLOCKS_AN_SM)
-        return att_warp_launch_as<KV, 8, sizeof(KV) == 2 ? 3 : 2>(grid, st, a); /* no f32 build at 80 */
+    if constexpr (sizeof(KV) == 2) /* no f32 build at 80 registers: it would spill */
+        if ((int64_t)grid.x * grid.y * grid.z > 2 * ATT_SMS) return att_warp_launch_as<KV, 8, 3>(grid, st, a);
     return att_warp_launch_as<KV, 8, 2>(grid, st, a);
 }
 
