@@ -33,7 +33,8 @@ struct backend_ops {
     enum llmopt_status (*prepare)(const struct ir_graph *g, int64_t n_max, int64_t max_ctx,
                                   const struct mem_plan *plan, int32_t n_threads, void **state,
                                   struct llmopt_err *err);
-    /* Runs one batch; *logits points at (M, vocab) floats valid until the next run. */
+    /* Runs one batch; *logits (logits is never NULL) points at (M, vocab) floats valid
+     * until the next run. */
     enum llmopt_status (*run)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
                               const float **logits, struct llmopt_err *err);
     /* Optional (NULL where not offered): runs the batch like run, but hands back only the

@@ -256,6 +256,7 @@ enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
                                           const int32_t *slots, int32_t n_out,
                                           const int32_t *out_rows, const float **logits,
                                           struct llmopt_err *err) {
+    if (!logits) return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: no place for the logits (NULL)");
     return session_forward(s, n, tokens, positions, slots, n_out, out_rows, logits, NULL, err);
 }
 
@@ -270,6 +271,9 @@ static enum llmopt_status session_append(struct llmopt_session *s, int32_t slot,
     if ((int64_t)s->kv->slot_len[slot] + n > s->n_ctx)
         return err_set(err, LLMOPT_ERR_LIMIT, "append: %d + %d tokens exceed the context of %d",
                        s->kv->slot_len[slot], n, s->n_ctx);
+    /* a greedy append (id set, logits NULL) runs every chunk through run_argmax, not only
+     * the last (run needs a logits pointer); the earlier chunks' ids are dropped */
+    int32_t dropped_id;
     for (int32_t done = 0; done < n;) {
         int32_t chunk = n - done < s->n_batch ? n - done : s->n_batch;
         int32_t start = s->kv->slot_len[slot];
@@ -280,7 +284,7 @@ static enum llmopt_status session_append(struct llmopt_session *s, int32_t slot,
         int32_t last = chunk - 1;
         bool final = done + chunk == n;
         enum llmopt_status st = session_forward(s, chunk, tokens + done, s->chunk_pos, s->chunk_slot, 1, &last,
-                                                logits, final ? id : NULL, err);
+                                                logits, id && !final ? &dropped_id : id, err);
         if (st) return st;
         done += chunk;
     }
@@ -290,12 +294,14 @@ static enum llmopt_status session_append(struct llmopt_session *s, int32_t slot,
 enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
                                          const int32_t *tokens, int32_t n, const float **logits,
                                          struct llmopt_err *err) {
+    if (!logits) return err_set(err, LLMOPT_ERR_INVALID_ARG, "append: no place for the logits (NULL)");
     return session_append(s, slot, tokens, n, logits, NULL, err);
 }
 
 enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_t slot,
                                                 const int32_t *tokens, int32_t n, int32_t *next_id,
                                                 struct llmopt_err *err) {
+    if (!next_id) return err_set(err, LLMOPT_ERR_INVALID_ARG, "append_greedy: no place for the id (NULL)");
     if (s->backend->run_argmax) return session_append(s, slot, tokens, n, NULL, next_id, err);
     const float *logits = NULL;
     enum llmopt_status st = session_append(s, slot, tokens, n, &logits, NULL, err);

@@ -190,6 +190,25 @@ static void session_on(const struct llmopt_model *m, const char *backend) {
     CHECK_EQ_INT(arg, arg_ref);
     fprintf(stderr, "  %s: attached 32 of 40, logits within %.2g of the full computation (scale %.3g)\n", backend,
             worst, scale);
+    /* a greedy append longer than the batch (64): chunks of 64 and 36 (on cuda its first
+     * chunk once ran without a logits pointer and crashed), against the logits' argmax */
+    llmopt_session_reset(s, 0);
+    llmopt_session_reset(s, 1);
+    int32_t long_tok[100], id = -1;
+    for (int i = 0; i < 100; i++) long_tok[i] = 1 + (i * 31 + 7) % (n_vocab - 1);
+    CHECK_MSG(llmopt_session_append_greedy(s, 0, long_tok, 100, &id, &err) == LLMOPT_OK, "%s", err.msg);
+    CHECK_MSG(llmopt_session_append(s, 1, long_tok, 100, &logits, &err) == LLMOPT_OK, "%s", err.msg);
+    arg = 0;
+    for (int32_t v = 1; v < n_vocab; v++)
+        if (logits[v] > logits[arg]) arg = v;
+    CHECK_EQ_INT(id, arg);
+    CHECK_EQ_INT(llmopt_session_seq_len(s, 0), 100);
+    /* nowhere to put the result: an error, not a crash */
+    CHECK(llmopt_session_append(s, 0, long_tok, 1, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+    CHECK(llmopt_session_append_greedy(s, 0, long_tok, 1, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+    const int32_t pos = 100, slot = 0, row = 0;
+    CHECK(llmopt_session_forward(s, 1, long_tok, &pos, &slot, 1, &row, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+    CHECK_EQ_INT(llmopt_session_seq_len(s, 0), 100);
     free(ref);
     llmopt_session_free(s);
 }
