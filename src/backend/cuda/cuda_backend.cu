@@ -542,7 +542,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.tiled_f32 = s->att_tiled_f32;
     a.dec_splits = s->att_dec_splits;
     a.dec_warps = s->att_dec_warps;
-    a.warp_warps = s->att_warp_warps;
+    a.warp_warps = s->att_warp_warps ? s->att_warp_warps : cu_attention_warps(s->max_ctx, a.splits);
     if (!s->fused && s->pf_tok_major[i]) { /* the skipped permutes' sources */
         if (s->pf_tok_major[i] & 1) a.k = node_f32(s, s->g->nodes[n->in[1]].in[0]);
         if (s->pf_tok_major[i] & 2) a.v = node_f32(s, s->g->nodes[n->in[2]].in[0]);

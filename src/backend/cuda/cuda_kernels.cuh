@@ -304,7 +304,7 @@ struct cu_attention {
      * counters are not used. 0: the warp kernel with `splits`. */
     int dec_splits, dec_warps;
     /* The warp kernel's warps a block: 4 (16 positions a warp a round) or 8 (8 a warp);
-     * 0: the default, 8. */
+     * 0: 8. The backend sets cu_attention_warps unless $LLMOPT_CUDA_ATT_WARPS says. */
     int warp_warps;
 };
 /* The cluster decode kernel's largest split (thread-block cluster) count. */
@@ -320,6 +320,14 @@ int cu_attention_dec_clusters(const struct cu_attention *a);
  * cu_attention_part_floats() floats. */
 #define CU_ATT_MAX_SPLITS 32
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16);
+/* The decode warp kernel's warps a block (cu_attention.warp_warps) for contexts of up to
+ * max_ctx positions in `splits` splits: 4 where every split is at most one chunk of 64
+ * positions (a warp's single round: 16 rows a warp, fewer blocks to merge), else 8
+ * (more rows in flight a round). With the transposed score sums, at 640 positions the
+ * 8B shapes decode faster at 4 (bf16 229.1 / 230.1 -> 230.9 / 231.2 tok/s, q8_0 353.5 ->
+ * 357.8, q4_k_m 415.0 -> 422.2; the 0.6B even) and the lab at 4096 positions faster at
+ * 8 (f16, 8B shape: 23.3 against 20.1 us): bench/results/cuda-attsum-2026-11-30.md. */
+int cu_attention_warps(int64_t max_ctx, int splits);
 int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int splits);
 /* Batches of at least this many tokens (head dim <= 128, a multiple of 4) take the
  * tiled kernel: K/V chunks in shared memory for 16 queries at a time (prefill). */

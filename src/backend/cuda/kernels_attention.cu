@@ -319,10 +319,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct c
  * positions w, w + NW, ... of each group of ATT_CHUNK, P = ATT_CHUNK / NW of them (16
  * or 8): the lanes find P rows through the block table at once, load P K rows and P V
  * rows (2P independent loads a lane: 16 bytes of f32 rows, 8 of f16), score the K rows
- * (warp sums), update the warp's own running max / sum / weighted V sum. The warps
+ * (their P partial dot products summed over the lanes by one transposed exchange
+ * tree, att_sum_transposed: log2(32) exchange rounds instead of P warp sums, and one
+ * exp a lane), update the warp's own running max / sum / weighted V sum. The warps
  * merge at the end; splits merge as in attention_partial_kernel (counters, last
- * block), and APPEND has the same meaning. 8 warps halve each warp's chain of
- * dependent work (measured faster: att_warp_launch).
+ * block), and APPEND has the same meaning. NW: cu_attention_warps.
  * kv_before_wait (APPEND only): the positions, slots and block table are step inputs and
  * the cached rows were written by earlier steps, so the first group's rows are found
  * and loaded before the PDL wait, while the kernel before (the q/k/v product) runs; the
@@ -393,6 +394,44 @@ static __device__ __forceinline__ float4 att_dec_rope(float4 x, const float *w, 
     const float sg = lo ? -1.0f : 1.0f;
     return make_float4(x.x * c.x + sg * o.x * s.x, x.y * c.y + sg * o.y * s.y, x.z * c.z + sg * o.z * s.z,
                        x.w * c.w + sg * o.w * s.w);
+}
+
+/* c ? a : b on values (a select of array elements written as such becomes a select of
+ * their addresses, and the array goes to local memory) */
+static __device__ __forceinline__ float att_sel(bool c, float a, float b) {
+    float r;
+    asm("{\n.reg .pred p;\nsetp.ne.u32 p, %3, 0;\nselp.f32 %0, %1, %2, p;\n}"
+        : "=f"(r)
+        : "f"(a), "f"(b), "r"((unsigned)c));
+    return r;
+}
+
+/* Sums each of V values (V a power of 2, <= 32) over the warp's lanes: returns, to
+ * lane l, the sum of value l / (32 / V). Halving exchanges: at offset 16 a lane keeps
+ * half its values (the upper half where the offset's bit is set) and adds its partner's
+ * copy of that half, and so on; then plain butterfly sums over the remaining bits. */
+template <int N, int OFF> struct att_xsum { /* N values left, exchanged at offset OFF */
+    static __device__ __forceinline__ float run(float *v, int lane) {
+        const bool up = lane & OFF;
+#pragma unroll
+        for (int k = 0; k < N / 2; k++) {
+            const float send = att_sel(up, v[k], v[k + N / 2]), keep = att_sel(up, v[k + N / 2], v[k]);
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+        }
+        return att_xsum<N / 2, OFF / 2>::run(v, lane);
+    }
+};
+template <int OFF> struct att_xsum<1, OFF> {
+    static __device__ __forceinline__ float run(float *v, int lane) {
+        float s = v[0];
+#pragma unroll
+        for (int off = OFF; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        return s;
+    }
+};
+template <int V>
+static __device__ __forceinline__ float att_sum_transposed(float (&v)[V], int lane) {
+    return att_xsum<V, 16>::run(v, lane);
 }
 
 /* MINB: blocks an SM the registers must allow (8 warps: 2, <= 128 registers; f16 rows
@@ -481,31 +520,39 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
                     kk[i] = kown_c;
                     vv[i] = vown_c;
                 }
-            float sc[WPOS], cmax = -INFINITY;
+            /* the WPOS dot products summed transposed (att_sum_transposed: lane l
+             * gets row l / LPV), so each lane exponentiates one score and the
+             * rows' weights reach every lane by a shuffle each */
+            constexpr int LPV = CU_WARP / WPOS;
+            float s[WPOS];
 #pragma unroll
             for (int i = 0; i < WPOS; i++) {
                 const float4 k4 = kv_widen4(kk[i]);
-                float d = q.x * k4.x + q.y * k4.y + q.z * k4.z + q.w * k4.w;
-                d = cu_warp_sum(d) * a.scale;
-                sc[i] = i < n_mine ? d : -INFINITY;
-                cmax = fmaxf(cmax, sc[i]);
+                s[i] = q.x * k4.x + q.y * k4.y + q.z * k4.z + q.w * k4.w;
             }
+            float sc = att_sum_transposed<WPOS>(s, lane);
+            sc = lane / LPV < n_mine ? sc * a.scale : -INFINITY;
+            float cmax = sc;
+#pragma unroll
+            for (int o = LPV; o < CU_WARP; o *= 2) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, o));
             const float new_m = fmaxf(m, cmax);
             const float corr = expf(m - new_m); /* 0 on the warp's first group (m = -inf) */
-            float csum = 0.0f;
+            const float e = expf(sc - new_m);   /* 0 past the warp's rows */
+            float csum = e;
+#pragma unroll
+            for (int o = LPV; o < CU_WARP; o *= 2) csum += __shfl_xor_sync(0xffffffffu, csum, o);
             acc.x *= corr;
             acc.y *= corr;
             acc.z *= corr;
             acc.w *= corr;
 #pragma unroll
             for (int i = 0; i < WPOS; i++) {
-                const float e = i < n_mine ? expf(sc[i] - new_m) : 0.0f;
+                const float ei = __shfl_sync(0xffffffffu, e, i * LPV);
                 const float4 v4 = kv_widen4(vv[i]);
-                csum += e;
-                acc.x += e * v4.x;
-                acc.y += e * v4.y;
-                acc.z += e * v4.z;
-                acc.w += e * v4.w;
+                acc.x += ei * v4.x;
+                acc.y += ei * v4.y;
+                acc.z += ei * v4.z;
+                acc.w += ei * v4.w;
             }
             l = l * corr + csum;
             m = new_m;
@@ -571,44 +618,6 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
  * (written by this step's kernels) with q and k after it. */
 #define ATT_DEC_MAX_WARPS 8
 #define ATT_DEC_MAX_SPLITS CU_ATT_DEC_MAX_SPLITS
-
-/* c ? a : b on values (a select of array elements written as such becomes a select of
- * their addresses, and the array goes to local memory) */
-static __device__ __forceinline__ float att_sel(bool c, float a, float b) {
-    float r;
-    asm("{\n.reg .pred p;\nsetp.ne.u32 p, %3, 0;\nselp.f32 %0, %1, %2, p;\n}"
-        : "=f"(r)
-        : "f"(a), "f"(b), "r"((unsigned)c));
-    return r;
-}
-
-/* Sums each of V values (V a power of 2, <= 32) over the warp's lanes: returns, to
- * lane l, the sum of value l / (32 / V). Halving exchanges: at offset 16 a lane keeps
- * half its values (the upper half where the offset's bit is set) and adds its partner's
- * copy of that half, and so on; then plain butterfly sums over the remaining bits. */
-template <int N, int OFF> struct att_xsum { /* N values left, exchanged at offset OFF */
-    static __device__ __forceinline__ float run(float *v, int lane) {
-        const bool up = lane & OFF;
-#pragma unroll
-        for (int k = 0; k < N / 2; k++) {
-            const float send = att_sel(up, v[k], v[k + N / 2]), keep = att_sel(up, v[k + N / 2], v[k]);
-            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-        }
-        return att_xsum<N / 2, OFF / 2>::run(v, lane);
-    }
-};
-template <int OFF> struct att_xsum<1, OFF> {
-    static __device__ __forceinline__ float run(float *v, int lane) {
-        float s = v[0];
-#pragma unroll
-        for (int off = OFF; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-        return s;
-    }
-};
-template <int V>
-static __device__ __forceinline__ float att_sum_transposed(float (&v)[V], int lane) {
-    return att_xsum<V, 16>::run(v, lane);
-}
 
 template <typename KV, int GB, int R>
 __global__ void __launch_bounds__(ATT_DEC_MAX_WARPS *CU_WARP) attention_dec_kernel(struct cu_attention a) {
@@ -1223,6 +1232,10 @@ int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16) {
     return want < 1 ? 1 : (int)want;
 }
 
+int cu_attention_warps(int64_t max_ctx, int splits) {
+    return (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK <= splits ? 4 : 8;
+}
+
 int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int splits) {
     return splits > 1 ? (int64_t)n_tok * n_heads * splits * (head_dim + 2) : 0;
 }
@@ -1324,7 +1337,8 @@ static cudaError_t att_warp_launch_as(dim3 grid, cudaStream_t st, const struct c
 }
 
 /* The warp kernel's launch shape (bench/results/cuda-att8-2026-11-30.md): 8 warps a
- * block (8 positions a warp a round) unless a.warp_warps says 4. With f16 rows, a grid
+ * block (8 positions a warp a round) unless a.warp_warps says 4 (cu_attention_warps).
+ * With f16 rows, an 8-warp grid
  * that 2 blocks an SM do not hold takes the 80-register build (3 blocks an SM: the 8B
  * shapes, 32 heads x 9 splits; it also fits beside the staged matvec's blocks), a
  * smaller one the 128-register build (the 0.6B: 3 an SM measured slower there). */
