@@ -1319,10 +1319,11 @@ static void test_stories_greedy(void) {
     }
     unsetenv("LLMOPT_CUDA_GRAPHS");
     /* the device argmax (append_greedy) against the host argmax of the logits path,
-     * after a 40-token prompt in chunks of 16, 16 and 8 tokens (a greedy append longer
-     * than the batch once crashed: its first chunks ran without a logits pointer) */
+     * after a 40-token prompt in chunks of 32 (the prefill attention kernel) and 8 tokens
+     * (a greedy append longer than the batch once crashed: its first chunk ran without a
+     * logits pointer) */
     struct llmopt_session *sl = NULL, *sg = NULL;
-    struct llmopt_session_opts so = {.backend = "cuda", .n_batch = 16};
+    struct llmopt_session_opts so = {.backend = "cuda", .n_batch = 32};
     CHECK_MSG(m && llmopt_session_create(m, &so, &sl, &err) == LLMOPT_OK, "%s", err.msg);
     CHECK_MSG(m && llmopt_session_create(m, &so, &sg, &err) == LLMOPT_OK, "%s", err.msg);
     int32_t prompt[40], n_vocab = m ? llmopt_model_n_vocab(m) : 1, agree = 0, steps = 0;

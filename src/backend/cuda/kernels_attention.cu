@@ -1338,10 +1338,10 @@ static cudaError_t att_warp_launch_as(dim3 grid, cudaStream_t st, const struct c
 
 /* The warp kernel's launch shape (bench/results/cuda-att8-2026-11-30.md): 8 warps a
  * block (8 positions a warp a round) unless a.warp_warps says 4 (cu_attention_warps).
- * With f16 rows, an 8-warp grid
- * that 2 blocks an SM do not hold takes the 80-register build (3 blocks an SM: the 8B
- * shapes, 32 heads x 9 splits; it also fits beside the staged matvec's blocks), a
- * smaller one the 128-register build (the 0.6B: 3 an SM measured slower there). */
+ * With f16 rows, an 8-warp grid that 2 blocks an SM do not hold takes the 80-register
+ * build (3 blocks an SM: the 8B shapes at long contexts; it also fits beside the staged
+ * matvec's blocks), a smaller one the 128-register build (the 0.6B: 3 an SM measured
+ * slower there). */
 template <typename KV>
 static cudaError_t att_warp_launch(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
     if (a->warp_warps == 4) return att_warp_launch_as<KV, 4, 1>(grid, st, a);
