@@ -65,7 +65,8 @@ reject "negative bandwidth" 'd["measurements"]["read_bandwidth_simd_all"]["best"
     "measurements.read_bandwidth_simd_all.best"
 reject "wrong unit" 'd["measurements"]["f32_fma_1t"]["unit"] = "FLOP/s"' "measurements.f32_fma_1t.unit"
 reject "missing cores" 'del d["machine"]["logical_cpus"]' "machine.logical_cpus: missing"
-reject "bad cache" 'd["machine"]["caches"][0]["type"] = 7' "machine.caches[0].type"
+reject "bad cache" 'd["machine"]["caches"] = [{"level": 1, "type": 7, "size_bytes": 32768, "line_bytes": 64, "shared_by_cpus": 1}]' \
+    "machine.caches[0].type"
 reject "unknown key" 'd["probe"]["turbo"] = True' "probe.turbo: unknown field"
 printf '{"format": "llmopt-target-profile", "version": 1,' > "$TMP/trunc.json"
 out=$("$LLMOPT" probe --show "$TMP/trunc.json" 2>&1); rc=$?
