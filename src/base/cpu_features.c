@@ -184,6 +184,57 @@ static int64_t parse_cache_size(const char *s) {
     return (int64_t)v * mult;
 }
 
+#ifdef CPU_X86
+/* AMD's older cache leaves, where TOPOEXT is hidden (this project's AMD VM): 0x80000005
+ * ECX/EDX L1 data/instruction (KiB in [31:24], line in [7:0]), 0x80000006 ECX L2 (KiB in
+ * [31:16]) and EDX L3 (512 KiB units in [31:18]); zero sizes are absent caches. */
+static void cpuid_caches_amd_legacy(struct cpu_features *f) {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0x80000000, NULL) < 0x80000006) return;
+    __cpuid(0x80000005, a, b, c, d);
+    const struct cpu_cache l1[2] = {{1, CPU_CACHE_DATA, (int64_t)(c >> 24) << 10, (int)(c & 0xff), 0},
+                                    {1, CPU_CACHE_INSTRUCTION, (int64_t)(d >> 24) << 10, (int)(d & 0xff), 0}};
+    __cpuid(0x80000006, a, b, c, d);
+    const struct cpu_cache l23[2] = {{2, CPU_CACHE_UNIFIED, (int64_t)(c >> 16) << 10, (int)(c & 0xff), 0},
+                                     {3, CPU_CACHE_UNIFIED, (int64_t)(d >> 18) << 19, (int)(d & 0xff), 0}};
+    const struct cpu_cache *all[4] = {&l1[0], &l1[1], &l23[0], &l23[1]};
+    for (int i = 0; i < 4 && f->n_caches < CPU_MAX_CACHES; i++)
+        if (all[i]->size_bytes > 0) f->caches[f->n_caches++] = *all[i];
+}
+
+/* Where sysfs has no cache directory (some VMs' kernels): the deterministic cache
+ * parameters of CPUID, leaf 4 (Intel) or 0x8000001D (AMD, with TOPOEXT; without it the
+ * older leaves), one subleaf a cache: type in EAX[4:0] (0: no more), level EAX[7:5];
+ * line EBX[11:0] + 1, partitions EBX[21:12] + 1, ways EBX[31:22] + 1, sets ECX + 1. The
+ * sharing count there is the hardware's, not this machine's CPUs: left unknown. */
+static void cpuid_caches(struct cpu_features *f) {
+    unsigned a, b, c, d, leaf = 4;
+    if (!strcmp(f->vendor, "AuthenticAMD") || !strcmp(f->vendor, "HygonGenuine")) {
+        if (__get_cpuid_max(0x80000000, NULL) < 0x80000001) return;
+        __cpuid(0x80000001, a, b, c, d);
+        if (!(c >> 22 & 1) || __get_cpuid_max(0x80000000, NULL) < 0x8000001d) { /* no TOPOEXT */
+            cpuid_caches_amd_legacy(f);
+            return;
+        }
+        leaf = 0x8000001d;
+    } else if (__get_cpuid_max(0, NULL) < 4)
+        return;
+    for (unsigned i = 0; i < 16 && f->n_caches < CPU_MAX_CACHES; i++) {
+        __cpuid_count(leaf, i, a, b, c, d);
+        const unsigned type = a & 0x1f;
+        if (type == 0) break;
+        struct cpu_cache k = {.level = (int)(a >> 5 & 7),
+                              .type = type == 1   ? CPU_CACHE_DATA
+                                      : type == 2 ? CPU_CACHE_INSTRUCTION
+                                                  : CPU_CACHE_UNIFIED,
+                              .line_bytes = (int)(b & 0xfff) + 1};
+        k.size_bytes = (int64_t)((b >> 22 & 0x3ff) + 1) * ((b >> 12 & 0x3ff) + 1) * k.line_bytes * ((int64_t)c + 1);
+        if (type > 3 || k.level < 1 || k.line_bytes > 4096) continue;
+        f->caches[f->n_caches++] = k;
+    }
+}
+#endif
+
 static void detect_caches(struct cpu_features *f) {
     char path[128], buf[256];
     for (int i = 0; i < 32 && f->n_caches < CPU_MAX_CACHES; i++) {
@@ -215,6 +266,9 @@ static void detect_caches(struct cpu_features *f) {
         if (c.line_bytes < 0 || c.line_bytes > 4096) c.line_bytes = 0;
         f->caches[f->n_caches++] = c;
     }
+#ifdef CPU_X86
+    if (!f->n_caches) cpuid_caches(f); /* after detect_isa: the vendor */
+#endif
     /* sort by (level, type): insertion sort over at most CPU_MAX_CACHES entries */
     for (int i = 1; i < f->n_caches; i++) {
         struct cpu_cache c = f->caches[i];
