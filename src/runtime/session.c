@@ -10,13 +10,13 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+#include "base/clock.h"
 #include "base/cpu_features.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SESSION_BLOCK_SIZE 16
 /* n_threads 0 ("every CPU") gives a CPU session at most one thread per this many bytes
@@ -237,16 +237,11 @@ static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, c
         if (st) return st;
     }
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
-    struct timespec t0, t1;
-    if (s->profile) clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = s->profile ? clock_now_s() : 0.0;
     enum llmopt_status st = ids ? s->backend->run_argmax(s->plan, &b, s->kv, ids, err)
                                 : s->backend->run(s->plan, &b, s->kv, logits, err);
     if (st) return st;
-    if (s->profile) {
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        op_profile_add_forward(s->profile, &s->model->ir, &b, s->kv,
-                               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
-    }
+    if (s->profile) op_profile_add_forward(s->profile, &s->model->ir, &b, s->kv, clock_now_s() - t0);
     for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
     return LLMOPT_OK;
 }

@@ -10,6 +10,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pool.h"
 #include "backend/op_math.h"
+#include "base/clock.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 #include "passes/memplan.h"
@@ -18,7 +19,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct cpu_state {
     const struct ir_graph *g;
@@ -815,14 +815,10 @@ static enum llmopt_status cpu_run(void *state, const struct exec_batch *b, struc
         const struct ir_node *n = &g->nodes[i];
         if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE)
             continue;
-        struct timespec t0, t1;
-        if (s->node_seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
+        const double t0 = s->node_seconds ? clock_now_s() : 0.0;
         enum llmopt_status st = run_node_kernel(s, i, kv, err);
         if (st) return st;
-        if (s->node_seconds) {
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            s->node_seconds[i] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        }
+        if (s->node_seconds) s->node_seconds[i] += clock_now_s() - t0;
         s->stats.kernels_run++;
     }
     s->stats.steps++;
