@@ -189,17 +189,16 @@ static int64_t parse_cache_size(const char *s) {
  * ECX/EDX L1 data/instruction (KiB in [31:24], line in [7:0]), 0x80000006 ECX L2 (KiB in
  * [31:16]) and EDX L3 (512 KiB units in [31:18]); zero sizes are absent caches. */
 static void cpuid_caches_amd_legacy(struct cpu_features *f) {
-    unsigned a, b, c, d;
+    unsigned a, b, c5, d5, c6, d6;
     if (__get_cpuid_max(0x80000000, NULL) < 0x80000006) return;
-    __cpuid(0x80000005, a, b, c, d);
-    const struct cpu_cache l1[2] = {{1, CPU_CACHE_DATA, (int64_t)(c >> 24) << 10, (int)(c & 0xff), 0},
-                                    {1, CPU_CACHE_INSTRUCTION, (int64_t)(d >> 24) << 10, (int)(d & 0xff), 0}};
-    __cpuid(0x80000006, a, b, c, d);
-    const struct cpu_cache l23[2] = {{2, CPU_CACHE_UNIFIED, (int64_t)(c >> 16) << 10, (int)(c & 0xff), 0},
-                                     {3, CPU_CACHE_UNIFIED, (int64_t)(d >> 18) << 19, (int)(d & 0xff), 0}};
-    const struct cpu_cache *all[4] = {&l1[0], &l1[1], &l23[0], &l23[1]};
+    __cpuid(0x80000005, a, b, c5, d5);
+    __cpuid(0x80000006, a, b, c6, d6);
+    const struct cpu_cache legacy[4] = {{1, CPU_CACHE_DATA, (int64_t)(c5 >> 24) << 10, (int)(c5 & 0xff), 0},
+                                        {1, CPU_CACHE_INSTRUCTION, (int64_t)(d5 >> 24) << 10, (int)(d5 & 0xff), 0},
+                                        {2, CPU_CACHE_UNIFIED, (int64_t)(c6 >> 16) << 10, (int)(c6 & 0xff), 0},
+                                        {3, CPU_CACHE_UNIFIED, (int64_t)(d6 >> 18) << 19, (int)(d6 & 0xff), 0}};
     for (int i = 0; i < 4 && f->n_caches < CPU_MAX_CACHES; i++)
-        if (all[i]->size_bytes > 0) f->caches[f->n_caches++] = *all[i];
+        if (legacy[i].size_bytes > 0) f->caches[f->n_caches++] = legacy[i];
 }
 
 /* Where sysfs has no cache directory (some VMs' kernels): the deterministic cache

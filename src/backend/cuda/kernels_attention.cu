@@ -1220,7 +1220,8 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
     }
 }
 
-/* f32 rows: enough blocks for 2 an SM (the 4-warp kernel's 207 registers allow no more);
+/* f32 rows: enough blocks for 2 an SM (the 4-warp kernel took 207 registers when this was
+ * measured);
  * f16 rows: as many as 3 an SM hold (157 / 80 registers; the 8B: 11 splits, one 64-position
  * chunk a block at 640 positions, where 9 left a block 2: bench/results/cuda-att8-2026-11-30.md) */
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16) {
