@@ -40,9 +40,10 @@ const char cli_usage_text[] =
     "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B]\n"
     "        [--kv-type f16|q8_0|f32] [--json]\n"
     "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction\n"
-    "  profile MODEL [-p 128] [-n 64] [-r 3] [-t THREADS] [--profile P] [--kv-type T] [--json]\n"
-    "      decode time per op family (attention, qkv, attn_out, mlp, lm_head, norm, rope,\n"
-    "      other), kernels per token and each family's GB/s against the measured limit\n"
+    "  profile MODEL [-p 128] [-n 64] [-r 3] [-t THREADS] [--profile P] [--kv-type T] [--prefill]\n"
+    "          [--json]\n"
+    "      decode (or with --prefill the prompt's) time per op family (attention, qkv, attn_out,\n"
+    "      mlp, lm_head, norm, rope, other), kernels per token and each family's GB/s\n"
     "  mem MODEL [--ctx N] [--parallel N] [--batch N] [--kv-type T] [--no-load] [-t N] [--json]\n"
     "      weights by type, KV cache, planned arena and their total; then the measured peak RSS\n"
     "  perplexity MODEL -f TEXT [--ctx N] [--batch N] [--chunks N] [-t N] [--backend B] [--json]\n"
@@ -160,6 +161,8 @@ int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_benc
         while (c < 4 && strcmp(argv[i], counts[c].flag)) c++;
         if (!strcmp(argv[i], "--json")) {
             o->json = true;
+        } else if (!strcmp(argv[i], "--prefill") && !strcmp(cmd, "profile")) {
+            o->prefill = true;
         } else if (c < 4 && (v = option_value(argc, argv, &i))) {
             if (!parse_long(v, counts[c].lo, counts[c].hi, dst[c])) {
                 snprintf(msg, sizeof msg, "%s: %s needs %lld..%lld, got '%%s'", cmd, counts[c].flag, counts[c].lo,

@@ -44,6 +44,7 @@ struct cli_bench_opts {
     long long n_prompt, n_gen, reps, threads; /* the caller sets the defaults */
     enum llmopt_kv_type kv_type;
     bool json;
+    bool prefill; /* profile --prefill: time the prompt's forward instead of decode steps */
     double read_bw; /* GB/s: the --profile's measured read bandwidth; 0 without one */
 };
 /* Parses argv into o for command `cmd` (and reads the --profile's bandwidth, which it

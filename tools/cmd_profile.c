@@ -26,9 +26,10 @@ int cmd_profile(int argc, char **argv) {
     for (long long r = 0; r < o.reps; r++) {
         const float *logits;
         llmopt_session_reset(s, 0);
+        if (o.prefill && llmopt_session_profile_start(s, &err)) goto done;
         if (llmopt_session_append(s, 0, tokens, (int32_t)o.n_prompt, &logits, &err)) goto done;
-        if (llmopt_session_profile_start(s, &err)) goto done;
-        for (long long g = 0; g < o.n_gen; g++) {
+        if (!o.prefill && llmopt_session_profile_start(s, &err)) goto done;
+        for (long long g = 0; !o.prefill && g < o.n_gen; g++) {
             int32_t tok = cli_argmax(logits, n_vocab);
             if (llmopt_session_append(s, 0, &tok, 1, &logits, &err)) goto done;
         }
@@ -36,7 +37,8 @@ int cmd_profile(int argc, char **argv) {
         if (r == 0 || run.forward_seconds < p.forward_seconds) p = run;
     }
     llmopt_session_profile_stop(s);
-    double steps = (double)p.steps, kernel_s = 0;
+    /* per decode step, or per prompt (its forwards summed: chunks of up to 512 tokens) */
+    double steps = o.prefill ? 1.0 : (double)p.steps, kernel_s = 0;
     uint64_t kernels = 0, bytes = 0;
     for (int f = 0; f < LLMOPT_OPS_COUNT; f++) {
         kernel_s += p.family[f].seconds;
@@ -45,9 +47,10 @@ int cmd_profile(int argc, char **argv) {
     }
     if (o.json) {
         printf("{\"model\": \"%s\", \"program\": \"%s\", \"backend\": \"%s\", \"threads\": %lld, \"n_prompt\": %lld, "
-               "\"reps\": %lld, \"steps\": %llu, \"tokens\": %llu, \"step_ms\": %.4f, \"kernel_ms_per_step\": %.4f, "
+               "\"phase\": \"%s\", \"reps\": %lld, \"steps\": %llu, \"tokens\": %llu, \"step_ms\": %.4f, \"kernel_ms_per_step\": %.4f, "
                "\"kernels_per_token\": %.2f, \"bytes_per_step\": %.0f, \"read_bandwidth_gbps\": %.2f, \"families\": {",
-               o.model, llmopt_model_program(model), o.backend ? o.backend : "cpu", o.threads, o.n_prompt, o.reps,
+               o.model, llmopt_model_program(model), o.backend ? o.backend : "cpu", o.threads, o.n_prompt,
+               o.prefill ? "prefill" : "decode", o.reps,
                (unsigned long long)p.steps, (unsigned long long)p.tokens, 1e3 * p.forward_seconds / steps,
                1e3 * kernel_s / steps, (double)kernels / (double)p.tokens, (double)bytes / steps, o.read_bw);
         for (int f = 0; f < LLMOPT_OPS_COUNT; f++) {
@@ -65,15 +68,22 @@ int cmd_profile(int argc, char **argv) {
         snprintf(thr, sizeof thr, o.threads ? "%lld" : "all", o.threads);
         printf("model     %s (program %s, backend %s, threads %s)\n", o.model, llmopt_model_program(model),
                o.backend ? o.backend : "cpu", thr);
-        printf("decode    %llu steps after a %lld-token prompt (best of %lld): %.3f ms/step (%.1f tok/s), "
-               "kernels %.3f ms (the rest is the loop between them)\n",
-               (unsigned long long)p.steps, o.n_prompt, o.reps, 1e3 * p.forward_seconds / steps,
-               steps / p.forward_seconds, 1e3 * kernel_s / steps);
+        if (o.prefill)
+            printf("prefill   a %lld-token prompt in %llu forward(s) (best of %lld): %.3f ms (%.1f tok/s), "
+                   "kernels %.3f ms (the rest is the loop between them)\n",
+                   o.n_prompt, (unsigned long long)p.steps, o.reps, 1e3 * p.forward_seconds,
+                   (double)o.n_prompt / p.forward_seconds, 1e3 * kernel_s);
+        else
+            printf("decode    %llu steps after a %lld-token prompt (best of %lld): %.3f ms/step (%.1f tok/s), "
+                   "kernels %.3f ms (the rest is the loop between them)\n",
+                   (unsigned long long)p.steps, o.n_prompt, o.reps, 1e3 * p.forward_seconds / steps,
+                   steps / p.forward_seconds, 1e3 * kernel_s / steps);
         printf("kernels   %.1f per token; reads %.2f MB per step\n", (double)kernels / (double)p.tokens,
                (double)bytes / steps / 1e6);
         if (o.read_bw > 0) printf("limit     %.1f GB/s read bandwidth (%s)\n", o.read_bw, o.profile);
         else printf("limit     no profile (pass --profile P.json from llmopt probe -o P.json)\n");
-        printf("\n%-10s %9s %6s %8s %10s %8s %8s\n", "family", "ms/step", "time", "kernels", "MB/step", "GB/s",
+        printf("\n%-10s %9s %6s %8s %10s %8s %8s\n", "family", o.prefill ? "ms" : "ms/step", "time", "kernels",
+               o.prefill ? "MB" : "MB/step", "GB/s",
                "of limit");
         for (int f = 0; f < LLMOPT_OPS_COUNT; f++) {
             const struct llmopt_op_family_stats *st = &p.family[f];

@@ -34,6 +34,23 @@ assert d["step_ms"] >= d["kernel_ms_per_step"] > 0, d
 PY
 done
 
+# 1b. Profile --prefill: the prompt's forward, the same families, ms for the whole prompt.
+out=$("$LLMOPT" profile $S/stories260K-F32.gguf -p 24 -r 1 -t 1 --prefill --json 2>&1)
+python3 - "$out" <<'PY' && ok "profile --prefill" || { bad "profile --prefill"; echo "  $out" | head -3; }
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["phase"] == "prefill" and d["n_prompt"] == 24, d
+assert d["steps"] == 1 and d["tokens"] == 24, d
+f = d["families"]
+assert f["attention"]["kernels_per_step"] == 5 and f["qkv"]["kernels_per_step"] == 15, f
+for name in ("attention", "qkv", "attn_out", "mlp", "lm_head"):
+    assert f[name]["ms_per_step"] > 0, (name, f[name])
+assert d["step_ms"] >= d["kernel_ms_per_step"] > 0, d
+PY
+out=$("$LLMOPT" profile $S/stories260K-F32.gguf -p 24 -r 1 -t 1 --prefill 2>&1)
+echo "$out" | grep -q "^prefill   a 24-token prompt in 1 forward" && ok "profile --prefill text" || { bad "profile --prefill text"; echo "$out" | head -3; }
+"$LLMOPT" bench $S/stories260K-F32.gguf --prefill -p 8 > /dev/null 2>&1 && bad "bench refuses --prefill" || ok "bench refuses --prefill"
+
 # 2. Profile bytes: a decode step of stories260K F32 reads every weight once, one
 #    embedding row, and K/V rows of every position seen (5 layers, 4 KV heads x 8, at
 #    the cache's element size: 2 bytes for f16, 4 for f32).
