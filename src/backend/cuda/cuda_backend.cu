@@ -20,6 +20,7 @@ extern "C" {
 #include "base/clock.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/fusion.h"
 #include "passes/memplan.h"
 }
 
@@ -1086,24 +1087,11 @@ static int32_t fuse_head_major(const struct fuse_ctx *c, int32_t l, int64_t *hea
 
 /* Node i is the rope of a [rms_norm ->] permute (last axis kept) -> rope chain, each
  * link used once (uses) and none claimed (or claimed NULL): returns the chain's first
- * node (the rms_norm, or the permute), else -1. */
+ * node (the rms_norm, or the permute: also where the norm runs inside the matvecs),
+ * else -1 (fusion_norm_rope_chain). */
 static int32_t norm_rope_chain(const struct cuda_state *s, const int32_t *uses, const bool *claimed, int32_t i) {
-    const struct ir_graph *g = s->g;
-    const struct ir_node *o = &g->nodes[i];
-    if (o->op != IR_OP_ROPE || o->constant || i == g->output || o->n_in != 3 || (claimed && claimed[i])) return -1;
-    int32_t p = o->in[0];
-    const struct ir_node *pn = &g->nodes[p];
-    int rank = o->shape.rank;
-    if (pn->op != IR_OP_PERMUTE || uses[p] != 1 || (claimed && claimed[p]) || pn->attrs.n_axes != rank || rank < 2 ||
-        pn->attrs.axes[rank - 1] != rank - 1 || o->shape.dims[rank - 1].sym != IR_SYM_NONE ||
-        o->shape.dims[rank - 1].coef % 2 || o->in[1] == p || o->in[2] == p)
-        return -1;
-    int32_t r = pn->in[0];
-    const struct ir_node *rn = &g->nodes[r];
-    bool norm = rn->op == IR_OP_RMS_NORM && rn->n_in == 2 && uses[r] == 1 && !(claimed && claimed[r]) &&
-                r != g->output && !s->norm_into_matvec[r] && g->nodes[rn->in[1]].dtype == IR_DTYPE_F32 &&
-                (g->nodes[rn->in[1]].op != IR_OP_PARAM || g->nodes[rn->in[1]].weight.dtype == IR_DTYPE_F32);
-    return norm ? r : p;
+    int32_t t0 = fusion_norm_rope_chain(s->g, uses, claimed, i);
+    return t0 >= 0 && s->norm_into_matvec[t0] ? s->g->nodes[i].in[0] : t0;
 }
 
 /* Whether cos node i heads the rope table cos(concat(p, p)), sin(concat(p, p)) with
@@ -1359,32 +1347,15 @@ static enum llmopt_status plan_decode_fusion(struct cuda_state *s, struct llmopt
  * Llama/Qwen3 layer's q and k, whatever the depth. */
 #define CUDA_PF_BUFS 8
 
+static bool skipped_in_prefill(const void *ctx, int32_t j) {
+    return ((const struct cuda_state *)ctx)->pf_fuse[j].kind == FUSE_SKIP;
+}
+
 /* Node p is a permute [1, N, H, Dh] -> [1, H, N, Dh] read once (by node t), and its
  * source's storage is not overwritten by any node that runs between p and t. */
 static bool pf_tok_major_ok(const struct cuda_state *s, const int32_t *uses, int32_t p, int32_t t) {
-    const struct ir_graph *g = s->g;
-    const struct ir_node *pn = &g->nodes[p];
-    if (pn->op != IR_OP_PERMUTE || uses[p] != 1 || p == g->output || pn->constant || s->pf_fuse[p].kind ||
-        pn->attrs.n_axes != 4 || pn->attrs.axes[0] != 0 || pn->attrs.axes[1] != 2 || pn->attrs.axes[2] != 1 ||
-        pn->attrs.axes[3] != 3)
-        return false;
-    const struct ir_shape *xs = &g->nodes[pn->in[0]].shape;
-    if (xs->rank != 4 || xs->dims[0].coef != 1 || xs->dims[0].sym != IR_SYM_NONE || xs->dims[1].coef != 1 ||
-        xs->dims[1].sym != IR_SYM_N || xs->dims[2].sym != IR_SYM_NONE || xs->dims[3].sym != IR_SYM_NONE)
-        return false;
-    const struct mem_plan *pl = &s->plan;
-    int32_t r = pl->root[pn->in[0]];
-    if (pl->offset[r] < 0) return false;
-    size_t lo = (size_t)pl->offset[r], hi = lo + mem_plan_node_bytes(&g->nodes[r], pl->n_max, pl->m_max);
-    for (int32_t j = p + 1; j < t; j++) {
-        const struct ir_node *nj = &g->nodes[j];
-        if (s->pf_fuse[j].kind == FUSE_SKIP || nj->op == IR_OP_RESHAPE || nj->op == IR_OP_INPUT ||
-            nj->op == IR_OP_PARAM || nj->constant || pl->root[j] != j || pl->offset[j] < 0)
-            continue;
-        size_t jl = (size_t)pl->offset[j], jh = jl + mem_plan_node_bytes(nj, pl->n_max, pl->m_max);
-        if (jl < hi && lo < jh) return false;
-    }
-    return true;
+    return !s->pf_fuse[p].kind && fusion_tok_major_permute(s->g, uses, p) &&
+           fusion_source_kept(s->g, &s->plan, s->g->nodes[p].in[0], p, t, skipped_in_prefill, s);
 }
 static enum llmopt_status plan_prefill_chains(struct cuda_state *s, struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
@@ -1400,10 +1371,8 @@ static enum llmopt_status plan_prefill_chains(struct cuda_state *s, struct llmop
     }
     const char *e = getenv("LLMOPT_CUDA_PF_FUSE");
     bool on = !(e && !strcmp(e, "0"));
-    for (int32_t i = 0; i < n; i++) {
-        buf_of[i] = -1;
-        for (int k = 0; k < g->nodes[i].n_in; k++) uses[g->nodes[i].in[k]]++;
-    }
+    fusion_count_uses(g, uses);
+    for (int32_t i = 0; i < n; i++) buf_of[i] = -1;
     size_t buf_bytes[CUDA_PF_BUFS] = {0};
     int32_t busy_until[CUDA_PF_BUFS], n_bufs = 0;
     for (int32_t i = 0; on && i < n; i++) {
