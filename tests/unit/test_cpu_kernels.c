@@ -758,6 +758,64 @@ static void test_models_fast_vs_reference(void) {
         if (kq[i][0]) unlink(kq[i]);
 }
 
+/* Logits of a 40-token prompt in one forward (rows enough for the row-wise ops to split
+ * over the pool) and 4 greedy steps, with the fused schedule on or off
+ * ($LLMOPT_CPU_FUSE); returns the kernels the session ran. */
+static uint64_t fused_logits(const char *path, bool fuse, float *out, int32_t n_vocab) {
+    struct llmopt_err err = {0};
+    struct llmopt_model *m = NULL;
+    struct llmopt_session *s = NULL;
+    uint64_t kernels = 0;
+    if (fuse)
+        unsetenv("LLMOPT_CPU_FUSE");
+    else
+        setenv("LLMOPT_CPU_FUSE", "0", 1);
+    CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
+    struct llmopt_session_opts so = {.n_ctx = 64, .n_batch = 48, .n_threads = 2};
+    if (m) CHECK_MSG(llmopt_session_create(m, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
+    if (s) {
+        int32_t prompt[40];
+        for (int i = 0; i < 40; i++) prompt[i] = 1 + (int32_t)((i * 101 + 7) % (n_vocab - 1));
+        const float *logits = NULL;
+        CHECK_MSG(llmopt_session_append(s, 0, prompt, 40, &logits, &err) == LLMOPT_OK, "%s", err.msg);
+        for (int step = 0; step < 5 && logits; step++) {
+            memcpy(out + (size_t)step * (size_t)n_vocab, logits, (size_t)n_vocab * 4);
+            int32_t best = 0;
+            for (int32_t v = 1; v < n_vocab; v++) best = logits[v] > logits[best] ? v : best;
+            if (step < 4) CHECK(llmopt_session_append(s, 0, &best, 1, &logits, &err) == LLMOPT_OK);
+        }
+        kernels = llmopt_session_kernels_run(s);
+    }
+    llmopt_session_free(s);
+    llmopt_model_free(m);
+    unsetenv("LLMOPT_CPU_FUSE");
+    return kernels;
+}
+
+/* The fused schedule's on/off parity: a Qwen3-shaped model (q/k rms_norm -> permute ->
+ * rope chains, which it fuses) gives the same bits with it as without, prefill and
+ * decode, and runs fewer kernels. */
+static void test_fused_schedule_same_bits(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/llmopt_fuse_model_%d.gguf", (int)getpid());
+    struct llmopt_err err = {0};
+    struct synth_report rep;
+    struct synth_opts so = {.like = "tiny-qwen3", .type = "f32", .out_path = path, .seed = 11, .threads = 1};
+    if (synth_write(&so, &rep, &err)) {
+        fprintf(stderr, "  skip: tiny-qwen3: %s\n", err.msg);
+        return;
+    }
+    const int32_t nv = 151936;
+    float *on = calloc((size_t)nv * 5, 4), *off = calloc((size_t)nv * 5, 4);
+    uint64_t k_on = fused_logits(path, true, on, nv), k_off = fused_logits(path, false, off, nv);
+    CHECK_MSG(k_on > 0 && k_on < k_off, "fused schedule ran %llu kernels, unfused %llu", (unsigned long long)k_on,
+              (unsigned long long)k_off);
+    CHECK_MSG(memcmp(on, off, (size_t)nv * 5 * 4) == 0, "fused schedule changed the logits");
+    free(on);
+    free(off);
+    unlink(path);
+}
+
 /* store_f16 (KV cache appends) against fp16_from_f32 on random values, specials
  * (infinities, NaN, overflow, subnormals, ties) and every length 1..40. */
 static void test_store_f16(void) {
@@ -791,4 +849,4 @@ static void test_store_f16(void) {
 
 TEST_MAIN(test_pool, test_quantize_same_on_every_isa, test_linear_1_thread, test_linear_2_threads,
           test_linear_3_threads, test_attention, test_rms_norm_rope_exp, test_store_f16,
-          test_models_fast_vs_reference)
+          test_models_fast_vs_reference, test_fused_schedule_same_bits)

@@ -458,8 +458,17 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
 /* Row-wise ops run on the calling thread below this many values. */
 #define ROWS_MIN_PARALLEL (1 << 14)
 
-/* Rows per chunk of the row-wise ops. */
-#define ROWS_CHUNK 4
+/* Values per chunk of the row-wise ops (rows of d values: at least one row, at most
+ * ROWS_CHUNK_MAX): 32 KiB of f32, so that the shared counter a chunk costs (a cache
+ * line the threads pass back and forth) stays small next to the chunk's work; prefill's
+ * q/k norms and ropes have rows of 128 values. */
+#define ROWS_CHUNK_VALUES 8192
+#define ROWS_CHUNK_MAX 64
+
+static int64_t rows_chunk(int64_t d) {
+    int64_t c = d > 0 ? ROWS_CHUNK_VALUES / d : 1;
+    return c < 1 ? 1 : c > ROWS_CHUNK_MAX ? ROWS_CHUNK_MAX : c;
+}
 
 struct rms_norm_ctx {
     const struct cpu_rms_norm *op;
@@ -470,7 +479,7 @@ struct rms_norm_ctx {
 static void rms_norm_thread(void *arg, int ith, int nth) {
     struct rms_norm_ctx *ctx = arg;
     const struct cpu_rms_norm *op = ctx->op;
-    const int64_t chunk = nth == 1 ? op->rows : ROWS_CHUNK;
+    const int64_t chunk = nth == 1 ? op->rows : rows_chunk(op->d);
     int64_t r0;
     (void)ith;
     while ((r0 = atomic_fetch_add(&ctx->next_row, chunk)) < op->rows)
@@ -493,32 +502,85 @@ struct rope_ctx {
     _Atomic int64_t next_row;
 };
 
-/* Rows are taken in chunks (all of them on one thread); a chunk finds its first row's
- * cos/sin offset by division and steps the mixed-radix index from there. */
+/* A walk over rows numbered in the mixed radix dims[0..rank) carrying two offsets, each
+ * the sum of the row's digits times its own strides: a chunk of rows finds its first
+ * row's offsets by division, then steps them row by row. */
+struct row_walk {
+    int rank;
+    const int64_t *dims, *strides[2];
+    int64_t idx[IR_MAX_RANK], off[2];
+};
+
+static void row_walk_at(struct row_walk *w, int64_t r) {
+    w->off[0] = w->off[1] = 0;
+    for (int i = w->rank - 1; i >= 0; i--) {
+        w->idx[i] = r % w->dims[i];
+        w->off[0] += w->idx[i] * w->strides[0][i];
+        w->off[1] += w->idx[i] * w->strides[1][i];
+        r /= w->dims[i];
+    }
+}
+
+static void row_walk_next(struct row_walk *w) {
+    for (int i = w->rank - 1; i >= 0; i--) {
+        w->off[0] += w->strides[0][i];
+        w->off[1] += w->strides[1][i];
+        if (++w->idx[i] < w->dims[i]) return;
+        w->off[0] -= w->idx[i] * w->strides[0][i];
+        w->off[1] -= w->idx[i] * w->strides[1][i];
+        w->idx[i] = 0;
+    }
+}
+
+/* Rows are taken in chunks (all of them on one thread), walking the cos/sin offset and
+ * (permuted x) the row's source offset. */
 static void rope_thread(void *arg, int ith, int nth) {
     struct rope_ctx *ctx = arg;
     const struct cpu_rope *op = ctx->op;
-    const int64_t chunk = nth == 1 ? op->rows : ROWS_CHUNK;
+    const int64_t chunk = nth == 1 ? op->rows : rows_chunk(op->d);
+    struct row_walk w = {.rank = op->rank, .dims = op->dims, .strides = {op->strides, op->x_strides}};
     int64_t r0;
     (void)ith;
     while ((r0 = atomic_fetch_add(&ctx->next_row, chunk)) < op->rows) {
-        int64_t idx[IR_MAX_RANK], off = 0, rest = r0;
-        for (int i = op->rank - 1; i >= 0; i--) {
-            idx[i] = rest % op->dims[i];
-            off += idx[i] * op->strides[i];
-            rest /= op->dims[i];
-        }
-        for (int64_t r = r0; r < op->rows && r < r0 + chunk; r++) {
-            ctx->kern->rope_row(op->x + r * op->d, op->cos_t + off, op->sin_t + off, op->d,
-                                op->o + r * op->d);
-            for (int i = op->rank - 1; i >= 0; i--) {
-                off += op->strides[i];
-                if (++idx[i] < op->dims[i]) break;
-                off -= idx[i] * op->strides[i];
-                idx[i] = 0;
+        row_walk_at(&w, r0);
+        for (int64_t r = r0; r < op->rows && r < r0 + chunk; r++, row_walk_next(&w)) {
+            const float *x = op->x + (op->x_permuted ? w.off[1] : r * op->d);
+            float *o = op->o + r * op->d;
+            if (op->norm_w) { /* normalized into o, then rotated in place (rope_row allows it) */
+                ctx->kern->rms_norm_row(x, op->norm_w, op->eps, op->d, o);
+                x = o;
             }
+            ctx->kern->rope_row(x, op->cos_t + w.off[0], op->sin_t + w.off[0], op->d, o);
         }
     }
+}
+
+struct row_gather_ctx {
+    const struct cpu_row_gather *op;
+    _Atomic int64_t next_row;
+};
+
+static void row_gather_thread(void *arg, int ith, int nth) {
+    struct row_gather_ctx *ctx = arg;
+    const struct cpu_row_gather *op = ctx->op;
+    const int64_t chunk = nth == 1 ? op->rows : rows_chunk(op->d);
+    static const int64_t none[IR_MAX_RANK];
+    struct row_walk w = {.rank = op->rank, .dims = op->dims, .strides = {op->x_strides, none}};
+    int64_t r0;
+    (void)ith;
+    while ((r0 = atomic_fetch_add(&ctx->next_row, chunk)) < op->rows) {
+        row_walk_at(&w, r0);
+        for (int64_t r = r0; r < op->rows && r < r0 + chunk; r++, row_walk_next(&w))
+            memcpy(op->o + r * op->d, op->x + w.off[0], (size_t)op->d * sizeof(float));
+    }
+}
+
+void cpu_row_gather_run(const struct cpu_row_gather *op, struct cpu_pool *pool) {
+    struct row_gather_ctx ctx = {.op = op};
+    if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
+        row_gather_thread(&ctx, 0, 1);
+    else
+        pool_run_shared(pool, row_gather_thread, &ctx);
 }
 
 void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,

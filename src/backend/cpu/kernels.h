@@ -110,9 +110,11 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
 /* Rotary embedding, split halves: o = x * cos + rotate_half(x) * sin per row of d.
  * cos/sin broadcast over every dim but the last: row r (written in the mixed radix
  * dims[0..rank)) reads them at offset sum(digit_i * strides[i]), stride 0 where they
- * broadcast. */
+ * broadcast. Optionally (a fused [rms_norm ->] permute -> rope chain) x rows are read
+ * through a permutation and rms-normalized first, with the same row kernels and order
+ * as cpu_rms_norm_run then a permute then cpu_rope_run, so the same bits. */
 struct cpu_rope {
-    const float *x;      /* (rows, d) */
+    const float *x;      /* (rows, d), or read through x_strides */
     float *o;            /* (rows, d) */
     const float *cos_t;  /* row r reads (d) values at the offset above */
     const float *sin_t;
@@ -120,6 +122,22 @@ struct cpu_rope {
     int rank;
     int64_t dims[IR_MAX_RANK];
     int64_t strides[IR_MAX_RANK];
+    /* x_permuted: row r reads x at sum(digit_i * x_strides[i]) instead of r * d */
+    bool x_permuted;
+    int64_t x_strides[IR_MAX_RANK];
+    const float *norm_w; /* (d): rms_norm each row with it and eps first; NULL: none */
+    float eps;
+};
+
+/* o = rows of d values gathered from x: row r (written in the mixed radix dims[0..rank))
+ * from x + sum(digit_i * x_strides[i]) (a permute that keeps the last axis). */
+struct cpu_row_gather {
+    const float *x;
+    float *o; /* (rows, d) */
+    int64_t rows, d;
+    int rank;
+    int64_t dims[IR_MAX_RANK];
+    int64_t x_strides[IR_MAX_RANK];
 };
 
 struct cpu_rms_norm {
@@ -168,7 +186,8 @@ struct cpu_isa_kernels {
      * quants: scale amax / 127, round to nearest even. */
     void (*quantize_row)(const float *x, const struct cpu_qact *qa, int64_t r);
     void (*rms_norm_row)(const float *x, const float *w, float eps, int64_t d, float *o);
-    /* o = x * c + rotate_half(x) * s over one row of d (d even). */
+    /* o = x * c + rotate_half(x) * s over one row of d (d even); o may be x (each pair
+     * of values is loaded before it is stored). */
     void (*rope_row)(const float *x, const float *c, const float *s, int64_t d, float *o);
     /* Tokens t0..t1-1 (one sequence, consecutive positions, at most
      * CPU_ATT_QBLOCK), KV head kvh: the n_heads / n_kv_heads query heads that read it. */
@@ -239,5 +258,6 @@ void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernel
                       struct cpu_pool *pool);
 void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,
                   struct cpu_pool *pool);
+void cpu_row_gather_run(const struct cpu_row_gather *op, struct cpu_pool *pool);
 
 #endif

@@ -5,8 +5,10 @@
  * The same executor runs the fast kernels (kernels.h: SIMD chosen at run time, split
  * over a thread pool) for linear, attention, rms_norm and rope when the backend is
  * cpu_backend_ops; cpu_ref_backend_ops (or $LLMOPT_CPU_REF=1) keeps every op on the
- * reference kernels below. */
+ * reference kernels below. The fast path also runs a fused schedule (prepare_schedule:
+ * nodes whose work a later node does do not run), which gives the same bits. */
 #include "backend/backend.h"
+#include "backend/fusion.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pool.h"
 #include "backend/op_math.h"
@@ -45,6 +47,11 @@ struct cpu_state {
     size_t packed_bytes;
     int64_t att_per_thread;
     double *node_seconds; /* (n_nodes) per-node wall time added by each run, or NULL: off */
+    /* The fast path's fused schedule (prepare_schedule; NULL: none). skip[i]: node i
+     * does not run, a later node does its work. rope_first[i]: for a rope that runs
+     * its [rms_norm ->] permute -> rope chain itself, the chain's first node, else -1. */
+    uint8_t *skip;
+    int32_t *rope_first;
 };
 
 /* A node's f32 data: bound weights for params (the binder gives 1-D params f32), the
@@ -442,28 +449,41 @@ static void run_rope_fast(struct cpu_state *s, const struct ir_node *n, int32_t 
         op.dims[d] = eo->dims[d];
         op.strides[d] = strides[d];
     }
+    int32_t first = s->rope_first ? s->rope_first[i] : -1;
+    if (first >= 0) { /* the chain's source, through the skipped permute [and rms_norm] */
+        const struct ir_node *p = &s->g->nodes[n->in[0]];
+        int64_t src_strides[IR_MAX_RANK];
+        contiguous_strides(&s->extent[p->in[0]], src_strides);
+        op.x_permuted = true;
+        for (int d = 0; d < op.rank; d++) op.x_strides[d] = src_strides[p->attrs.axes[d]];
+        if (first != n->in[0]) {
+            const struct ir_node *r = &s->g->nodes[first];
+            op.x = node_f32(s, r->in[0]);
+            op.norm_w = node_f32(s, r->in[1]);
+            op.eps = (float)r->attrs.value;
+        } else {
+            op.x = node_f32(s, p->in[0]);
+        }
+    }
     cpu_rope_run(&op, s->kern, s->pool);
 }
 
 /* A permute that keeps the last axis in place moves whole rows: one memcpy per row
- * instead of an index step per element. */
+ * instead of an index step per element, rows split over the pool. */
 static bool run_permute_rows(struct cpu_state *s, const struct ir_node *n, int32_t i) {
     const struct ir_extent *ei = &s->extent[n->in[0]], *eo = &s->extent[i];
     int rank = eo->rank;
     if (rank < 1 || n->attrs.axes[rank - 1] != rank - 1) return false;
-    int64_t in_strides[IR_MAX_RANK], strides[1][IR_MAX_RANK];
+    int64_t in_strides[IR_MAX_RANK];
     contiguous_strides(ei, in_strides);
-    for (int d = 0; d < rank; d++) strides[0][d] = in_strides[n->attrs.axes[d]];
-    int64_t row = eo->dims[rank - 1], n_rows = row ? ir_extent_numel(eo) / row : 0;
-    struct ir_extent rows_ext = *eo;
-    rows_ext.rank = rank - 1;
-    const float *x = node_f32(s, n->in[0]);
-    float *o = node_f32(s, i);
-    int64_t idx[IR_MAX_RANK] = {0}, off[1] = {0};
-    for (int64_t r = 0; r < n_rows; r++) {
-        memcpy(o + r * row, x + off[0], (size_t)row * sizeof(float));
-        index_step(&rows_ext, idx, 1, off, strides);
+    struct cpu_row_gather op = {.x = node_f32(s, n->in[0]), .o = node_f32(s, i), .d = eo->dims[rank - 1],
+                                .rank = rank - 1};
+    op.rows = op.d ? ir_extent_numel(eo) / op.d : 0;
+    for (int d = 0; d < op.rank; d++) {
+        op.dims[d] = eo->dims[d];
+        op.x_strides[d] = in_strides[n->attrs.axes[d]];
     }
+    cpu_row_gather_run(&op, s->pool);
     return true;
 }
 
@@ -646,6 +666,8 @@ static void cpu_release(void *state) {
     free(s->att_scratch);
     free(s->packed);
     free(s->packed_buf);
+    free(s->skip);
+    free(s->rope_first);
     pool_free(s->pool);
     free(s);
 }
@@ -701,6 +723,52 @@ static enum llmopt_status prepare_packed(struct cpu_state *s, int64_t n_max, str
     return st;
 }
 
+static bool cpu_skipped(const void *ctx, int32_t j) {
+    return ((const struct cpu_state *)ctx)->skip[j] != 0;
+}
+
+/* The fast path's fused schedule, from the graph's structure and the memory plan
+ * (fusion.h); $LLMOPT_CPU_FUSE=0 turns it off (A/B). Each [rms_norm ->] permute ->
+ * rope chain (q and k of Qwen3/Llama) runs at its rope, which reads the chain's source
+ * through the permutation and normalizes each row itself: one pass over the rows
+ * instead of three. The source must stay intact until the rope runs (the plan keeps it
+ * only until its own reader) and lie apart from the rope's output. (The v permute's
+ * source, read token-major by the attention's append as on CUDA, was overwritten by
+ * the q rope in every model's plan tried: not done.) */
+static enum llmopt_status prepare_schedule(struct cpu_state *s, struct llmopt_err *err) {
+    const char *e = getenv("LLMOPT_CPU_FUSE");
+    if (e && !strcmp(e, "0")) return LLMOPT_OK;
+    const struct ir_graph *g = s->g;
+    int32_t n = g->n_nodes, *uses = malloc((size_t)n * sizeof *uses);
+    s->skip = calloc((size_t)n, 1);
+    s->rope_first = malloc((size_t)n * sizeof *s->rope_first);
+    if (!uses || !s->skip || !s->rope_first) {
+        free(uses);
+        return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory");
+    }
+    fusion_count_uses(g, uses);
+    for (int32_t i = 0; i < n; i++) {
+        s->rope_first[i] = -1;
+        int32_t t0 = fusion_norm_rope_chain(g, uses, NULL, i);
+        if (t0 < 0) continue;
+        const struct ir_node *o = &g->nodes[i];
+        int32_t p = o->in[0], src = g->nodes[t0].in[0];
+        if (t0 != p) { /* the norm weight is read at the rope: a param or a constant */
+            const struct ir_node *w = &g->nodes[g->nodes[t0].in[1]];
+            if (w->op != IR_OP_PARAM && !w->constant) continue;
+        }
+        s->skip[p] = s->skip[t0] = 1;
+        if (fusion_source_kept(g, &s->plan, src, t0, i, cpu_skipped, s) &&
+            !fusion_storage_overlaps(g, &s->plan, src, i)) {
+            s->rope_first[i] = t0;
+        } else {
+            s->skip[p] = s->skip[t0] = 0;
+        }
+    }
+    free(uses);
+    return LLMOPT_OK;
+}
+
 /* Scratch of the fast kernels, sized for the largest op at n_max tokens. */
 static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32_t n_threads,
                                        struct llmopt_err *err) {
@@ -728,6 +796,7 @@ static enum llmopt_status prepare_fast(struct cpu_state *s, int64_t n_max, int32
     size_t att_floats = (size_t)(s->att_per_thread * pool_threads(s->pool));
     if (att_floats && !(s->att_scratch = malloc(att_floats * sizeof(float))))
         return err_set(err, LLMOPT_ERR_NOMEM, "cpu: out of memory for attention scratch");
+    if ((st = prepare_schedule(s, err))) return st;
     return prepare_packed(s, n_max, err);
 }
 
@@ -813,7 +882,8 @@ static enum llmopt_status cpu_run(void *state, const struct exec_batch *b, struc
     }
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
-        if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE)
+        if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE ||
+            (s->skip && s->skip[i]))
             continue;
         const double t0 = s->node_seconds ? clock_now_s() : 0.0;
         enum llmopt_status st = run_node_kernel(s, i, kv, err);
