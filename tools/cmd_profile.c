@@ -1,7 +1,7 @@
-/* llmopt profile: where a decode step's time goes, by op family (attention, QKV
- * projections, attention output projection, MLP, lm_head, norms, rope, other), with
- * kernels per token and each family's achieved bandwidth (bytes its kernels read /
- * its time) against the measured limit of a `llmopt probe` profile. */
+/* llmopt profile: where a decode step's (--prefill: the prompt's) time goes, by op
+ * family (attention, QKV projections, attention output projection, MLP, lm_head, norms,
+ * rope, other), with kernels per token and each family's achieved bandwidth (bytes its
+ * kernels read / its time) against the measured limit of a `llmopt probe` profile. */
 #include "cli.h"
 
 #include <stdio.h>
