@@ -68,6 +68,21 @@ static __device__ __forceinline__ float cu_block_max(float v, float *red) {
     return r;
 }
 
+/* A q4_K / q5_K super-block's sub-block j 6-bit scale and min from its 16-byte header m
+ * (x: d and dmin; the 12 packed bytes in y, z, w: bytes 0..3, 4..7, 8..11),
+ * format/quant_k.h's packing. (kquant_dot.cuh's km_dot unpacks two at once.) */
+static __device__ __forceinline__ void kq_scale_min(const uint4 &m, int j, int &sc, int &mn) {
+    const int sh = 8 * (j & 3);
+    const int by = (int)((m.y >> sh) & 0xffu), bz = (int)((m.z >> sh) & 0xffu), bw = (int)((m.w >> sh) & 0xffu);
+    if (j < 4) {
+        sc = by & 63;
+        mn = bz & 63;
+    } else {
+        sc = (bw & 15) | ((by >> 6) << 4);
+        mn = (bw >> 4) | ((bz >> 6) << 4);
+    }
+}
+
 /* One element of a weight in the upload layout (cu_weight). */
 static __device__ __forceinline__ float cu_weight_elem(const struct cu_weight &w, int64_t r, int64_t c) {
     switch (w.dtype) {
@@ -88,9 +103,8 @@ static __device__ __forceinline__ float cu_weight_elem(const struct cu_weight &w
         const int64_t nb = w.cols / 256, e = c % 256;
         const uint8_t *bp = (const uint8_t *)w.data + (size_t)(r * nb + c / 256) * (q5 ? 176 : 144);
         const int j = (int)(e / 32), l = (int)(e % 32);
-        const uint8_t *sb = bp + 4; /* the 12 packed 6-bit scales and mins */
-        const int sc = j < 4 ? sb[j] & 63 : (sb[j + 4] & 15) | ((sb[j - 4] >> 6) << 4);
-        const int mn = j < 4 ? sb[j + 4] & 63 : (sb[j + 4] >> 4) | ((sb[j] >> 6) << 4);
+        int sc, mn; /* blocks of 144 / 176 bytes: every header 16-byte aligned */
+        kq_scale_min(*(const uint4 *)bp, j, sc, mn);
         int q = (bp[(q5 ? 48 : 16) + 32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
         if (q5) q |= ((bp[16 + l] >> j) & 1) << 4;
         const float d = cu_f16((uint16_t)(bp[0] | bp[1] << 8)), dmin = cu_f16((uint16_t)(bp[2] | bp[3] << 8));

@@ -35,7 +35,6 @@ namespace cg = cooperative_groups;
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 64
-#define ATT_SMS 132 /* the H200's SMs: decode grids are sized by them */
 #define ATT_MAX_DH 512
 #define ATT_DH_PER_THREAD (ATT_MAX_DH / ATT_THREADS)
 #define ATT_MERGE_GROUP 16 /* splits whose partial results the merge loads at once */
@@ -1226,7 +1225,8 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
  * chunk a block at 640 positions, where 9 left a block 2: bench/results/cuda-att8-2026-11-30.md) */
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16) {
     const int64_t th = (int64_t)n_tok * n_heads;
-    int64_t want = kv_f16 ? 3 * ATT_SMS / th : (2 * ATT_SMS + th - 1) / th;
+    const int64_t sms = cu_sm_count(); /* decode grids are sized by the SMs (132 on the H200) */
+    int64_t want = kv_f16 ? 3 * sms / th : (2 * sms + th - 1) / th;
     int64_t chunks = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
     if (want > chunks) want = chunks;
     if (want > CU_ATT_MAX_SPLITS) want = CU_ATT_MAX_SPLITS;
@@ -1347,7 +1347,7 @@ template <typename KV>
 static cudaError_t att_warp_launch(dim3 grid, cudaStream_t st, const struct cu_attention *a) {
     if (a->warp_warps == 4) return att_warp_launch_as<KV, 4, 1>(grid, st, a);
     if constexpr (sizeof(KV) == 2) /* no f32 build at 80 registers: it would spill */
-        if ((int64_t)grid.x * grid.y * grid.z > 2 * ATT_SMS) return att_warp_launch_as<KV, 8, 3>(grid, st, a);
+        if ((int64_t)grid.x * grid.y * grid.z > 2 * (int64_t)cu_sm_count()) return att_warp_launch_as<KV, 8, 3>(grid, st, a);
     return att_warp_launch_as<KV, 8, 2>(grid, st, a);
 }
 

@@ -53,20 +53,6 @@ static __device__ __forceinline__ float kq_byte(uint32_t v, int b) {
     return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u | (unsigned)b)) - 8388608.0f;
 }
 
-/* Sub-block j's 6-bit scale and min from the 12 packed bytes (words y, z, w of the
- * meta load: bytes 0..3, 4..7, 8..11), format/quant_k.h's packing. */
-static __device__ __forceinline__ void kq_scale_min(const uint4 &m, int j, int &sc, int &mn) {
-    const int sh = 8 * (j & 3);
-    const int by = (int)((m.y >> sh) & 0xffu), bz = (int)((m.z >> sh) & 0xffu), bw = (int)((m.w >> sh) & 0xffu);
-    if (j < 4) {
-        sc = by & 63;
-        mn = bz & 63;
-    } else {
-        sc = (bw & 15) | ((by >> 6) << 4);
-        mn = (bw >> 4) | ((bz >> 6) << 4);
-    }
-}
-
 /* First element (within the super-block) of group g of unit ub. */
 template <int DT> static __device__ __forceinline__ int kq_group_off(int ub, int g) {
     if constexpr (DT == CU_Q6_K)

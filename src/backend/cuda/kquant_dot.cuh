@@ -173,7 +173,7 @@ static __device__ __forceinline__ float km_dot(const km_raw &r, const km_xv &v, 
             hi = __dp4a((int)((h[i] >> 4) & 0x0f0f0f0fu), (int)v.w[3][i], hi);
         }
         /* scale and min of sub-blocks 2c, 2c + 1 (format/quant_k.h's packing, as
-         * kernels_kquant.cu's kq_scale_min reads one): bytes 2(c % 2) and 2(c % 2) + 1 of
+         * cuda_device.cuh's kq_scale_min reads one): bytes 2(c % 2) and 2(c % 2) + 1 of
          * the header's words y, z, w; c < 2 the low 6 bits of y / z, else w's nibbles
          * under y's / z's top 2 bits */
         const uint32_t sh = 16 * ((uint32_t)c & 1), y = r.a.y >> sh, z = r.a.z >> sh, w = r.a.w >> sh;
