@@ -470,6 +470,15 @@ static int64_t rows_chunk(int64_t d) {
     return c < 1 ? 1 : c > ROWS_CHUNK_MAX ? ROWS_CHUNK_MAX : c;
 }
 
+/* Runs a row-wise op's thread function over rows of d values: on the calling thread
+ * below ROWS_MIN_PARALLEL values (or one row), else over the pool. */
+static void rows_run(struct cpu_pool *pool, int64_t rows, int64_t d, pool_fn fn, void *ctx) {
+    if (rows * d < ROWS_MIN_PARALLEL || rows < 2)
+        fn(ctx, 0, 1);
+    else
+        pool_run_shared(pool, fn, ctx);
+}
+
 struct rms_norm_ctx {
     const struct cpu_rms_norm *op;
     const struct cpu_isa_kernels *kern;
@@ -490,10 +499,7 @@ static void rms_norm_thread(void *arg, int ith, int nth) {
 void cpu_rms_norm_run(const struct cpu_rms_norm *op, const struct cpu_isa_kernels *kern,
                       struct cpu_pool *pool) {
     struct rms_norm_ctx ctx = {.op = op, .kern = kern};
-    if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
-        rms_norm_thread(&ctx, 0, 1);
-    else
-        pool_run_shared(pool, rms_norm_thread, &ctx);
+    rows_run(pool, op->rows, op->d, rms_norm_thread, &ctx);
 }
 
 struct rope_ctx {
@@ -577,17 +583,11 @@ static void row_gather_thread(void *arg, int ith, int nth) {
 
 void cpu_row_gather_run(const struct cpu_row_gather *op, struct cpu_pool *pool) {
     struct row_gather_ctx ctx = {.op = op};
-    if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
-        row_gather_thread(&ctx, 0, 1);
-    else
-        pool_run_shared(pool, row_gather_thread, &ctx);
+    rows_run(pool, op->rows, op->d, row_gather_thread, &ctx);
 }
 
 void cpu_rope_run(const struct cpu_rope *op, const struct cpu_isa_kernels *kern,
                   struct cpu_pool *pool) {
     struct rope_ctx ctx = {.op = op, .kern = kern};
-    if (op->rows * op->d < ROWS_MIN_PARALLEL || op->rows < 2)
-        rope_thread(&ctx, 0, 1);
-    else
-        pool_run_shared(pool, rope_thread, &ctx);
+    rows_run(pool, op->rows, op->d, rope_thread, &ctx);
 }

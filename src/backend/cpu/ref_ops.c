@@ -131,6 +131,13 @@ static void contiguous_strides(const struct ir_extent *e, int64_t *strides) {
     }
 }
 
+/* Element strides of permute node n's source, in the order of n's output axes. */
+static void permute_source_strides(const struct cpu_state *s, const struct ir_node *n, int64_t *strides) {
+    int64_t in_strides[IR_MAX_RANK];
+    contiguous_strides(&s->extent[n->in[0]], in_strides);
+    for (int d = 0; d < n->attrs.n_axes; d++) strides[d] = in_strides[n->attrs.axes[d]];
+}
+
 static void run_reduce(struct cpu_state *s, const struct ir_node *n, int32_t i) {
     const struct ir_extent *ei = &s->extent[n->in[0]];
     const float *x = node_f32(s, n->in[0]);
@@ -453,9 +460,9 @@ static void run_rope_fast(struct cpu_state *s, const struct ir_node *n, int32_t 
     if (first >= 0) { /* the chain's source, through the skipped permute [and rms_norm] */
         const struct ir_node *p = &s->g->nodes[n->in[0]];
         int64_t src_strides[IR_MAX_RANK];
-        contiguous_strides(&s->extent[p->in[0]], src_strides);
+        permute_source_strides(s, p, src_strides);
         op.x_permuted = true;
-        for (int d = 0; d < op.rank; d++) op.x_strides[d] = src_strides[p->attrs.axes[d]];
+        for (int d = 0; d < op.rank; d++) op.x_strides[d] = src_strides[d];
         if (first != n->in[0]) {
             const struct ir_node *r = &s->g->nodes[first];
             op.x = node_f32(s, r->in[0]);
@@ -471,17 +478,17 @@ static void run_rope_fast(struct cpu_state *s, const struct ir_node *n, int32_t 
 /* A permute that keeps the last axis in place moves whole rows: one memcpy per row
  * instead of an index step per element, rows split over the pool. */
 static bool run_permute_rows(struct cpu_state *s, const struct ir_node *n, int32_t i) {
-    const struct ir_extent *ei = &s->extent[n->in[0]], *eo = &s->extent[i];
+    const struct ir_extent *eo = &s->extent[i];
     int rank = eo->rank;
     if (rank < 1 || n->attrs.axes[rank - 1] != rank - 1) return false;
-    int64_t in_strides[IR_MAX_RANK];
-    contiguous_strides(ei, in_strides);
+    int64_t strides[IR_MAX_RANK];
+    permute_source_strides(s, n, strides);
     struct cpu_row_gather op = {.x = node_f32(s, n->in[0]), .o = node_f32(s, i), .d = eo->dims[rank - 1],
                                 .rank = rank - 1};
     op.rows = op.d ? ir_extent_numel(eo) / op.d : 0;
     for (int d = 0; d < op.rank; d++) {
         op.dims[d] = eo->dims[d];
-        op.x_strides[d] = in_strides[n->attrs.axes[d]];
+        op.x_strides[d] = strides[d];
     }
     cpu_row_gather_run(&op, s->pool);
     return true;
@@ -542,10 +549,8 @@ static enum llmopt_status run_node_kernel(struct cpu_state *s, int32_t i, struct
     case IR_OP_LAYER_NORM: run_norm(s, n, i); return LLMOPT_OK;
     case IR_OP_PERMUTE: {
         if (s->kern && run_permute_rows(s, n, i)) return LLMOPT_OK;
-        const struct ir_extent *ei = &s->extent[n->in[0]];
-        int64_t in_strides[IR_MAX_RANK], strides[IR_MAX_RANK];
-        contiguous_strides(ei, in_strides);
-        for (int d = 0; d < eo->rank; d++) strides[d] = in_strides[n->attrs.axes[d]];
+        int64_t strides[IR_MAX_RANK];
+        permute_source_strides(s, n, strides);
         strided_copy(node_f32(s, n->in[0]), strides, eo, node_f32(s, i));
         return LLMOPT_OK;
     }
