@@ -78,8 +78,8 @@ int cmd_profile(int argc, char **argv) {
                    "kernels %.3f ms (the rest is the loop between them)\n",
                    (unsigned long long)p.steps, o.n_prompt, o.reps, 1e3 * p.forward_seconds / steps,
                    steps / p.forward_seconds, 1e3 * kernel_s / steps);
-        printf("kernels   %.1f per token; reads %.2f MB per step\n", (double)kernels / (double)p.tokens,
-               (double)bytes / steps / 1e6);
+        printf("kernels   %.1f per token; reads %.2f MB per %s\n", (double)kernels / (double)p.tokens,
+               (double)bytes / steps / 1e6, o.prefill ? "prompt" : "step");
         if (o.read_bw > 0) printf("limit     %.1f GB/s read bandwidth (%s)\n", o.read_bw, o.profile);
         else printf("limit     no profile (pass --profile P.json from llmopt probe -o P.json)\n");
         printf("\n%-10s %9s %6s %8s %10s %8s %8s\n", "family", o.prefill ? "ms" : "ms/step", "time", "kernels",
