@@ -1,7 +1,7 @@
 /* Kernel lab: times each fast CPU kernel in isolation and prints a table.
  *
  *   build/bench_kernels [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick] [--only NAME]
- *                       [--gemm-min-rows N] [--one-range] [--wall]
+ *                       [--gemm-min-rows N] [--one-range] [--wall] [--rows R,R,...]
  *   build/bench_kernels --model MODEL.gguf [-t THREADS] [-p PROMPT] [-n DECODE] [--ref]
  *
  * Matrix-vector products (decode) are bandwidth-bound: they stream a set of weight
@@ -10,7 +10,9 @@
  * probe`). Matrix-matrix products (prefill) are compute-bound and report GFLOP/s
  * (2 * rows * k * n). Each number is the median of several repeats. matvec with rows > 1
  * is a server batch of decode rows: at X GB/s for rows R against Y for rows 1 the batch
- * costs Y / X single rows.
+ * costs Y / X single rows. --rows sets those row counts (default 1,4,16; at most 16 of
+ * them, each 1..1024), e.g. to find where the GEMM overtakes the dot-product tiles with
+ * --gemm-min-rows 1025 against the default.
  *
  * --model times whole forwards through the public API: prefill tok/s and decode tok/s
  * (greedy), with the fast backend or, with --ref, the scalar reference. */
@@ -90,7 +92,23 @@ struct opts {
     bool ref;
     bool wall; /* wall time even with one thread */
     const char *only; /* run only kernels whose name contains this */
+    int64_t rows[16]; /* activation rows of the matvec table */
+    int n_rows;
 };
+
+/* "R,R,..." -> o->rows; false on anything else (empty items, junk, out of range). */
+static bool parse_rows(const char *s, struct opts *o) {
+    o->n_rows = 0;
+    for (;;) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 1024 || o->n_rows == (int)(sizeof o->rows / sizeof o->rows[0])) return false;
+        o->rows[o->n_rows++] = v;
+        if (*end == '\0') return true;
+        if (*end != ',') return false;
+        s = end + 1;
+    }
+}
 
 static const char *only_filter;
 static bool wanted(const char *name) {
@@ -340,7 +358,7 @@ static int bench_model(const struct opts *o) {
 }
 
 int main(int argc, char **argv) {
-    struct opts o = {.threads = 0, .isa = -2, .prompt = 128, .decode = 64};
+    struct opts o = {.threads = 0, .isa = -2, .prompt = 128, .decode = 64, .rows = {1, 4, 16}, .n_rows = 3};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) o.threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) o.quick = true;
@@ -349,6 +367,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--one-range")) cpu_linear_one_range = true;
         else if (!strcmp(argv[i], "--gemm-min-rows") && i + 1 < argc) cpu_gemm_min_rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) o.only = only_filter = argv[++i];
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
+            if (!parse_rows(argv[++i], &o)) {
+                fprintf(stderr, "bench: --rows wants up to 16 counts of 1..1024, comma-separated: %s\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) o.model = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) o.prompt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) o.decode = atoi(argv[++i]);
@@ -363,7 +387,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [-t THREADS] [--isa scalar|avx2|avx512|all] [--quick] [--only NAME]\n"
-                            "       [--gemm-min-rows N] [--one-range] [--wall]\n"
+                            "       [--gemm-min-rows N] [--one-range] [--wall] [--rows R,R,...]\n"
                             "       %s --model MODEL.gguf [-t THREADS] [-p PROMPT] [-n DECODE] [--ref]\n",
                     argv[0], argv[0]);
             return 2;
@@ -397,11 +421,13 @@ int main(int argc, char **argv) {
             for (size_t s = 0; s < sizeof mv / sizeof mv[0]; s++) {
                 snprintf(name, sizeof name, "matvec %s", ir_dtype_name(wtypes[t]));
                 if ((o.quick && s == 2) || !wanted(name)) continue;
-                for (int64_t rows = 1; rows <= 32; rows *= 4) /* 1, 4, 16: server batches */
+                for (int ri = 0; ri < o.n_rows; ri++) { /* server batches */
+                    const int64_t rows = o.rows[ri];
                     printf("| matvec %s | rows %lld, k %lld, n %lld | %.1f GB/s |\n",
                            ir_dtype_name(wtypes[t]), (long long)rows, (long long)mv[s][0],
                            (long long)mv[s][1],
                            bench_matvec(kern, pool, wtypes[t], rows, mv[s][0], mv[s][1], reps, false));
+                }
                 fflush(stdout);
             }
         /* The same kernels on a cache-resident matrix: what they could stream if memory

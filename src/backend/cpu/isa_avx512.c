@@ -6,6 +6,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kquant.h"
+#include "backend/cpu/transpose_avx512.h"
 #include "base/fp16.h"
 #include "format/quant.h"
 
@@ -127,32 +128,6 @@ static inline vf v_set1_f16(const uint8_t *p) {
     int16_t h;
     memcpy(&h, p, 2);
     return _mm512_cvtph_ps(_mm256_set1_epi16(h));
-}
-
-/* out[j][i] = in[i][j] for a 16 x 16 float block (the vocabulary's v_transpose): 32-bit, then 64-bit interleaves
- * within 128-bit lanes, then a 4 x 4 transpose of the lanes. */
-static inline __attribute__((always_inline)) void transpose16(const __m512 *in, __m512 *out) {
-    __m512 a[16], b[16];
-    for (int m = 0; m < 8; m++) {
-        a[2 * m] = _mm512_unpacklo_ps(in[2 * m], in[2 * m + 1]);
-        a[2 * m + 1] = _mm512_unpackhi_ps(in[2 * m], in[2 * m + 1]);
-    }
-    /* b[4n + e], 128-bit lane L: columns 4n..4n+3 of element 4L + e */
-    for (int n = 0; n < 4; n++) {
-        b[4 * n + 0] = _mm512_shuffle_ps(a[4 * n], a[4 * n + 2], 0x44);
-        b[4 * n + 1] = _mm512_shuffle_ps(a[4 * n], a[4 * n + 2], 0xee);
-        b[4 * n + 2] = _mm512_shuffle_ps(a[4 * n + 1], a[4 * n + 3], 0x44);
-        b[4 * n + 3] = _mm512_shuffle_ps(a[4 * n + 1], a[4 * n + 3], 0xee);
-    }
-    for (int e = 0; e < 4; e++) {
-        __m512 c0 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0x88), c1 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0xdd);
-        __m512 c2 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0x88);
-        __m512 c3 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0xdd);
-        out[0 + e] = _mm512_shuffle_f32x4(c0, c2, 0x88);
-        out[8 + e] = _mm512_shuffle_f32x4(c0, c2, 0xdd);
-        out[4 + e] = _mm512_shuffle_f32x4(c1, c3, 0x88);
-        out[12 + e] = _mm512_shuffle_f32x4(c1, c3, 0xdd);
-    }
 }
 
 #define KG_HAVE_TRANSPOSE 1
@@ -350,39 +325,70 @@ static size_t gemm_panel_bytes(enum ir_dtype t, int64_t k) {
     return (size_t)k * CPU_GEMM_NC * sizeof(float);
 }
 
-static void gemm_pack(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel) {
-    /* byte offsets of the 16 columns of each group; absent columns read column 0 */
-    __m512i off[4];
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+/* The block types' panel (layout above) without a gather per quad: a group of 16
+ * columns is walked to its end (16 streams, as the float pack below), and per step the
+ * group's quant dwords of several blocks are loaded row by row as one vector per column
+ * (Q8_0: the 8 dwords of blocks b, b + 1; Q4_0: the 4 of blocks b .. b + 3) and
+ * transposed, so that vector j holds dword j of the 16 columns. Q8_0 quants are biased
+ * to unsigned (w + 128), Q4_0's nibbles become 16 * nibble (quads 0-3 the low nibbles,
+ * 4-7 the high ones). Scales are read as scalars (a gather per block and group measured
+ * slower for Q4_0 on the EPYC host); absent columns (c >= nc) take column 0's scales and
+ * zero quants. */
+static void gemm_pack_q(const bool q4, const uint8_t *w, size_t ldw, int64_t k, int nc, uint8_t *panel) {
+    const size_t bs = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const int step = q4 ? 4 : 2; /* blocks per transposed tile */
+    const int64_t nb = k / CPU_QBLOCK;
+    const __m512i flip = _mm512_set1_epi8((char)0x80), high4 = _mm512_set1_epi8((char)0xf0);
+    const __m512 sc_mul = _mm512_set1_ps(q4 ? 1.0f / 16.0f : 1.0f);
     for (int g = 0; g < 4; g++) {
-        __m512i col = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * g));
-        __mmask16 present = _mm512_cmplt_epi32_mask(col, _mm512_set1_epi32(nc));
-        off[g] = _mm512_maskz_mullo_epi32(present, col, _mm512_set1_epi32((int)ldw));
-    }
-    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) {
-        const bool q4 = t == IR_DTYPE_Q4_0;
-        const size_t bs = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
-        const __m512i flip = _mm512_set1_epi8((char)0x80), high4 = _mm512_set1_epi8((char)0xf0);
-        const __m512 sc_mul = _mm512_set1_ps(q4 ? 1.0f / 16.0f : 1.0f);
-        uint8_t *p = panel;
-        for (int64_t b = 0; b < k / CPU_QBLOCK; b++, p += GQ_BLOCK_BYTES) {
-            const uint8_t *blk = w + (size_t)b * bs;
-            for (int g = 0; g < 4; g++) {
-                __m512i h = _mm512_i32gather_epi32(off[g], blk, 1); /* d in the low 16 bits */
-                __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), sc_mul);
+        for (int64_t b0 = 0; b0 < nb; b0 += step) {
+            const int n = nb - b0 < step ? (int)(nb - b0) : step;
+            __m512 r[16], tr[16];
+            _Alignas(32) uint16_t dsc[4][16];
+            for (int i = 0; i < 16; i++) {
+                const int c = 16 * g + i;
+                const uint8_t *src = w + (size_t)(c < nc ? c : 0) * ldw + (size_t)b0 * bs + 2;
+                for (int j = 0; j < n; j++) memcpy(&dsc[j][i], src - 2 + (size_t)j * bs, 2);
+                if (c >= nc) {
+                    r[i] = _mm512_setzero_ps();
+                    continue;
+                }
+                _mm_prefetch((const char *)src + GEMM_PACK_AHEAD, _MM_HINT_T0);
+                __m512i v = _mm512_setzero_si512();
+                if (q4) {
+                    for (int j = 0; j < n; j++)
+                        v = _mm512_mask_loadu_epi32(v, (__mmask16)(0xfu << (4 * j)),
+                                                    (const void *)(src + (size_t)j * bs - 16 * j));
+                } else {
+                    v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)src));
+                    if (n > 1)
+                        v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)(const void *)(src + bs)), 1);
+                }
+                r[i] = _mm512_castsi512_ps(v);
+            }
+            transpose16(r, tr);
+            for (int j = 0; j < n; j++) {
+                uint8_t *p = panel + (size_t)(b0 + j) * GQ_BLOCK_BYTES;
+                __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)dsc[j])), sc_mul);
                 _mm512_store_ps((float *)(void *)(p + 8 * CPU_GEMM_NC * 4) + 16 * g, sc);
                 for (int q = 0; q < 8; q++) {
                     __m512i v;
                     if (q4) {
-                        v = _mm512_i32gather_epi32(off[g], blk + 2 + 4 * (q & 3), 1);
+                        v = _mm512_castps_si512(tr[4 * j + (q & 3)]);
                         v = _mm512_and_si512(q < 4 ? _mm512_slli_epi32(v, 4) : v, high4);
                     } else {
-                        v = _mm512_xor_si512(_mm512_i32gather_epi32(off[g], blk + 2 + 4 * q, 1), flip);
+                        v = _mm512_xor_si512(_mm512_castps_si512(tr[8 * j + q]), flip);
                     }
                     _mm512_store_si512((void *)(p + (q * CPU_GEMM_NC + 16 * g) * 4), v);
                 }
             }
         }
+    }
+}
+
+static void gemm_pack(enum ir_dtype t, const uint8_t *w, size_t ldw, int64_t k, int nc, void *panel) {
+    if (t == IR_DTYPE_Q8_0 || t == IR_DTYPE_Q4_0) {
+        gemm_pack_q(t == IR_DTYPE_Q4_0, w, ldw, k, nc, panel);
         return;
     }
     /* float types: 16 columns x 16 k at a time, loaded (and widened) along k, then

@@ -93,8 +93,13 @@ void cpu_qact_bind(struct cpu_qact *qa, void *buf, int64_t rows, int64_t k) {
 /* Activation rows from which a linear packs weights for the GEMM micro-kernels (when
  * the ISA has them); below it the dot-product tiles read the weights as stored. 0: by
  * weight type, where the kernel lab measured the crossover (AVX-512, k 1024, n 3072:
- * F32/F16 between 16 and 32 rows; Q8_0/Q4_0 at 5 rows, where a tile pass of 4 rows
- * and one of 1 cost more than the packed GEMM, k 1024, n 256 in L2). */
+ * F32/F16 between 16 and 32 rows). Block-quantized weights take the tiles while one or
+ * two passes of CPU_TILE_R rows cover the activations (rows <= 8): from memory, a
+ * second pass over a tile already in L1 costs less than packing the weights. On the
+ * EPYC host (bench_kernels --rows, 2 threads, bench/results/cpu-pack-epyc-2026-11-30.md)
+ * the tiles led by 1.3-2.5x at 5-8 rows for Q8_0, Q4_0, Q4_K and Q6_K and the GEMM
+ * overtook them between 10 (Q8_0) and 24 (Q6_K) rows; the Xeon host's earlier
+ * crossover at 5 was measured with the weights in L2 and the gathering pack. */
 int cpu_gemm_min_rows = 0;
 bool cpu_linear_one_range = false;
 
@@ -126,7 +131,10 @@ static bool has_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t) {
  * which flipped a near tie in stories260K-Q8_0's greedy story (tests/cli/
  * test_stories.sh wants its first 100 ids equal to F32's, issue 7). */
 static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows, bool packed) {
-    int min_rows = cpu_gemm_min_rows > 0 ? cpu_gemm_min_rows : weight_quantized(t) ? 5 : packed ? 1 : 24;
+    int min_rows = cpu_gemm_min_rows > 0       ? cpu_gemm_min_rows
+                   : weight_quantized(t) ? 2 * CPU_TILE_R + 1
+                   : packed              ? 1
+                                         : 24;
     return has_gemm(kern, t) && rows >= min_rows;
 }
 
