@@ -4,7 +4,8 @@
  * heads, head_dim 128, blocks of 16 positions), every layer once per repeat, the
  * cache evicted from L2/L3 between repeats by reading a 512 MiB buffer. One thread,
  * best of the repeats in thread CPU time, old and new alternating; prints GB/s of KV
- * read and the largest output difference.
+ * read and the largest output difference. THREADS=N: through a pool of N threads,
+ * timed in wall-clock time.
  *
  * SMALL=1: stories260K's shape instead (5 layers, 8 query heads, 4 KV heads, head_dim 8),
  * each repeat running the layers 200 times with the cache hot (the server's batched
@@ -12,15 +13,17 @@
  *
  *   bench/ab/run.sh OLD_COMMIT attention [depth 512] [kv f16|f32|q8_0]   (HOT=1: no eviction) */
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/pool.h"
 #include "backend/kv_cache.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 extern const struct cpu_isa_kernels cpu_isa_kernels_avx512_old;
+static int wall; /* THREADS=N: through a pool of N threads, in wall-clock time */
 static double now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    clock_gettime(wall ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 static float rnd(void) {
@@ -58,8 +61,17 @@ int main(int argc, char **argv) {
     for (int i = 0; i < H * DH; i++) q[i] = rnd();
     out[0] = malloc((size_t)L * H * DH * sizeof(float));
     out[1] = malloc((size_t)L * H * DH * sizeof(float));
+    struct cpu_pool *pool = NULL;
+    if (getenv("THREADS")) {
+        wall = 1;
+        if (pool_create(atoi(getenv("THREADS")), &pool, &err)) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+    }
+    const int nth = pool ? pool_threads(pool) : 1;
     int64_t sf = cpu_attention_scratch_floats(H, HKV, DH);
-    float *scratch = malloc((size_t)sf * sizeof(float));
+    float *scratch = malloc((size_t)sf * nth * sizeof(float));
     int32_t pos = depth, slot = 0;
     struct cpu_attention op = {.q = q, .pos = &pos, .slot = &slot, .n_heads = H, .n_kv_heads = HKV, .n_tok = 1,
                                .head_dim = DH, .scale = 0.088f, .kv = kv, .scratch = scratch,
@@ -79,7 +91,7 @@ int main(int argc, char **argv) {
                 for (int l = 0; l < L; l++) {
                     op.layer = l;
                     op.out = out[v] + (size_t)l * H * DH;
-                    cpu_attention_run(&op, kern[v], NULL);
+                    cpu_attention_run(&op, kern[v], pool);
                 }
             double dt = (now() - t0) / inner;
             if (dt < best[v]) best[v] = dt;
@@ -90,9 +102,9 @@ int main(int argc, char **argv) {
         md = d > md ? d : -d > md ? -d : md;
     }
     double gb = 2.0 * L * npos * kv_dtype_bytes(kt, HKV * DH) / 1e9;
-    printf("decode attention %s depth %d, %d layers, 1 thread: old %.3f ms (%.1f GB/s) -> new %.3f ms (%.1f GB/s) "
+    printf("decode attention %s depth %d, %d layers, %d thread(s): old %.3f ms (%.1f GB/s) -> new %.3f ms (%.1f GB/s) "
            "%.2fx maxdiff %.1e (%llu)\n",
-           kv_dtype_name(kt), depth, L, best[0] * 1e3, gb / best[0], best[1] * 1e3, gb / best[1], best[0] / best[1], md,
+           kv_dtype_name(kt), depth, L, nth, best[0] * 1e3, gb / best[0], best[1] * 1e3, gb / best[1], best[0] / best[1], md,
            (unsigned long long)(sink & 1));
     kv_cache_free(kv);
     return 0;
