@@ -369,7 +369,8 @@ static void gemm_pack_q(const bool q4, const uint8_t *w, size_t ldw, int64_t k, 
             transpose16(r, tr);
             for (int j = 0; j < n; j++) {
                 uint8_t *p = panel + (size_t)(b0 + j) * GQ_BLOCK_BYTES;
-                __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)dsc[j])), sc_mul);
+                const __m256i d16 = _mm256_load_si256((const __m256i *)(const void *)dsc[j]);
+                const __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(d16), sc_mul);
                 _mm512_store_ps((float *)(void *)(p + 8 * CPU_GEMM_NC * 4) + 16 * g, sc);
                 for (int q = 0; q < 8; q++) {
                     __m512i v;
