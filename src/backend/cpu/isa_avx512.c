@@ -61,14 +61,19 @@ static inline float v_hmax(vf v) {
 /* lane j = sum of a[j]'s lanes: fold 512 -> 256 -> 128 bits pairing vectors as the
  * width halves, then within 128-bit lanes; lane L of 128-bit lane e then holds row
  * 4e + L, which one permute puts in place. */
-static inline vf v_reduce_lanes(const vf *a) {
+static inline __attribute__((always_inline)) vf v_reduce_lanes(const vf *a) {
     vf x[8], y[4], v[2];
+    /* unrolled, so that a caller's sums stay in registers rather than being stored for
+     * a loop to read back */
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++)
         x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
                              _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee));
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++)
         y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
                              _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xdd));
+#pragma GCC unroll 2
     for (int i = 0; i < 2; i++)
         v[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0x44),
                              _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0xee));
