@@ -107,5 +107,6 @@ int main(int argc, char **argv) {
            kv_dtype_name(kt), depth, L, nth, best[0] * 1e3, gb / best[0], best[1] * 1e3, gb / best[1], best[0] / best[1], md,
            (unsigned long long)(sink & 1));
     kv_cache_free(kv);
+    pool_free(pool);
     return 0;
 }

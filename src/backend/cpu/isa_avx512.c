@@ -352,8 +352,8 @@ static void gemm_pack_q(const bool q4, const uint8_t *w, size_t ldw, int64_t k, 
             _Alignas(32) uint16_t dsc[4][16];
             for (int i = 0; i < 16; i++) {
                 const int c = 16 * g + i;
-                const uint8_t *src = w + (size_t)(c < nc ? c : 0) * ldw + (size_t)b0 * bs + 2;
-                for (int j = 0; j < n; j++) memcpy(&dsc[j][i], src - 2 + (size_t)j * bs, 2);
+                const uint8_t *blk = w + (size_t)(c < nc ? c : 0) * ldw + (size_t)b0 * bs, *src = blk + 2;
+                for (int j = 0; j < n; j++) memcpy(&dsc[j][i], blk + (size_t)j * bs, 2); /* d first */
                 if (c >= nc) {
                     r[i] = _mm512_setzero_ps();
                     continue;

@@ -459,10 +459,8 @@ static void run_rope_fast(struct cpu_state *s, const struct ir_node *n, int32_t 
     int32_t first = s->rope_first ? s->rope_first[i] : -1;
     if (first >= 0) { /* the chain's source, through the skipped permute [and rms_norm] */
         const struct ir_node *p = &s->g->nodes[n->in[0]];
-        int64_t src_strides[IR_MAX_RANK];
-        permute_source_strides(s, p, src_strides);
+        permute_source_strides(s, p, op.x_strides); /* the last axis's stride is unused */
         op.x_permuted = true;
-        for (int d = 0; d < op.rank; d++) op.x_strides[d] = src_strides[d];
         if (first != n->in[0]) {
             const struct ir_node *r = &s->g->nodes[first];
             op.x = node_f32(s, r->in[0]);
@@ -481,15 +479,11 @@ static bool run_permute_rows(struct cpu_state *s, const struct ir_node *n, int32
     const struct ir_extent *eo = &s->extent[i];
     int rank = eo->rank;
     if (rank < 1 || n->attrs.axes[rank - 1] != rank - 1) return false;
-    int64_t strides[IR_MAX_RANK];
-    permute_source_strides(s, n, strides);
     struct cpu_row_gather op = {.x = node_f32(s, n->in[0]), .o = node_f32(s, i), .d = eo->dims[rank - 1],
                                 .rank = rank - 1};
     op.rows = op.d ? ir_extent_numel(eo) / op.d : 0;
-    for (int d = 0; d < op.rank; d++) {
-        op.dims[d] = eo->dims[d];
-        op.x_strides[d] = strides[d];
-    }
+    permute_source_strides(s, n, op.x_strides); /* the last axis's stride is unused */
+    for (int d = 0; d < op.rank; d++) op.dims[d] = eo->dims[d];
     cpu_row_gather_run(&op, s->pool);
     return true;
 }
