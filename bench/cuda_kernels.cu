@@ -678,7 +678,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     /* --persist: {persist mode, 0, 0}, each at the default shape */
     const int persist_tunes[][8] = {{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}};
     /* --tma: {staged kernel off/on, rows a tile, shared memory KiB, wait mode, blocks an
-     * SM, -, a copy a row}: the register kernel; the staged default; 8 rows
+     * SM, producer lanes, a copy a row}: the register kernel; the staged default; 8 rows
      * a tile in a 200 KiB ring; 8 rows a tile, two blocks an SM of 100 KiB; one block an
      * SM of 100 KiB (room for the next launch's block beside it: its producer streams
      * while this one drains); the default with spin waits */
@@ -696,7 +696,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
         if (js.pair && tunes[t][0] == 4 && !sweep_tma_ab) continue;
         if (sweep_tma_ab) { /* (K-quants: the register kernel at its default shape) */
             cu_matvec_tma(tunes[t][0]);
-            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], tunes[t][4], -1, 0, tunes[t][3], tunes[t][6]);
+            cu_matvec_tma_tune(tunes[t][1], tunes[t][2], tunes[t][4], -1, 0, tunes[t][3], tunes[t][5], tunes[t][6]);
         } else if (kq)
             cu_kq_tune(tunes[t][0], tunes[t][1], tunes[t][2]);
         else if (sweep_persist_ab)
@@ -749,7 +749,7 @@ static bool sweep_job(int dtype, const struct mv_job_shape &js, double copy_gbs,
     cu_matvec_persist(-1, 0);
     cu_kq_tune(0, 0, 0);
     cu_matvec_tma(-1);
-    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1, 0);
+    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1, 1, 0);
     for (void *m : mem) CHECK_CUDA(cudaFree(m));
     CHECK_CUDA(cudaFree(x));
     CHECK_CUDA(cudaFree(y));

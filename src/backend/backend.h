@@ -19,7 +19,6 @@ struct exec_batch {
 
 struct backend_stats {
     uint64_t kernels_run; /* kernels launched (nodes executed, views excluded) */
-    uint64_t kernels_chained; /* nodes that ran inside another node's launch (CUDA matvec chains), not in kernels_run */
     uint64_t steps;
     uint64_t packed_bytes; /* weights repacked once at prepare (the CPU GEMM's panels) */
 };

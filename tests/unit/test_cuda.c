@@ -198,8 +198,7 @@ struct kv_pair {
     struct kv_cache *cpu, *gpu;
 };
 
-static uint64_t last_kernels_run; /* nodes the CUDA backend ran (launched or chained) in the last compare_graph */
-static uint64_t last_kernels_chained; /* of those, the ones that ran inside another's launch (matvec chains) */
+static uint64_t last_kernels_run; /* kernels the CUDA backend counted in the last compare_graph */
 static enum kv_dtype test_kv = KV_DTYPE_F32; /* the KV caches' element type (both backends) */
 /* What compare_graph checks against: the f32 reference, or the CPU's default backend
  * (its q8_0 kernels quantize activations as the CUDA int8 x mode does) */
@@ -296,8 +295,7 @@ static void compare_graph(const char *what, struct gb *b, int32_t output, const 
         struct backend_stats st;
         cuda_backend_ops.stats(gpu, &st);
         CHECK(st.steps == (uint64_t)n_steps || test_failures_in_current);
-        last_kernels_run = st.kernels_run + st.kernels_chained; /* the nodes run, in launches of their own or chained */
-        last_kernels_chained = st.kernels_chained;
+        last_kernels_run = st.kernels_run;
     }
     fprintf(stderr, "    %-44s worst %.2e\n", what, worst);
     free(tokens);
@@ -1188,7 +1186,7 @@ static void test_matvec_persist(void) {
 /* kernels_stream.cu: the staged matvec (C linkage, cuda_kernels.cuh) */
 void cu_matvec_tma(int mode);
 void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first, int max_blocks, int wait,
-                        int row_copies);
+                        int producers, int row_copies);
 
 /* The staged matvec on q4_K and q6_K launches (int8 x, TOL_INT8 as test_linear_kquant):
  * rows of 2048 and 4096 (one and two passes of a warp's 8 super-blocks; q6_K takes
@@ -1208,10 +1206,6 @@ static void matvec_tma_kquant_checks(void) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_linear_case(&cases[c], false);
     linear_small_tol = 0;
     fusion_case(IR_DTYPE_Q4_K, 2048, 8, 4, 64, 2048, true, false, false, true);
-    /* one-token steps chain o, gate/up, down and the next layer's q/k/v (unless off) */
-    const char *chain = getenv("LLMOPT_CUDA_MV_CHAIN");
-    CHECK_MSG((last_kernels_chained > 0) == !(chain && !strcmp(chain, "0")), "q4_K blocks: %llu products chained",
-              (unsigned long long)last_kernels_chained);
     fusion_case(IR_DTYPE_Q6_K, 2048, 4, 2, 128, 2048, false, true, false, false);
     fusion_tv = IR_DTYPE_Q6_K;
     fusion_case(IR_DTYPE_Q4_K, 2048, 8, 4, 64, 2048, true, false, false, true);
@@ -1219,29 +1213,25 @@ static void matvec_tma_kquant_checks(void) {
 }
 
 /* The staged one-row matvec (weights bulk-copied into a shared-memory ring) on every
- * one-row bf16, q8_0 and q4_K/q6_K launch it takes, the one-token steps of the decode
- * blocks chained (cu_matvec_chain_*): the matvec checks, the int8-x group and the K-quant
- * checks at its default shape, then without chains; at 1 row a tile in a 2-stage ring on 3
- * blocks (each block wraps its ring many times, the L2 hint on, spin waits, a copy a
- * row); 8 rows a tile, two blocks an SM (waits with a suspend hint); 2 rows on 1 block
- * (every tile, tails and segment ends, through one ring; a copy a row). Fresh random
- * inputs each. */
+ * one-row bf16, q8_0 and q4_K/q6_K launch it takes: the matvec checks, the int8-x group
+ * and the K-quant checks at its default shape; at 1 row a tile in a 2-stage ring on 3
+ * blocks (each block wraps its ring many times, the L2 hint on, spin waits, 2 producer
+ * lanes, a copy a row); 8 rows a tile, two blocks an SM (waits with a suspend hint, 4
+ * producers); 2 rows on 1 block (every tile, tails and segment ends, through one ring;
+ * 4 producers, a copy a row). Fresh random inputs each. */
 static void test_matvec_tma(void) {
-    static const int tunes[][7] = {{0, 0, 0, -1, 0, -1, 0}, {1, 24, 0, 1, 3, 1, 1}, {8, 60, 2, 0, 0, 2, 0},
-                                   {2, 40, 0, -1, 1, 0, 1}};
+    static const int tunes[][8] = {{0, 0, 0, -1, 0, -1, 1, 0}, {1, 24, 0, 1, 3, 1, 2, 1}, {8, 60, 2, 0, 0, 2, 4, 0},
+                                   {2, 40, 0, -1, 1, 0, 4, 1}};
     static const enum ir_dtype types[] = {IR_DTYPE_BF16, IR_DTYPE_Q8_0};
     cu_matvec_tma(1);
     for (size_t t = 0; t < sizeof tunes / sizeof tunes[0]; t++) {
-        cu_matvec_tma_tune(tunes[t][0], tunes[t][1], tunes[t][2], tunes[t][3], tunes[t][4], tunes[t][5], tunes[t][6]);
+        cu_matvec_tma_tune(tunes[t][0], tunes[t][1], tunes[t][2], tunes[t][3], tunes[t][4], tunes[t][5], tunes[t][6],
+                           tunes[t][7]);
         matvec_setting_checks(types, sizeof types / sizeof types[0], false);
         test_linear_q8x();
         matvec_tma_kquant_checks();
     }
-    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1, 0);
-    setenv("LLMOPT_CUDA_MV_CHAIN", "0", 1); /* every one-row product in a launch of its own */
-    test_linear_q8x();
-    matvec_tma_kquant_checks();
-    unsetenv("LLMOPT_CUDA_MV_CHAIN");
+    cu_matvec_tma_tune(0, 0, 0, -1, 0, -1, 1, 0);
     cu_matvec_tma(-1);
     cu_matvec_q8_x(-1);
 }

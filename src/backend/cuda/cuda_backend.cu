@@ -85,7 +85,6 @@ struct cuda_graph_entry {
     cudaGraphExec_t exec;
     uint64_t last_used;
     int32_t extra_kernels;    /* step_extra_kernels of the captured step */
-    int32_t chained;          /* step_chained of the captured step */
 };
 
 #define CUDA_PROF_ROWS 64
@@ -211,13 +210,6 @@ struct cuda_state {
     /* launches of the step beyond those counts (chains an ATT_ROPE attention launched
      * apart), as enqueued or as captured into the replayed graph */
     int32_t step_extra_kernels;
-    /* Chains of staged matvecs (cu_matvec_chain_*): in one-token fused steps, consecutive
-     * one-row products that the staged kernel takes run as one launch; off with
-     * $LLMOPT_CUDA_MV_CHAIN=0 and in profiled steps. step_chained: the products of the step
-     * that ran inside another's launch (step_extra_kernels has them taken off). */
-    struct cu_mv_chain *chain;
-    bool chaining;                /* the step being enqueued chains */
-    int32_t step_chained;
     /* LLMOPT_CUDA_PROFILE=1: eager steps with an event after every node, time summed per
      * kind of kernel (prefill and decode apart), printed to stderr at release */
     bool profile;
@@ -307,26 +299,6 @@ static const char *const mv_tag[] = {"linear.matvec f32",  "linear.matvec f16", 
                                      "linear.matvec q8_0", "linear.matvec q4_0", "",
                                      "linear.matvec q4_k", "linear.matvec q5_k", "linear.matvec q6_k"};
 
-/* A one-row product into the step's chain where it takes it (s->chaining): true when
- * queued. Otherwise the chain is flushed, so that the caller's own launch comes after it. */
-static cudaError_t chain_matvec(struct cuda_state *s, const float *x, int64_t rows, const struct cu_mv_seg *seg, int n,
-                                const struct cu_weight *up, bool *queued) {
-    *queued = false;
-    if (!s->chaining) return cudaSuccess;
-    if (rows == 1) {
-        const cudaError_t e = cu_matvec_chain_add(s->chain, s->stream, x, seg, n, up);
-        if (e != cudaErrorNotSupported) {
-            *queued = e == cudaSuccess;
-            return e;
-        }
-    }
-    const cudaError_t e = cu_matvec_chain_flush(s->chain, s->stream);
-    const int merged = cu_matvec_chain_merged(s->chain);
-    s->step_extra_kernels -= merged;
-    s->step_chained += merged;
-    return e;
-}
-
 /* A fused step's MULTI or PAIR linear (rows <= CUDA_MATVEC_MAX_ROWS by the plan). */
 static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir_node *n, int32_t i,
                                            struct llmopt_err *err) {
@@ -353,10 +325,7 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
             seg[0].ep.norm_w = node_f32(s, norm->in[1]);
             seg[0].ep.norm_eps = (float)norm->attrs.value;
         }
-        const struct cu_weight *up = &s->weight[s->g->nodes[f->m[0]].in[1]];
-        bool queued;
-        CU_TRY(chain_matvec(s, x, rows, seg, 1, up, &queued));
-        if (!queued) CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, 1, up));
+        CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, 1, &s->weight[s->g->nodes[f->m[0]].in[1]]));
         return LLMOPT_OK;
     }
     static const char *const tag[] = {"linear.matvec multi f32",  "linear.matvec multi f16",  "linear.matvec multi bf16",
@@ -374,9 +343,7 @@ static enum llmopt_status run_linear_fused(struct cuda_state *s, const struct ir
         seg[0].ep.norm_w = node_f32(s, norm->in[1]);
         seg[0].ep.norm_eps = (float)norm->attrs.value;
     }
-    bool queued;
-    CU_TRY(chain_matvec(s, x, rows, seg, f->n, NULL, &queued));
-    if (!queued) CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, f->n, NULL));
+    CU_TRY(cu_matvec_multi(s->stream, x, rows, seg, f->n, NULL));
     return LLMOPT_OK;
 }
 
@@ -489,12 +456,6 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     const float *x = node_f32(s, n->in[0]);
     float *y = node_f32(s, i);
     if (rows <= 0) return LLMOPT_OK;
-    struct cu_mv_seg mv; /* the product for the chain, when it takes it */
-    memset(&mv, 0, sizeof mv);
-    mv.w = *w;
-    mv.y = y;
-    mv.ep = ep;
-    bool queued = false;
     if (rows <= CUDA_MATVEC_MAX_ROWS && s->norm_into_matvec[n->in[0]]) {
         const struct ir_node *nn = &s->g->nodes[n->in[0]]; /* the rms_norm, not run: x is its input */
         static const char *const nmv_tag[] = {"linear.matvec+rms_norm f32",  "linear.matvec+rms_norm f16",
@@ -502,20 +463,17 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
                                               "linear.matvec+rms_norm q4_0", "",
                                               "linear.matvec+rms_norm q4_k", "linear.matvec+rms_norm q5_k",
                                               "linear.matvec+rms_norm q6_k"};
-        ep.norm_w = mv.ep.norm_w = node_f32(s, nn->in[1]);
-        ep.norm_eps = mv.ep.norm_eps = (float)nn->attrs.value;
+        ep.norm_w = node_f32(s, nn->in[1]);
+        ep.norm_eps = (float)nn->attrs.value;
         s->prof_tag = nmv_tag[w->dtype];
-        CU_TRY(chain_matvec(s, node_f32(s, nn->in[0]), rows, &mv, 1, NULL, &queued));
-        if (!queued) CU_TRY(cu_matvec(s->stream, w, node_f32(s, nn->in[0]), rows, y, &ep));
+        CU_TRY(cu_matvec(s->stream, w, node_f32(s, nn->in[0]), rows, y, &ep));
         return LLMOPT_OK;
     }
     if (rows <= CUDA_MATVEC_MAX_ROWS && cu_matvec_ok(w)) {
         s->prof_tag = mv_tag[w->dtype];
-        CU_TRY(chain_matvec(s, x, rows, &mv, 1, NULL, &queued));
-        if (!queued) CU_TRY(cu_matvec(s->stream, w, x, rows, y, &ep));
+        CU_TRY(cu_matvec(s->stream, w, x, rows, y, &ep));
         return LLMOPT_OK;
     }
-    CU_TRY(chain_matvec(s, x, 0, &mv, 1, NULL, &queued)); /* flushes: the launches below come after it */
     bool blas_ok = s->use_blas && rows <= INT_MAX && k <= INT_MAX && w->rows <= INT_MAX;
     const float one = 1.0f, zero = 0.0f;
     if (blas_ok && w->dtype == CU_F32) {
@@ -1569,8 +1527,6 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
         s->profile = true;
         s->use_graphs = false; /* events between the nodes of every step */
     }
-    e = getenv("LLMOPT_CUDA_MV_CHAIN");
-    if (!(e && !strcmp(e, "0")) && !s->profile) CU_TRY(cu_matvec_chain_new(&s->chain));
     e = getenv("LLMOPT_CUDA_STEP_TIME");
     if (e && *e && strcmp(e, "0") && !s->profile) {
         CU_TRY(cudaEventCreate(&s->st_ev[0]));
@@ -1804,24 +1760,6 @@ static enum llmopt_status check_batch(struct cuda_state *s, const struct exec_ba
     return LLMOPT_OK;
 }
 
-/* Launches the chained products queued so far (s->chaining), counting the launches saved. */
-static enum llmopt_status chain_flush(struct cuda_state *s, struct llmopt_err *err) {
-    CU_TRY(cu_matvec_chain_flush(s->chain, s->stream));
-    const int merged = cu_matvec_chain_merged(s->chain);
-    s->step_extra_kernels -= merged;
-    s->step_chained += merged;
-    return LLMOPT_OK;
-}
-
-/* Whether node n (i) may run while products stay queued in the chain: linears (run_linear
- * flushes before any launch of its own) and nodes that launch nothing here (the views
- * and constants run_node passes over, an rms_norm inside the next product's prologue). */
-static bool chain_passes(const struct cuda_state *s, const struct ir_node *n, int32_t i) {
-    if (n->op == IR_OP_LINEAR || n->op == IR_OP_CONST || n->op == IR_OP_ROPE_FREQS) return true;
-    return (n->op == IR_OP_RMS_NORM || n->op == IR_OP_LAYER_NORM) && s->norm_into_matvec[i] &&
-           s->fuse[i].kind != FUSE_NORM_ROPE && s->fuse[i].kind != FUSE_ROPE_TABLE;
-}
-
 /* Everything one step puts on the stream (eagerly or into a graph). */
 static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
                                        struct llmopt_err *err) {
@@ -1835,26 +1773,20 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
     }
     s->prof_n_ev = 0;
     s->xh_node = -1;
-    s->chaining = s->chain && s->fused && b->n_tokens == 1;
-    if (s->chain) cu_matvec_chain_drop(s->chain); /* what an earlier step that failed left */
     if (s->profile) CU_TRY(cudaEventRecord(s->prof_ev[s->prof_n_ev++], s->stream));
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];
         if (n->constant || n->op == IR_OP_INPUT || n->op == IR_OP_PARAM || n->op == IR_OP_RESHAPE) continue;
         if ((s->fused ? s->fuse : s->pf_fuse)[i].kind == FUSE_SKIP) continue;
         s->prof_tag = NULL;
-        enum llmopt_status st = LLMOPT_OK;
-        if (s->chaining && !chain_passes(s, n, i) && (st = chain_flush(s, err))) return st;
-        if ((st = run_node(s, i, err))) return st;
+        enum llmopt_status st = run_node(s, i, err);
+        if (st) return st;
         if (s->profile) {
             s->prof_node_tag[s->prof_n_ev - 1] = s->prof_tag ? s->prof_tag : ir_op_name(n->op);
             CU_TRY(cudaEventRecord(s->prof_ev[s->prof_n_ev++], s->stream));
         }
     }
-    if (s->chaining) {
-        enum llmopt_status st = chain_flush(s, err);
-        if (st) return st;
-    }
+    (void)b;
     const struct ir_extent *eo = &s->extent[g->output];
     size_t out_bytes = (size_t)ir_extent_numel(eo) * 4;
     if (argmax) {
@@ -1890,7 +1822,6 @@ static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_b
 static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
                                       struct llmopt_err *err) {
     s->step_extra_kernels = 0;
-    s->step_chained = 0;
     if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, argmax, err);
     struct cuda_graph_entry *hit = NULL, *victim = &s->graphs[0];
     for (int k = 0; k < CUDA_GRAPH_CACHE; k++) {
@@ -1908,11 +1839,9 @@ static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_ba
         victim->m = b->n_out;
         victim->argmax = argmax;
         victim->extra_kernels = s->step_extra_kernels;
-        victim->chained = s->step_chained;
         hit = victim;
     }
     s->step_extra_kernels = hit->extra_kernels;
-    s->step_chained = hit->chained;
     hit->last_used = ++s->graph_clock;
     CU_TRY(cudaGraphLaunch(hit->exec, s->stream));
     return LLMOPT_OK;
@@ -2025,7 +1954,6 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
         else s->st_last_start = 0; /* the first step captured the graph: neither counted */
     }
     s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step) + s->step_extra_kernels;
-    s->stats.kernels_chained += (uint64_t)s->step_chained;
     s->stats.steps++;
     if (s->profile) profile_collect(s, b->n_tokens > CUDA_GRAPH_MAX_N ? 0 : 1);
     if (ids)
@@ -2069,7 +1997,6 @@ static void cuda_release(void *state) {
     free(s->prof_ev);
     free(s->prof_node_tag);
     drop_graphs(s);
-    cu_matvec_chain_free(s->chain);
     free_kv(s);
     for (int32_t k = 0; k < s->n_uploads; k++) cudaFree((void *)s->uploads[k].dev.data);
     cudaFree(s->arena);

@@ -125,39 +125,18 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
  * q4_K) or 2048 (q6_K), unaligned pointers). */
 cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv_seg *segs, int n_seg,
                              const struct cu_weight *up, bool q8_int8);
-/* Whether a one-row q8_0 product of row length K may take int8 x (the x mode allows it and
- * the row fits the 48 KiB the int8 kernels stage): cu_matvec_multi's rule for the staged kernel. */
-bool cu_matvec_q8_int8_ok(int64_t K);
-/* Chains of staged products (kernels_stream.cu): consecutive one-row products of a decode
- * step in one launch of the staged kernel. Job j's consumers wait (a grid-wide counter)
- * until every block has finished job j - 1, so a job may read any earlier job's result,
- * and the producers stream job j's weights through the ring meanwhile: no launch gap, no
- * drained ring, no ramp between them. cu_matvec_chain_add takes a product where
- * cu_matvec_stream would launch it (else cudaErrorNotSupported: nothing queued, and the
- * caller flushes before launching it its own way); a product of another weight class
- * (bf16, q8_0, K-quants), or one the chain's ring cannot hold, flushes first. Nothing
- * runs until cu_matvec_chain_flush, which must come before any other launch on the
- * stream. A chain of one launches as cu_matvec_stream would. */
-struct cu_mv_chain;
-extern "C" cudaError_t cu_matvec_chain_new(struct cu_mv_chain **out);
-extern "C" void cu_matvec_chain_free(struct cu_mv_chain *c);
-extern "C" cudaError_t cu_matvec_chain_add(struct cu_mv_chain *c, cudaStream_t st, const float *x,
-                                           const struct cu_mv_seg *segs, int n_seg, const struct cu_weight *up);
-extern "C" cudaError_t cu_matvec_chain_flush(struct cu_mv_chain *c, cudaStream_t st);
-extern "C" void cu_matvec_chain_drop(struct cu_mv_chain *c); /* forgets what is queued (after an error) */
-extern "C" int cu_matvec_chain_merged(struct cu_mv_chain *c); /* launches saved since the last call */
 extern "C" void cu_matvec_tma(int mode); /* 0 off, 1 on, else the default; C: tests/unit/test_cuda.c */
 /* The staged kernel's launch shape (kernel lab, tests; 0: the default; else, and unless
- * called, $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,row_copies
+ * called, $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,producers,row_copies
  * read once): rows a tile (1, 2, 4, 8; default the most that leave 4 stages), dynamic
  * shared memory a block in KiB (8..227; default 100), blocks an SM (1..4; default 2:
  * the best of the 8B q8_0 model A/B), the L2::evict_first hint on weight copies (1; default off), blocks
  * a launch at most (tests: many tiles a block; 0 no cap), how the ring's barriers are
  * waited on (0 try_wait, 1 test_wait spin, 2 try_wait with a suspend-time hint;
- * default 0), a bulk copy a row instead of one a tile (1; default off). One producer
- * thread fills the ring. */
+ * default 0), producer lanes (1, 2, 4; default 1), a bulk copy a row instead of one a
+ * tile (1; default off). */
 extern "C" void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first,
-                                   int max_blocks, int wait, int row_copies);
+                                   int max_blocks, int wait, int producers, int row_copies);
 /* The K-quant matvec behind cu_matvec (kernels_kquant.cu) with its knobs open for the
  * kernel lab: output rows per warp nr (0: the default; int8 mode on q4_K/q6_K: 1 or 2,
  * 4 taken as 2; otherwise 1, 2 or 4) and how x is read, xm: 0 f32 from global memory,
@@ -172,9 +151,6 @@ cudaError_t cu_matvec_kq(cudaStream_t st, const struct cu_weight *w, const float
  * SwiGLU pair's two weights share one): x quantized to int8 per group of 32 in shared
  * memory (after the rms_norm prologue when segs[0].ep.norm_w is set), dp4a products,
  * persistent warps. nr: output rows a warp for one x row (1 or 2; 0: the default). */
-/* Whether cu_matvec_kq_multi's one-row launches may take the staged kernel: no
- * cu_kq_tune launch shape set (lab, tests of the register kernel). */
-bool cu_kq_staged_ok(void);
 cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
                                const struct cu_weight *up, int nr);
 /* Whether a decode fusion (or the rms_norm prologue) may put this weight into

@@ -693,10 +693,6 @@ static cudaError_t km_launch_ep(cudaStream_t st, struct km_job &job, const float
                 : km_launch_rows<DT, false, false>(st, job, x, rows, nr);
 }
 
-bool cu_kq_staged_ok(void) {
-    return !km_nr && !km_pf && !km_bps_cap;
-}
-
 bool cu_kq_multi_ok(const struct cu_weight *w) {
     return km_type_ok(w->dtype) && w->cols > 0 && w->cols % 256 == 0 && w->rows >= 1 &&
            km_row_bytes(w->cols) <= KQ_XS_MAX_BYTES && kq_x_mode == KQ_X_Q8;
@@ -724,7 +720,7 @@ cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, co
     job.n_seg = n_seg;
     for (int k = 0; k < n_seg; k++) job.seg[k] = segs[k];
     if (up) job.up = *up;
-    if (rows == 1 && nr == 0 && cu_kq_staged_ok()) {
+    if (rows == 1 && nr == 0 && !km_nr && !km_pf && !km_bps_cap) {
         /* the staged kernel (kernels_stream.cu), where it is chosen and applies; not
          * under a cu_kq_tune launch shape (lab, tests of this kernel) */
         const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, true);

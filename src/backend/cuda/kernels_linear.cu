@@ -665,10 +665,6 @@ static void mv_launch(cudaStream_t st, const struct mv_job &job, const float *x,
         mv_launch_rows<DT, false, false>(st, job, x, rows);
 }
 
-bool cu_matvec_q8_int8_ok(int64_t K) {
-    return mv_x_mode_read() != MV_X_F32 && mv_xq_smem(K) <= (48 << 10);
-}
-
 cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
                             const struct cu_weight *up) {
     if (rows < 1 || rows > CU_MATVEC_MAX_ROWS || n_seg < 1 || n_seg > CU_MV_MAX_SEGS || (up && n_seg != 1))
@@ -692,7 +688,8 @@ cudaError_t cu_matvec_multi(cudaStream_t st, const float *x, int64_t rows, const
     }
     if (rows == 1) { /* the staged kernel (kernels_stream.cu), where it is chosen and applies */
         /* int8 x where the register kernel may take it (not forced f32, K fits 48 KiB) */
-        const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, cu_matvec_q8_int8_ok(segs[0].w.cols));
+        const bool q8_int8 = mv_x_mode_read() != MV_X_F32 && mv_xq_smem(segs[0].w.cols) <= (48 << 10);
+        const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, q8_int8);
         if (e != cudaErrorNotSupported) return e;
     }
     switch (segs[0].w.dtype) {

@@ -86,40 +86,19 @@ static __device__ __forceinline__ void ms_kq_row(const uint8_t *stg, uint32_t w_
     }
 }
 
-/* One launch's products (a job): its output rows cut into tiles of rs rows. */
 struct ms_job {
     struct cu_mv_seg seg[CU_MV_MAX_SEGS];
     int64_t t_end[CU_MV_MAX_SEGS]; /* tiles of segments 0..s, cumulative */
     int n_seg;
     struct cu_weight up;           /* data NULL: no pair */
-    const float *x;                /* (K) the row the job multiplies (before the rms_norm prologue) */
     int64_t n_tiles;
-    int rs;                        /* rows a tile (<= MS_MAX_RS) */
-};
-
-/* The ring of a launch, shared by the jobs of a chain: ring_bytes of shared memory that
- * tiles fill in order, each at the end of the one before or, where it would not fit
- * before the ring's end, at its start (ms_place), so jobs of different tile sizes use the
- * whole ring. Tile i has the barrier pair i % MS_MAX_STAGES (so at most that many tiles
- * are in flight). */
-struct ms_ring {
-    uint32_t ring_bytes;           /* a multiple of 128 */
+    int rs, n_stages;              /* rows a tile (<= MS_MAX_RS), stages of the ring */
+    uint32_t stage_bytes;          /* stage stride (a multiple of 128) */
     uint32_t ring_off;             /* the ring's offset in dynamic shared memory */
     int evict_first;               /* L2::evict_first hint on the weight copies */
     int wait;                      /* ms_wait's mode */
+    int producers;                 /* producer lanes (nst a multiple of it) */
     int row_copies;                /* a bulk copy a row instead of one a tile */
-};
-
-/* A chain: consecutive jobs of a decode step in one launch (cu_matvec_chain_*). Job j's
- * consumers start after every block has finished job j - 1 (a grid-wide counter in
- * sync[j - 1]); the producers stream job j's weights meanwhile. */
-#define MS_MAX_JOBS 6
-struct ms_chain {
-    struct ms_ring ring;
-    int n_jobs;
-    uint32_t *sync;                /* (n_jobs) counters, zero at launch; the last block out zeroes them */
-    int backoff_ns;                /* sleep between polls of a counter ($LLMOPT_CUDA_MV_CHAIN_SLEEP; 0: spin) */
-    struct ms_job job[MS_MAX_JOBS];
 };
 
 /* The start of the dynamic shared memory; x follows it, then the ring at ring_off. */
@@ -185,152 +164,106 @@ static __device__ __forceinline__ void ms_copy(void *dst, const void *src, uint3
                      : "memory");
 }
 /* float4 elements f0 + ct + u * MS_CT (u < MS_XB) of v[0..K) of consumer thread ct into
- * registers, all loads in flight (zeros past K / 4). x goes through L2 only (ld.global.cg):
- * in a chain it was written by other blocks of the same launch, which the non-coherent
- * read-only path must not see. */
+ * registers, all loads in flight (zeros past K / 4) */
 #define MS_XB 4
-template <bool CG>
 static __device__ __forceinline__ void ms_load_x(const float *__restrict__ v, int64_t f0, int64_t K,
                                                  float4 (&r)[MS_XB]) {
 #pragma unroll
     for (int u = 0; u < MS_XB; u++) {
         const int64_t f = f0 + threadIdx.x + u * MS_CT;
-        r[u] = f >= K / 4 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : CG ? __ldcg((const float4 *)v + f) : __ldg((const float4 *)v + f);
+        r[u] = f < K / 4 ? __ldg((const float4 *)v + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 static __device__ __forceinline__ void ms_consumer_sync(void) {
     asm volatile("bar.sync 1, %0;" ::"r"(MS_CT) : "memory");
 }
 
-/* Tiles of the job that this block takes: blockIdx.x, + gridDim.x, ... */
-static __device__ __forceinline__ int ms_block_tiles(const struct ms_job &job) {
-    return job.n_tiles > (int64_t)blockIdx.x ? (int)((job.n_tiles - 1 - (int64_t)blockIdx.x) / gridDim.x + 1) : 0;
-}
-
-/* Tile t of the job: segment si, first row j0, nr rows. */
-static __device__ __forceinline__ void ms_tile(const struct ms_job &job, int64_t t, int &si, int64_t &j0, int &nr) {
-    int64_t base = 0;
-    si = 0;
-    if (job.n_seg > 2 && t >= job.t_end[1]) {
-        si = 2;
-        base = job.t_end[1];
-    } else if (job.n_seg > 1 && t >= job.t_end[0]) {
-        si = 1;
-        base = job.t_end[0];
-    }
-    j0 = (t - base) * job.rs;
-    const int64_t left = job.seg[si].w.rows - j0;
-    nr = left < job.rs ? (int)left : job.rs;
-}
-
-/* Bytes of a tile in the ring: rs rows of the tile's segment type (both weights of a
- * pair), rounded up to 128. */
-template <int DT>
-static __device__ __forceinline__ uint32_t ms_tile_bytes(const struct ms_job &job, int si) {
-    const int dt = DT ? DT : job.seg[si].w.dtype;
-    const int64_t K = job.seg[0].w.cols;
-    const uint32_t b = (job.up.data ? 2u : 1u) * (uint32_t)job.rs * (ms_row_bytes(dt, K) + ms_sc_bytes(dt, K));
-    return (b + 127u) & ~127u;
-}
-
-/* The offset of the next tile of `bytes`: after the previous one (whose end is `end`), or
- * at the ring's start where it would not fit before its end. Producer and consumers walk
- * the same tiles in the same order, so they place them alike. */
-static __device__ __forceinline__ uint32_t ms_place(uint32_t &end, uint32_t bytes, uint32_t ring_bytes) {
-    const uint32_t off = end + bytes > ring_bytes ? 0u : end;
-    end = off + bytes;
-    return off;
-}
-
-/* The producer's view of the ring across the jobs of a launch: the next tile's index,
- * the end of the last one placed, the oldest tile not yet seen released, and where the
- * tiles in flight lie. */
-struct ms_prod {
-    int i, tail;
-    uint32_t end;
-    uint32_t off[MS_MAX_STAGES], bytes[MS_MAX_STAGES];
-};
-
-/* The producer thread of a block: fills the ring with the block's tiles of one job, in
- * order after every tile of the jobs before. Before a tile is copied, it waits for the
- * release of the oldest tiles in flight until its barrier pair is free and no tile in
- * flight overlaps its bytes (tiles are released in order, and the ring is filled in
- * order, so those are the oldest). Weights only, so it runs before the PDL wait and ahead
- * of the consumers' grid-wide waits. */
-template <int DT>
-static __device__ __forceinline__ void ms_produce(const struct ms_ring &R, const struct ms_job &job, struct ms_head *hd,
-                                                  uint8_t *ring, uint64_t policy, struct ms_prod &P) {
-    constexpr int S = MS_MAX_STAGES;
-    const int nb = ms_block_tiles(job);
-    const int64_t K = job.seg[0].w.cols;
-    const int NW = job.up.data ? 2 : 1;
-    const int dt0 = DT ? DT : job.seg[0].w.dtype; /* a pair's weights are of one type */
-    const uint32_t w_bytes = (uint32_t)job.rs * (ms_row_bytes(dt0, K) + ms_sc_bytes(dt0, K));
-    for (int m = 0; m < nb; m++, P.i++) {
-        const int64_t t = blockIdx.x + (int64_t)m * gridDim.x;
-        int si, nr;
-        int64_t j0;
-        ms_tile(job, t, si, j0, nr);
-        const uint32_t bytes = ms_tile_bytes<DT>(job, si);
-        const uint32_t off = ms_place(P.end, bytes, R.ring_bytes);
-        while (P.tail < P.i) {
-            bool busy = P.i - P.tail >= S;
-            for (int q = P.tail; q < P.i && !busy; q++)
-                busy = off < P.off[q % S] + P.bytes[q % S] && P.off[q % S] < off + bytes;
-            if (!busy) break;
-            ms_wait(&hd->empty[P.tail % S], (uint32_t)((P.tail / S) & 1), R.wait);
-            P.tail++;
-        }
-        const int s = P.i % S;
-        P.off[s] = off;
-        P.bytes[s] = bytes;
-        const int dt = DT ? DT : job.seg[si].w.dtype;
-        const uint32_t row_bytes = ms_row_bytes(dt, K), sc_bytes = ms_sc_bytes(dt, K);
-        uint8_t *stg = ring + off;
-        ms_expect_tx(&hd->full[s], NW * (uint32_t)nr * (row_bytes + sc_bytes));
-        /* the tile's rows in one copy (and its scales in another), or a copy a row */
-        const int pieces = R.row_copies ? nr : 1, prow = R.row_copies ? 1 : nr;
-        for (int w = 0; w < NW; w++) {
-            const struct cu_weight &wt = w ? job.up : job.seg[si].w;
-            uint8_t *dst = stg + (size_t)w * w_bytes;
-            for (int k = 0; k < pieces; k++) {
-                const int64_t r0 = j0 + (int64_t)k * prow;
-                ms_copy(dst + (size_t)k * prow * row_bytes, (const uint8_t *)wt.data + (size_t)r0 * row_bytes,
-                        (uint32_t)prow * row_bytes, &hd->full[s], policy, R.evict_first);
-                if (sc_bytes)
-                    ms_copy(dst + (size_t)job.rs * row_bytes + (size_t)k * prow * sc_bytes,
-                            (const uint8_t *)wt.scales + (size_t)r0 * sc_bytes, (uint32_t)prow * sc_bytes,
-                            &hd->full[s], policy, R.evict_first);
-            }
-        }
-    }
-}
-
-/* The consumer warps' part of one job, after x is ready in global memory: x (after the
- * rms_norm prologue with NORM) into shared memory, then the block's tiles k0, k0 + 1, ...
- * of the launch from the ring (end: where the warp's walk of the ring placed the last
- * tile, ms_place). Returns k0 plus the job's tiles of this block. CG: x is read through
- * L2 only (a chain's). */
-template <int DT, bool NORM, bool PAIR, bool CG>
-static __device__ __forceinline__ int ms_consume(const struct ms_ring &R, const struct ms_job &job, struct ms_head *hd,
-                                                 uint8_t *xs, uint8_t *ring, int k0, uint32_t &end) {
+/* DT: bf16, q8_0, q4_K, q6_K, or 0: K-quant segments of either type (the type is
+ * per segment, so uniform over a tile). The K-quant kernels are held to the registers
+ * of MS_BLOCKS_PER_SM blocks an SM (q6_K took 123 unbounded: one block an SM). */
+template <int DT, bool NORM, bool PAIR>
+__global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1 : MS_BLOCKS_PER_SM)
+    matvec_stream_kernel(const __grid_constant__ struct ms_job job, const float *__restrict__ x) {
     constexpr bool Q8 = DT == CU_Q8_0, KQ = DT == CU_Q4_K || DT == CU_Q6_K || DT == 0;
     constexpr int NW = PAIR ? 2 : 1; /* weights a tile streams */
+    extern __shared__ __align__(128) uint8_t ms_smem[];
+    struct ms_head *hd = (struct ms_head *)ms_smem;
+    uint8_t *xs = ms_smem + sizeof(struct ms_head);
+    uint8_t *ring = ms_smem + job.ring_off;
     const int64_t K = job.seg[0].w.cols;
-    const float *x = job.x;
+    /* a pair's weights are of one type (segment 0's), so w_bytes is fixed */
     const int dt0 = DT ? DT : job.seg[0].w.dtype;
     const uint32_t w_bytes = (uint32_t)job.rs * (ms_row_bytes(dt0, K) + ms_sc_bytes(dt0, K));
-    const int warp = threadIdx.x / CU_WARP, lane = threadIdx.x % CU_WARP;
+    const int nst = job.n_stages, warp = threadIdx.x / CU_WARP, lane = threadIdx.x % CU_WARP;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < nst; s++) {
+            ms_bar_init(&hd->full[s], 1);
+            ms_bar_init(&hd->empty[s], MS_CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    cu_pdl_trigger();
+    /* tile t: segment si, first row j0, nr rows */
+    auto tile = [&](int64_t t, int &si, int64_t &j0, int &nr) {
+        int64_t base = 0;
+        si = 0;
+        if (job.n_seg > 2 && t >= job.t_end[1]) {
+            si = 2;
+            base = job.t_end[1];
+        } else if (job.n_seg > 1 && t >= job.t_end[0]) {
+            si = 1;
+            base = job.t_end[0];
+        }
+        j0 = (t - base) * job.rs;
+        const int64_t left = job.seg[si].w.rows - j0;
+        nr = left < job.rs ? (int)left : job.rs;
+    };
+    if (warp == MS_CW) { /* the producers: weights only, so before the PDL wait */
+        if (lane >= job.producers) return; /* lane p fills the stages s % producers == p */
+        uint64_t policy = 0;
+        if (job.evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        int i = lane;
+        for (int64_t t = blockIdx.x + (int64_t)lane * gridDim.x; t < job.n_tiles;
+             t += (int64_t)job.producers * gridDim.x, i += job.producers) {
+            const int s = i % nst;
+            if (i >= nst) ms_wait(&hd->empty[s], (uint32_t)((i / nst - 1) & 1), job.wait);
+            int si, nr;
+            int64_t j0;
+            tile(t, si, j0, nr);
+            const int dt = DT ? DT : job.seg[si].w.dtype;
+            const uint32_t row_bytes = ms_row_bytes(dt, K), sc_bytes = ms_sc_bytes(dt, K);
+            uint8_t *stg = ring + (size_t)s * job.stage_bytes;
+            ms_expect_tx(&hd->full[s], NW * (uint32_t)nr * (row_bytes + sc_bytes));
+            /* the tile's rows in one copy (and its scales in another), or a copy a row */
+            const int pieces = job.row_copies ? nr : 1, prow = job.row_copies ? 1 : nr;
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const struct cu_weight &wt = w ? job.up : job.seg[si].w;
+                uint8_t *dst = stg + (size_t)w * w_bytes;
+                for (int k = 0; k < pieces; k++) {
+                    const int64_t r0 = j0 + (int64_t)k * prow;
+                    ms_copy(dst + (size_t)k * prow * row_bytes, (const uint8_t *)wt.data + (size_t)r0 * row_bytes,
+                            (uint32_t)prow * row_bytes, &hd->full[s], policy, job.evict_first);
+                    if (sc_bytes)
+                        ms_copy(dst + (size_t)job.rs * row_bytes + (size_t)k * prow * sc_bytes,
+                                (const uint8_t *)wt.scales + (size_t)r0 * sc_bytes, (uint32_t)prow * sc_bytes,
+                                &hd->full[s], policy, job.evict_first);
+                }
+            }
+        }
+        return;
+    }
+    /* the consumers: x (after the previous kernel) into shared memory */
+    cu_pdl_wait();
     const int ct = threadIdx.x;
-    const int nb = ms_block_tiles(job);
-    if (nb == 0) return k0; /* block-uniform: none of the job's tiles is this block's */
     const float *nw = job.seg[0].ep.norm_w;
     float sc = 1.0f;
     if constexpr (NORM) { /* mv_sumsq's operations and order (the same 256 threads) */
         float ss = 0.0f;
         for (int64_t f0 = 0; f0 < K / 4; f0 += MS_XB * MS_CT) {
             float4 v[MS_XB];
-            ms_load_x<CG>(x, f0, K, v);
+            ms_load_x(x, f0, K, v);
 #pragma unroll
             for (int u = 0; u < MS_XB; u++)
                 if (f0 + ct + u * MS_CT < K / 4) ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
@@ -341,8 +274,8 @@ static __device__ __forceinline__ int ms_consume(const struct ms_ring &R, const 
      * thread layout of mv_quantize_x_q8); K-quants by km_put_x4 */
     for (int64_t f0 = 0; f0 < K / 4; f0 += MS_XB * MS_CT) {
         float4 v[MS_XB], w[MS_XB];
-        ms_load_x<CG>(x, f0, K, v);
-        if constexpr (NORM) ms_load_x<false>(nw, f0, K, w);
+        ms_load_x(x, f0, K, v);
+        if constexpr (NORM) ms_load_x(nw, f0, K, w);
 #pragma unroll
         for (int u = 0; u < MS_XB; u++) {
             if (f0 + u * MS_CT >= K / 4) break; /* uniform: whole warps shuffle */
@@ -372,23 +305,21 @@ static __device__ __forceinline__ int ms_consume(const struct ms_ring &R, const 
         if constexpr (DT != CU_Q6_K) kl4 = km_lane_of<CU_Q4_K>(K, lane);
         if constexpr (DT != CU_Q4_K) kl6 = km_lane_of<CU_Q6_K>(K, lane);
     }
-    for (int m = 0; m < nb; m++) {
-        const int k = k0 + m;
-        const int64_t t = blockIdx.x + (int64_t)m * gridDim.x;
-        const int s = k % MS_MAX_STAGES;
-        const int r = warp - (k * rs) % MS_CW; /* this warp's row of the tile, if in [0, nr) */
+    int k = 0;
+    for (int64_t t = blockIdx.x; t < job.n_tiles; t += gridDim.x, k++) {
+        const int s = k % nst;
+        const int r = warp - (int)(((int64_t)k * rs) % MS_CW); /* this warp's row of the tile, if in [0, nr) */
         int si, nr;
         int64_t j0;
-        ms_tile(job, t, si, j0, nr);
-        const uint32_t off = ms_place(end, ms_tile_bytes<DT>(job, si), R.ring_bytes);
+        tile(t, si, j0, nr);
         const bool mine = r >= 0 && r < nr; /* warp-uniform */
         const struct cu_mv_seg &sg = job.seg[si];
         struct cu_mv_epi epi = {0.0f, 1.0f, 0.0f};
         if (mine && lane == 0) epi = cu_matvec_epi<PAIR>(j0 + r, 0, sg.w.rows, sg.ep); /* in flight during the dots */
-        ms_wait(&hd->full[s], (uint32_t)((k / MS_MAX_STAGES) & 1), R.wait);
+        ms_wait(&hd->full[s], (uint32_t)((k / nst) & 1), job.wait);
         float acc[NW] = {};
         if (mine) {
-            const uint8_t *stg = ring + off;
+            const uint8_t *stg = ring + (size_t)s * job.stage_bytes;
             if constexpr (KQ) {
                 if ((DT ? DT : sg.w.dtype) == CU_Q4_K)
                     ms_kq_row<CU_Q4_K, NW>(stg, w_bytes, r, rs, K, xs, kl4, lane, acc);
@@ -428,109 +359,6 @@ static __device__ __forceinline__ int ms_consume(const struct ms_ring &R, const 
         if (lane == 0) ms_arrive_relaxed(&hd->empty[s]); /* the stage is read: the producer may refill it */
         if (mine && lane == 0) cu_matvec_put<PAIR>(acc[0], PAIR ? acc[NW - 1] : 0.0f, epi, j0 + r, 0, sg.w.rows, 1, sg.y, sg.ep, sg.head_dim);
     }
-    return k0 + nb;
-}
-
-/* The barriers of the ring (one thread), then every thread of the block. */
-static __device__ __forceinline__ void ms_ring_init(struct ms_head *hd) {
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < MS_MAX_STAGES; s++) {
-            ms_bar_init(&hd->full[s], 1);
-            ms_bar_init(&hd->empty[s], MS_CW);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-}
-
-static __device__ __forceinline__ uint64_t ms_policy(const struct ms_ring &R) {
-    uint64_t policy = 0;
-    if (R.evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-
-/* DT: bf16, q8_0, q4_K, q6_K, or 0: K-quant segments of either type (the type is
- * per segment, so uniform over a tile). Held to the registers of MS_BLOCKS_PER_SM blocks
- * an SM: unbounded, q6_K took 123 and q8_0 108, and either ran one block an SM (q8_0:
- * the gate/up pair 28.1 -> 46.6 us in the lab, bench/results/cuda-chain-2026-12-01.md). */
-template <int DT, bool NORM, bool PAIR>
-__global__ void __launch_bounds__(MS_THREADS, MS_BLOCKS_PER_SM)
-    matvec_stream_kernel(const __grid_constant__ struct ms_ring R, const __grid_constant__ struct ms_job job) {
-    extern __shared__ __align__(128) uint8_t ms_smem[];
-    struct ms_head *hd = (struct ms_head *)ms_smem;
-    const int warp = threadIdx.x / CU_WARP, lane = threadIdx.x % CU_WARP;
-    ms_ring_init(hd);
-    cu_pdl_trigger();
-    if (warp == MS_CW) { /* the producer: weights only, so before the PDL wait */
-        if (lane == 0) {
-            struct ms_prod P = {};
-            ms_produce<DT>(R, job, hd, ms_smem + R.ring_off, ms_policy(R), P);
-        }
-        return;
-    }
-    cu_pdl_wait(); /* x and the epilogue's operands are the kernels' before */
-    uint32_t end = 0;
-    ms_consume<DT, NORM, PAIR, false>(R, job, hd, ms_smem + sizeof(struct ms_head), ms_smem + R.ring_off, 0, end);
-}
-
-/* Thread 0 of the consumers, between two jobs of a chain: the block's results of the job
- * are stored (the consumer barrier before this), made visible at device scope, and
- * counted; then it waits until every block of the grid has counted, and the barrier after
- * this lets the others read what they stored (the acquire). Every block of the launch is
- * resident at once (cu_matvec_chain_flush sizes the grid by the occupancy), so the wait
- * ends. */
-static __device__ __forceinline__ void ms_grid_sync(uint32_t *counter, int backoff_ns) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-    uint32_t seen;
-    for (;;) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-        if (seen >= gridDim.x) break;
-        if (backoff_ns) __nanosleep(backoff_ns);
-    }
-    __threadfence();
-}
-
-/* Held to the registers of two blocks an SM (mixed K-quants took 117 unbounded), the
- * residency its grid is sized by. */
-template <int DT>
-__global__ void __launch_bounds__(MS_THREADS, MS_BLOCKS_PER_SM) matvec_chain_kernel(const __grid_constant__ struct ms_chain c) {
-    extern __shared__ __align__(128) uint8_t ms_smem[];
-    struct ms_head *hd = (struct ms_head *)ms_smem;
-    uint8_t *xs = ms_smem + sizeof(struct ms_head), *ring = ms_smem + c.ring.ring_off;
-    const int warp = threadIdx.x / CU_WARP, lane = threadIdx.x % CU_WARP;
-    ms_ring_init(hd);
-    cu_pdl_trigger();
-    if (warp == MS_CW) { /* weights of every job in order, as far ahead as the ring lets them */
-        if (lane != 0) return;
-        const uint64_t policy = ms_policy(c.ring);
-        struct ms_prod P = {};
-        for (int j = 0; j < c.n_jobs; j++) ms_produce<DT>(c.ring, c.job[j], hd, ring, policy, P);
-        return;
-    }
-    cu_pdl_wait(); /* the first job's x and every operand from before the launch */
-    int k = 0;
-    uint32_t end = 0;
-    for (int j = 0; j < c.n_jobs; j++) {
-        if (j > 0) { /* job j's x (and residual) are earlier jobs' results, from every block */
-            ms_consumer_sync();
-            if (threadIdx.x == 0) ms_grid_sync(&c.sync[j - 1], c.backoff_ns);
-            ms_consumer_sync();
-        }
-        const struct ms_job &job = c.job[j];
-        const bool norm = job.seg[0].ep.norm_w != NULL, pair = job.up.data != NULL;
-        if (norm && pair) k = ms_consume<DT, true, true, true>(c.ring, job, hd, xs, ring, k, end);
-        else if (pair) k = ms_consume<DT, false, true, true>(c.ring, job, hd, xs, ring, k, end);
-        else if (norm) k = ms_consume<DT, true, false, true>(c.ring, job, hd, xs, ring, k, end);
-        else k = ms_consume<DT, false, false, true>(c.ring, job, hd, xs, ring, k, end);
-    }
-    /* the last block out zeroes the counters for the next launch that uses them */
-    ms_consumer_sync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(&c.sync[c.n_jobs - 1], 1u) == gridDim.x - 1)
-            for (int j = 0; j < c.n_jobs; j++) atomicExch(&c.sync[j], 0u);
-    }
 }
 
 /* ---- launch ----------------------------------------------------------------------- */
@@ -538,7 +366,7 @@ __global__ void __launch_bounds__(MS_THREADS, MS_BLOCKS_PER_SM) matvec_chain_ker
 static int ms_mode = -2; /* -2: $LLMOPT_CUDA_MV_TMA not read yet; -1 the default */
 static struct {
     bool set; /* by cu_matvec_tma_tune, or $LLMOPT_CUDA_MV_TMA_TUNE read */
-    int rs, smem_kb, blocks_per_sm, evict_first, max_blocks, wait, row_copies;
+    int rs, smem_kb, blocks_per_sm, evict_first, max_blocks, wait, producers, row_copies;
 } ms_tune;
 
 extern "C" void cu_matvec_tma(int mode) {
@@ -546,7 +374,7 @@ extern "C" void cu_matvec_tma(int mode) {
 }
 
 extern "C" void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_per_sm, int evict_first, int max_blocks,
-                                   int wait, int row_copies) {
+                                   int wait, int producers, int row_copies) {
     ms_tune.set = true;
     ms_tune.rs = rows_per_tile == 1 || rows_per_tile == 2 || rows_per_tile == 4 || rows_per_tile == 8 ? rows_per_tile : 0;
     ms_tune.smem_kb = smem_kb >= 8 && smem_kb <= (MS_SMEM_MAX >> 10) ? smem_kb : 0;
@@ -554,21 +382,22 @@ extern "C" void cu_matvec_tma_tune(int rows_per_tile, int smem_kb, int blocks_pe
     ms_tune.evict_first = evict_first == 1;
     ms_tune.max_blocks = max_blocks > 0 ? max_blocks : 0;
     ms_tune.wait = wait >= 0 && wait <= 2 ? wait : 0;
+    ms_tune.producers = producers == 2 || producers == 4 ? producers : 1;
     ms_tune.row_copies = row_copies == 1;
 }
 
-/* $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,row_copies (model A/B;
+/* $LLMOPT_CUDA_MV_TMA_TUNE=rs,smem_kb,blocks_per_sm,wait,producers,row_copies (model A/B;
  * read once, unless cu_matvec_tma_tune came first) */
 static void ms_tune_read(void) {
     if (ms_tune.set) return;
-    int v[5] = {0, 0, 0, -1, 0};
+    int v[6] = {0, 0, 0, -1, 1, 0};
     const char *e = getenv("LLMOPT_CUDA_MV_TMA_TUNE");
-    for (int k = 0; e && *e && k < 5; k++) {
+    for (int k = 0; e && *e && k < 6; k++) {
         v[k] = atoi(e);
         e = strchr(e, ',');
         if (e) e++;
     }
-    cu_matvec_tma_tune(v[0], v[1], v[2], -1, 0, v[3], v[4]);
+    cu_matvec_tma_tune(v[0], v[1], v[2], -1, 0, v[3], v[4], v[5]);
 }
 
 /* Whether a one-row matvec of this weight type (segment 0's), row length K and `streamed`
@@ -598,21 +427,32 @@ static bool ms_aligned(const void *p) {
     return ((uintptr_t)p % 16) == 0;
 }
 
-/* What the ring needs of a job: bytes of x in shared memory, bytes of one tile row (both
- * halves of a pair), and the stages it wants at least (rows a tile are then the most,
- * <= 8, that leave them: 4, K-quant rows of <= 4096 2). */
-struct ms_need {
-    size_t x_bytes, unit;
-    int min_stages;
-    int cls;                       /* CU_BF16, CU_Q8_0, or CU_Q4_K for every K-quant */
-    int kdt;                       /* K-quants: the one type of every weight, or 0 (q4_K and q6_K mixed) */
-};
+template <int DT, bool NORM, bool PAIR>
+static cudaError_t ms_launch(cudaStream_t st, const struct ms_job &job, const float *x, unsigned grid, size_t smem) {
+    auto kern = matvec_stream_kernel<DT, NORM, PAIR>;
+    static bool attr = false;
+    if (!attr) {
+        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MS_SMEM_MAX);
+        if (e != cudaSuccess) return e;
+        attr = true;
+    }
+    return cu_launch_pdl(kern, dim3(grid), dim3(MS_THREADS), smem, st, job, x);
+}
 
-/* Checks a one-row launch for the staged kernel and fills its job (all but rs and
- * n_tiles); false: not chosen or not supported, nothing launched. */
-static bool ms_job_of(const float *x, const struct cu_mv_seg *segs, int n_seg, const struct cu_weight *up,
-                      bool q8_int8, struct ms_job *job, struct ms_need *need) {
-    ms_tune_read();
+template <int DT>
+static cudaError_t ms_launch_dt(cudaStream_t st, const struct ms_job &job, const float *x, unsigned grid,
+                                size_t smem) {
+    const bool norm = job.seg[0].ep.norm_w != NULL, pair = job.up.data != NULL;
+    if constexpr (DT != 0) { /* (mixed segment types are never a pair) */
+        if (norm && pair) return ms_launch<DT, true, true>(st, job, x, grid, smem);
+        if (pair) return ms_launch<DT, false, true>(st, job, x, grid, smem);
+    }
+    if (norm) return ms_launch<DT, true, false>(st, job, x, grid, smem);
+    return ms_launch<DT, false, false>(st, job, x, grid, smem);
+}
+
+cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv_seg *segs, int n_seg,
+                             const struct cu_weight *up, bool q8_int8) {
     const int dt = segs[0].w.dtype;
     const int64_t K = segs[0].w.cols;
     const bool kq = km_type_ok(dt);
@@ -620,13 +460,13 @@ static bool ms_job_of(const float *x, const struct cu_mv_seg *segs, int n_seg, c
      * 16-byte runs of super-block scales (K % 2048) */
     if (n_seg < 1 || n_seg > CU_MV_MAX_SEGS || !(dt == CU_BF16 || (dt == CU_Q8_0 && q8_int8) || kq) ||
         K % (dt == CU_BF16 ? 8 : 256) || !ms_aligned(x) || (segs[0].ep.norm_w && !ms_aligned(segs[0].ep.norm_w)))
-        return false;
+        return cudaErrorNotSupported;
     int64_t streamed = up ? 2 * up->rows : 0; /* weight rows the launch streams */
     for (int k = 0; k < n_seg; k++) streamed += up ? 0 : segs[k].w.rows;
-    if (!ms_chosen(dt, K, streamed, q8_int8)) return false;
-    memset(job, 0, sizeof *job);
-    job->n_seg = n_seg;
-    job->x = x;
+    if (!ms_chosen(dt, K, streamed, q8_int8)) return cudaErrorNotSupported;
+    struct ms_job job;
+    memset(&job, 0, sizeof job);
+    job.n_seg = n_seg;
     size_t row_max = 0; /* bytes of the largest weight row and its scales (segment types may differ: q4_K, q6_K) */
     bool mixed = false;
     for (int k = 0; k < n_seg; k++) {
@@ -634,261 +474,57 @@ static bool ms_job_of(const float *x, const struct cu_mv_seg *segs, int n_seg, c
         const bool same = w.dtype == dt || (kq && km_type_ok(w.dtype));
         if (!same || w.cols != K || w.rows < 1 || !ms_aligned(w.data) || (ms_sc_bytes(w.dtype, K) && !ms_aligned(w.scales)) ||
             (w.dtype == CU_Q6_K && K % 2048))
-            return false;
+            return cudaErrorNotSupported;
         mixed = mixed || w.dtype != dt;
         row_max = std::max(row_max, (size_t)ms_row_bytes(w.dtype, K) + ms_sc_bytes(w.dtype, K));
-        job->seg[k] = segs[k];
+        job.seg[k] = segs[k];
     }
     if (up) {
-        if (up->dtype != dt || !ms_aligned(up->data) || (ms_sc_bytes(dt, K) && !ms_aligned(up->scales))) return false;
-        job->up = *up;
+        if (up->dtype != dt || !ms_aligned(up->data) || (ms_sc_bytes(dt, K) && !ms_aligned(up->scales)))
+            return cudaErrorNotSupported;
+        job.up = *up;
     }
-    need->unit = row_max * (up ? 2 : 1);
-    need->x_bytes = dt == CU_Q8_0 ? mv_xq_smem(K) : kq ? km_row_bytes(K) : 4 * (size_t)K;
-    need->min_stages = ms_tune.rs || (kq && K <= 4096) ? 2 : 4;
-    need->cls = kq ? CU_Q4_K : dt;
-    need->kdt = kq && !mixed ? dt : 0;
-    return true;
-}
-
-static size_t ms_round(size_t b) {
-    return (b + 127) & ~(size_t)127;
-}
-
-/* One ring for jobs[0..n): x's room is the largest job's, the ring the rest of the
- * shared-memory budget. Each job's tiles take the most rows (<= 8) that leave it its
- * stages in that ring (ms_need.min_stages), as a launch of its own would. Alone, the ring
- * is cut to a whole number of those tiles (at most MS_MAX_STAGES), as the fixed stages
- * measured for one launch were; a chain keeps it whole, so jobs of other tile sizes fill
- * it too. Fills R and each job's rs and tiles; false when two of some job's one-row tiles
- * do not fit. */
-static bool ms_shape(struct ms_job *jobs, const struct ms_need *need, int n, struct ms_ring *R, size_t *smem) {
+    const size_t unit = row_max * (up ? 2 : 1); /* stage bytes of one tile row */
+    const size_t x_bytes = dt == CU_Q8_0 ? mv_xq_smem(K) : kq ? km_row_bytes(K) : 4 * (size_t)K;
+    const size_t ring_off = (sizeof(struct ms_head) + x_bytes + 127) & ~(size_t)127;
+    if (ring_off + 2 * ((unit + 127) & ~(size_t)127) > MS_SMEM_MAX) return cudaErrorNotSupported;
     ms_tune_read();
-    size_t x_bytes = 0, unit_max = 0;
-    for (int j = 0; j < n; j++) {
-        x_bytes = std::max(x_bytes, need[j].x_bytes);
-        unit_max = std::max(unit_max, need[j].unit);
-    }
-    const size_t ring_off = ms_round(sizeof(struct ms_head) + x_bytes);
-    if (ring_off + 2 * ms_round(unit_max) > MS_SMEM_MAX) return false;
     size_t budget = ms_tune.smem_kb ? (size_t)ms_tune.smem_kb << 10 : MS_SMEM_DEFAULT;
     if (budget > MS_SMEM_MAX) budget = MS_SMEM_MAX;
-    size_t ring = budget > ring_off + 2 * ms_round(unit_max) ? budget - ring_off : 2 * ms_round(unit_max);
-    ring &= ~(size_t)127;
-    for (int j = 0; j < n; j++) {
-        int rs = ms_tune.rs ? ms_tune.rs : MS_MAX_RS;
-        while (rs > 1 && need[j].min_stages * ms_round(rs * need[j].unit) > ring) rs /= 2;
-        jobs[j].rs = rs;
-        jobs[j].n_tiles = 0;
-        for (int k = 0; k < jobs[j].n_seg; k++) {
-            jobs[j].n_tiles += (jobs[j].seg[k].w.rows + rs - 1) / rs;
-            jobs[j].t_end[k] = jobs[j].n_tiles;
-        }
+    const size_t ring = budget > ring_off + 2 * ((unit + 127) & ~(size_t)127) ? budget - ring_off
+                                                                               : 2 * ((unit + 127) & ~(size_t)127);
+    /* rows a tile: the most (<= 8) that leave 4 stages in the ring (K-quant rows of <=
+     * 4096: 2 stages), at least 2 */
+    int rs = ms_tune.rs ? ms_tune.rs : MS_MAX_RS;
+    const int min_stages = ms_tune.rs || (kq && K <= 4096) ? 2 : 4;
+    while (rs > 1 && min_stages * ((rs * unit + 127) & ~(size_t)127) > ring) rs /= 2;
+    const size_t stage = (rs * unit + 127) & ~(size_t)127;
+    int nst = (int)(ring / stage);
+    if (nst > MS_MAX_STAGES) nst = MS_MAX_STAGES;
+    int producers = ms_tune.producers;
+    while (producers > nst) producers /= 2;
+    nst -= nst % producers; /* each producer lane its own stages */
+    job.rs = rs;
+    job.n_stages = nst;
+    job.stage_bytes = (uint32_t)stage;
+    job.ring_off = (uint32_t)ring_off;
+    job.evict_first = ms_tune.evict_first;
+    job.wait = ms_tune.wait;
+    job.producers = producers;
+    job.row_copies = ms_tune.row_copies;
+    for (int k = 0; k < n_seg; k++) {
+        job.n_tiles += (segs[k].w.rows + rs - 1) / rs;
+        job.t_end[k] = job.n_tiles;
     }
-    if (n == 1) {
-        const size_t stage = ms_round(jobs[0].rs * need[0].unit);
-        ring = std::min(ring / stage, (size_t)MS_MAX_STAGES) * stage;
-    }
-    memset(R, 0, sizeof *R);
-    R->ring_bytes = (uint32_t)ring;
-    R->ring_off = (uint32_t)ring_off;
-    R->evict_first = ms_tune.evict_first;
-    R->wait = ms_tune.wait;
-    R->row_copies = ms_tune.row_copies;
-    *smem = ring_off + ring;
-    return true;
-}
-
-/* Blocks a launch: MS_BLOCKS_PER_SM (or the tune's) an SM, at most the tune's cap */
-static int64_t ms_grid_cap(void) {
     int64_t cap = (int64_t)(ms_tune.blocks_per_sm ? ms_tune.blocks_per_sm : MS_BLOCKS_PER_SM) * cu_sm_count();
     if (ms_tune.max_blocks && ms_tune.max_blocks < cap) cap = ms_tune.max_blocks;
-    return cap;
-}
-
-template <typename F> static cudaError_t ms_smem_attr(F kern, bool &done) {
-    if (done) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MS_SMEM_MAX);
-    done = e == cudaSuccess;
-    return e;
-}
-
-template <int DT, bool NORM, bool PAIR>
-static cudaError_t ms_launch(cudaStream_t st, const struct ms_ring &R, const struct ms_job &job, unsigned grid,
-                             size_t smem) {
-    auto kern = matvec_stream_kernel<DT, NORM, PAIR>;
-    static bool attr = false;
-    const cudaError_t e = ms_smem_attr(kern, attr);
-    if (e != cudaSuccess) return e;
-    return cu_launch_pdl(kern, dim3(grid), dim3(MS_THREADS), smem, st, R, job);
-}
-
-template <int DT>
-static cudaError_t ms_launch_dt(cudaStream_t st, const struct ms_ring &R, const struct ms_job &job, unsigned grid,
-                                size_t smem) {
-    const bool norm = job.seg[0].ep.norm_w != NULL, pair = job.up.data != NULL;
-    if constexpr (DT != 0) { /* (mixed segment types are never a pair) */
-        if (norm && pair) return ms_launch<DT, true, true>(st, R, job, grid, smem);
-        if (pair) return ms_launch<DT, false, true>(st, R, job, grid, smem);
-    }
-    if (norm) return ms_launch<DT, true, false>(st, R, job, grid, smem);
-    return ms_launch<DT, false, false>(st, R, job, grid, smem);
-}
-
-/* One job in its own launch (cu_matvec_stream, and a chain of one). */
-static cudaError_t ms_launch_one(cudaStream_t st, struct ms_job &job, const struct ms_need &need) {
-    struct ms_ring R;
-    size_t smem;
-    if (!ms_shape(&job, &need, 1, &R, &smem)) return cudaErrorNotSupported;
-    const int64_t cap = ms_grid_cap();
     const unsigned grid = (unsigned)(job.n_tiles < cap ? job.n_tiles : cap);
-    switch (need.cls == CU_Q4_K ? need.kdt : need.cls) {
-    case CU_Q8_0: return ms_launch_dt<CU_Q8_0>(st, R, job, grid, smem);
-    case CU_Q4_K: return ms_launch_dt<CU_Q4_K>(st, R, job, grid, smem);
-    case CU_Q6_K: return ms_launch_dt<CU_Q6_K>(st, R, job, grid, smem);
-    case 0: return ms_launch_dt<0>(st, R, job, grid, smem);
-    default: return ms_launch_dt<CU_BF16>(st, R, job, grid, smem);
+    const size_t smem = ring_off + (size_t)nst * stage;
+    if (mixed) return ms_launch_dt<0>(st, job, x, grid, smem);
+    switch (dt) {
+    case CU_Q8_0: return ms_launch_dt<CU_Q8_0>(st, job, x, grid, smem);
+    case CU_Q4_K: return ms_launch_dt<CU_Q4_K>(st, job, x, grid, smem);
+    case CU_Q6_K: return ms_launch_dt<CU_Q6_K>(st, job, x, grid, smem);
+    default: return ms_launch_dt<CU_BF16>(st, job, x, grid, smem);
     }
-}
-
-cudaError_t cu_matvec_stream(cudaStream_t st, const float *x, const struct cu_mv_seg *segs, int n_seg,
-                             const struct cu_weight *up, bool q8_int8) {
-    struct ms_job job;
-    struct ms_need need;
-    if (!ms_job_of(x, segs, n_seg, up, q8_int8, &job, &need)) return cudaErrorNotSupported;
-    return ms_launch_one(st, job, need);
-}
-
-/* ---- chains ----------------------------------------------------------------------- */
-
-#define MS_SYNC_SLOTS 64 /* counter sets, taken in turn by the launches */
-
-struct cu_mv_chain {
-    struct ms_chain c;             /* the pending jobs: c.job[0..c.n_jobs) */
-    struct ms_need need[MS_MAX_JOBS];
-    uint32_t *sync;                /* (MS_SYNC_SLOTS * MS_MAX_JOBS) device counters */
-    int slot;
-    int merged;                    /* launches saved since cu_matvec_chain_merged */
-};
-
-extern "C" cudaError_t cu_matvec_chain_new(struct cu_mv_chain **out) {
-    *out = NULL;
-    struct cu_mv_chain *c = (struct cu_mv_chain *)calloc(1, sizeof *c);
-    if (!c) return cudaErrorMemoryAllocation;
-    const size_t bytes = (size_t)MS_SYNC_SLOTS * MS_MAX_JOBS * sizeof(uint32_t);
-    cudaError_t e = cudaMalloc((void **)&c->sync, bytes);
-    if (e == cudaSuccess) e = cudaMemset(c->sync, 0, bytes);
-    if (e != cudaSuccess) {
-        if (c->sync) cudaFree(c->sync);
-        free(c);
-        return e;
-    }
-    *out = c;
-    return cudaSuccess;
-}
-
-extern "C" void cu_matvec_chain_free(struct cu_mv_chain *c) {
-    if (!c) return;
-    cudaFree(c->sync);
-    free(c);
-}
-
-extern "C" void cu_matvec_chain_drop(struct cu_mv_chain *c) {
-    c->c.n_jobs = 0;
-}
-
-extern "C" int cu_matvec_chain_merged(struct cu_mv_chain *c) {
-    const int m = c->merged;
-    c->merged = 0;
-    return m;
-}
-
-template <int DT>
-static cudaError_t ms_chain_launch(cudaStream_t st, const struct ms_chain &ch, size_t smem, int64_t max_tiles) {
-    auto kern = matvec_chain_kernel<DT>;
-    static bool attr = false;
-    static size_t occ_smem = 0;
-    static int occ = 0;
-    cudaError_t e = ms_smem_attr(kern, attr);
-    if (e != cudaSuccess) return e;
-    if (occ_smem != smem) { /* every block must be resident at once: the jobs wait on each other */
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, MS_THREADS, smem);
-        if (e != cudaSuccess) return e;
-        occ_smem = smem;
-    }
-    if (occ < 1) return cudaErrorNotSupported;
-    int64_t grid = ms_grid_cap();
-    if (grid > (int64_t)occ * cu_sm_count()) grid = (int64_t)occ * cu_sm_count();
-    if (grid > max_tiles) grid = max_tiles;
-    return cu_launch_pdl(kern, dim3((unsigned)grid), dim3(MS_THREADS), smem, st, ch);
-}
-
-extern "C" cudaError_t cu_matvec_chain_flush(struct cu_mv_chain *c, cudaStream_t st) {
-    struct ms_chain &ch = c->c;
-    const int n = ch.n_jobs;
-    ch.n_jobs = 0;
-    if (n == 0) return cudaSuccess;
-    if (n == 1) return ms_launch_one(st, ch.job[0], c->need[0]);
-    size_t smem;
-    if (!ms_shape(ch.job, c->need, n, &ch.ring, &smem)) return cudaErrorInvalidValue; /* checked by the adds */
-    ch.n_jobs = n;
-    ch.sync = c->sync + (size_t)c->slot * MS_MAX_JOBS;
-    const char *e_sl = getenv("LLMOPT_CUDA_MV_CHAIN_SLEEP");
-    ch.backoff_ns = e_sl ? atoi(e_sl) : 0;
-    c->slot = (c->slot + 1) % MS_SYNC_SLOTS;
-    int64_t max_tiles = 0;
-    int kdt = c->need[0].kdt;
-    for (int j = 0; j < n; j++) {
-        max_tiles = std::max(max_tiles, ch.job[j].n_tiles);
-        if (c->need[j].kdt != kdt) kdt = 0;
-    }
-    cudaError_t e;
-    switch (c->need[0].cls == CU_Q4_K ? kdt : c->need[0].cls) {
-    case CU_Q8_0: e = ms_chain_launch<CU_Q8_0>(st, ch, smem, max_tiles); break;
-    case CU_Q4_K: e = ms_chain_launch<CU_Q4_K>(st, ch, smem, max_tiles); break;
-    case CU_Q6_K: e = ms_chain_launch<CU_Q6_K>(st, ch, smem, max_tiles); break;
-    case 0: e = ms_chain_launch<0>(st, ch, smem, max_tiles); break;
-    default: e = ms_chain_launch<CU_BF16>(st, ch, smem, max_tiles); break;
-    }
-    ch.n_jobs = 0;
-    if (e == cudaErrorNotSupported) { /* no block fits: each job alone */
-        for (int j = 0; j < n; j++)
-            if ((e = ms_launch_one(st, ch.job[j], c->need[j])) != cudaSuccess) return e;
-        return cudaSuccess;
-    }
-    if (e == cudaSuccess) c->merged += n - 1;
-    return e;
-}
-
-extern "C" cudaError_t cu_matvec_chain_add(struct cu_mv_chain *c, cudaStream_t st, const float *x,
-                                           const struct cu_mv_seg *segs, int n_seg, const struct cu_weight *up) {
-    struct ms_job job;
-    struct ms_need need;
-    /* K-quants where cu_matvec / cu_matvec_kq_multi would take the staged kernel */
-    if ((km_type_ok(segs[0].w.dtype) && !(cu_kq_staged_ok() && cu_kq_multi_ok(&segs[0].w))) ||
-        !ms_job_of(x, segs, n_seg, up, cu_matvec_q8_int8_ok(segs[0].w.cols), &job, &need))
-        return cudaErrorNotSupported;
-    struct ms_chain &ch = c->c;
-    const char *e_mj = getenv("LLMOPT_CUDA_MV_CHAIN_JOBS");
-    const int max_jobs = e_mj && atoi(e_mj) >= 1 && atoi(e_mj) <= MS_MAX_JOBS ? atoi(e_mj) : MS_MAX_JOBS;
-    bool fits = ch.n_jobs < max_jobs && (ch.n_jobs == 0 || need.cls == c->need[0].cls);
-    if (fits && ch.n_jobs > 0) { /* the chain's ring must still hold two stages of every job */
-        struct ms_job jobs[MS_MAX_JOBS];
-        struct ms_need needs[MS_MAX_JOBS];
-        struct ms_ring R;
-        size_t smem;
-        memcpy(jobs, ch.job, (size_t)ch.n_jobs * sizeof jobs[0]);
-        memcpy(needs, c->need, (size_t)ch.n_jobs * sizeof needs[0]);
-        jobs[ch.n_jobs] = job;
-        needs[ch.n_jobs] = need;
-        fits = ms_shape(jobs, needs, ch.n_jobs + 1, &R, &smem);
-    }
-    if (!fits) {
-        const cudaError_t e = cu_matvec_chain_flush(c, st);
-        if (e != cudaSuccess) return e;
-    }
-    ch.job[ch.n_jobs] = job;
-    c->need[ch.n_jobs] = need;
-    ch.n_jobs++;
-    return cudaSuccess;
 }
