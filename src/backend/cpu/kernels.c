@@ -129,12 +129,17 @@ static bool has_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t) {
  * (stories260K F32, bench_batch_decode at batch 1: 22-25 against 37-45 us a token).
  * Block-quantized weights keep min_rows: their GEMM sums the blocks in another order,
  * which flipped a near tie in stories260K-Q8_0's greedy story (tests/cli/
- * test_stories.sh wants its first 100 ids equal to F32's, issue 7). */
+ * test_stories.sh wants its first 100 ids equal to F32's, issue 7). The tiles, one
+ * 4-row pass after another over weights still in L1, beat the GEMM and its per-panel
+ * unpack through 8 rows for every block type, and through 16 for q4_K and q6_K (2 threads
+ * on the EPYC host, bench/results/cpu-kquant-crossover-epyc-2026-12-01.md); q5_K's tiles
+ * already lose at 9. */
 static bool use_gemm(const struct cpu_isa_kernels *kern, enum ir_dtype t, int64_t rows, bool packed) {
-    int min_rows = cpu_gemm_min_rows > 0       ? cpu_gemm_min_rows
-                   : weight_quantized(t) ? 2 * CPU_TILE_R + 1
-                   : packed              ? 1
-                                         : 24;
+    int min_rows = cpu_gemm_min_rows > 0                     ? cpu_gemm_min_rows
+                   : t == IR_DTYPE_Q4_K || t == IR_DTYPE_Q6_K ? 4 * CPU_TILE_R + 1
+                   : weight_quantized(t)                     ? 2 * CPU_TILE_R + 1
+                   : packed                                  ? 1
+                                                             : 24;
     return has_gemm(kern, t) && rows >= min_rows;
 }
 
