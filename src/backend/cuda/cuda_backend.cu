@@ -32,6 +32,55 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef LLMOPT_CUDA_TRACE
+#include "backend/cuda/cuda_device.cuh"
+#include <stdio.h>
+/* Diagnostic builds: LLMOPT_CUDA_TRACE_STEP=N writes the per-block records
+ * (cuda_device.cuh) of the N-th one-token step to $LLMOPT_CUDA_TRACE_OUT. */
+extern "C" void cu_trace_tu_linear(void *, void *);
+extern "C" void cu_trace_tu_kquant(void *, void *);
+extern "C" void cu_trace_tu_stream(void *, void *);
+extern "C" void cu_trace_tu_attention(void *, void *);
+extern "C" void cu_trace_tu_misc(void *, void *);
+static struct {
+    struct cu_trace_rec *buf;
+    unsigned *cnt;
+    long at, step;
+    const char *out;
+} g_trace;
+static void trace_init(void) {
+    const char *e = getenv("LLMOPT_CUDA_TRACE_STEP");
+    if (!e || g_trace.buf) return;
+    g_trace.at = atol(e);
+    g_trace.out = getenv("LLMOPT_CUDA_TRACE_OUT") ? getenv("LLMOPT_CUDA_TRACE_OUT") : "cuda_trace.txt";
+    cudaMalloc(&g_trace.buf, CU_TRACE_MAX * sizeof(struct cu_trace_rec));
+    cudaMalloc(&g_trace.cnt, 4);
+    cudaMemset(g_trace.cnt, 0, 4);
+    void (*tu[])(void *, void *) = {cu_trace_tu_linear, cu_trace_tu_kquant, cu_trace_tu_stream, cu_trace_tu_attention,
+                                    cu_trace_tu_misc};
+    for (auto f : tu) f(g_trace.buf, g_trace.cnt);
+}
+static bool trace_before(cudaStream_t st, int n_tokens) {
+    if (!g_trace.buf || n_tokens != 1 || ++g_trace.step != g_trace.at) return false;
+    cudaMemsetAsync(g_trace.cnt, 0, 4, st);
+    return true;
+}
+static void trace_after(void) {
+    unsigned n = 0;
+    cudaMemcpy(&n, g_trace.cnt, 4, cudaMemcpyDeviceToHost);
+    if (n > CU_TRACE_MAX) n = CU_TRACE_MAX;
+    struct cu_trace_rec *h = (struct cu_trace_rec *)malloc((size_t)n * sizeof *h);
+    cudaMemcpy(h, g_trace.buf, (size_t)n * sizeof *h, cudaMemcpyDeviceToHost);
+    FILE *f = fopen(g_trace.out, "w");
+    for (unsigned i = 0; f && i < n; i++)
+        fprintf(f, "%llu %u %u %u %u %llu %llu %llu\n", h[i].grid, h[i].line, h[i].block, h[i].smid, h[i].n_blocks,
+                h[i].t0, h[i].tw, h[i].te);
+    if (f) fclose(f);
+    free(h);
+    fprintf(stderr, "cuda trace: %u records of step %ld in %s\n", n, g_trace.at, g_trace.out);
+}
+#endif
+
 static_assert(CU_MAX_RANK == IR_MAX_RANK, "kernel shape structs hold IR ranks");
 static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
                   (int)IR_DTYPE_BF16 == CU_BF16 && (int)IR_DTYPE_Q8_0 == CU_Q8_0 &&
@@ -1939,6 +1988,10 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
         CU_TRY(cudaEventRecord(s->st_ev[0], s->stream));
     } else
         s->st_last_start = 0; /* a prefill step between: no period measured across it */
+#ifdef LLMOPT_CUDA_TRACE
+    trace_init();
+    const bool traced = trace_before(s->stream, b->n_tokens);
+#endif
     if ((st = launch_step(s, b, ids != NULL, err))) {
         cudaStreamSynchronize(s->stream);
         cudaGetLastError();
@@ -1947,6 +2000,9 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     if (timed) CU_TRY(cudaEventRecord(s->st_ev[1], s->stream));
     CU_TRY(cudaStreamSynchronize(s->stream));
     CU_TRY(cudaGetLastError());
+#ifdef LLMOPT_CUDA_TRACE
+    if (traced) trace_after();
+#endif
     if (timed) {
         float ms = 0.0f;
         CU_TRY(cudaEventElapsedTime(&ms, s->st_ev[0], s->st_ev[1]));

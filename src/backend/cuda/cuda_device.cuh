@@ -277,12 +277,81 @@ static __device__ __forceinline__ int mv_dot16(uint4 w, const uint32_t xq[4]) {
  * once it has completed and its writes are visible). cu_pdl_trigger() at the start of
  * a kernel lets such a dependent start as soon as all of this kernel's blocks are
  * resident. Both are no-ops for ordinary launches. */
+#ifdef LLMOPT_CUDA_TRACE
+/* Diagnostic builds only (-DLLMOPT_CUDA_TRACE): thread 0 of every block records its
+ * launch (%gridid), the source line of its cu_pdl_trigger call, and %globaltimer at
+ * the start, after cu_pdl_wait and at CU_TRACE_END (kernels that have one). Each .cu
+ * file has its own copy of these pointers, set by its CU_TRACE_TU function. */
+struct cu_trace_rec {
+    unsigned long long grid, t0, tw, te;
+    unsigned line, block, smid, n_blocks;
+};
+#define CU_TRACE_MAX (1u << 20)
+static __device__ struct cu_trace_rec *cu_trace_buf;
+static __device__ unsigned *cu_trace_cnt;
+#define CU_TRACE_TU(name)                                                                  \
+    extern "C" void name(void *buf, void *cnt) {                                           \
+        cudaMemcpyToSymbol(cu_trace_buf, &buf, sizeof buf);                                \
+        cudaMemcpyToSymbol(cu_trace_cnt, &cnt, sizeof cnt);                                \
+    }
+static __device__ __forceinline__ unsigned long long cu_trace_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+static __device__ __forceinline__ unsigned &cu_trace_slot(void) {
+    __shared__ unsigned slot;
+    return slot;
+}
+static __device__ __forceinline__ bool cu_trace_thread0(void) {
+    return (threadIdx.x | threadIdx.y | threadIdx.z) == 0 && cu_trace_buf;
+}
+static __device__ __forceinline__ void cu_trace_start(unsigned line) {
+    if (!cu_trace_thread0()) return;
+    const unsigned i = atomicAdd(cu_trace_cnt, 1u);
+    cu_trace_slot() = i;
+    if (i >= CU_TRACE_MAX) return;
+    struct cu_trace_rec r;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(r.grid));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r.smid));
+    r.t0 = cu_trace_now();
+    r.tw = 0;
+    r.te = 0;
+    r.line = line;
+    r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    r.n_blocks = gridDim.x * gridDim.y * gridDim.z;
+    cu_trace_buf[i] = r;
+}
+static __device__ __forceinline__ void cu_trace_mark(int which) {
+    if (!cu_trace_thread0()) return;
+    const unsigned i = cu_trace_slot();
+    if (i >= CU_TRACE_MAX) return;
+    if (which) cu_trace_buf[i].te = cu_trace_now();
+    else cu_trace_buf[i].tw = cu_trace_now();
+}
+struct cu_trace_end_guard {
+    __device__ ~cu_trace_end_guard() { cu_trace_mark(1); }
+};
+#define CU_TRACE_END cu_trace_end_guard cu_trace_end_guard_
+#else
+#define CU_TRACE_TU(name)
+#define CU_TRACE_END
+#endif
+
 static __device__ __forceinline__ void cu_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+#ifdef LLMOPT_CUDA_TRACE
+    cu_trace_mark(0);
+#endif
 }
-static __device__ __forceinline__ void cu_pdl_trigger(void) {
+static __device__ __forceinline__ void cu_pdl_trigger(unsigned line = __builtin_LINE()) {
+#ifdef LLMOPT_CUDA_TRACE
+    cu_trace_start(line);
+#else
+    (void)line;
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

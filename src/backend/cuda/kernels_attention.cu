@@ -31,6 +31,8 @@
 #include <cooperative_groups.h>
 #include <limits.h>
 
+CU_TRACE_TU(cu_trace_tu_attention)
+
 namespace cg = cooperative_groups;
 
 #define ATT_THREADS 128
@@ -80,6 +82,7 @@ static __device__ __forceinline__ void kv_pack4(float4 v, uint2 *r) {
 template <typename KV>
 __global__ void kv_append_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     cu_pdl_wait();    /* launched as a dependent itself */
     int t = blockIdx.x;
     int row_elems = a.n_kv_heads * a.head_dim;
@@ -194,6 +197,7 @@ static __device__ __forceinline__ void att_append_own(const struct cu_attention 
 template <bool APPEND, typename KV>
 __global__ void __launch_bounds__(ATT_THREADS) attention_partial_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     cu_pdl_wait();    /* launched as a dependent itself */
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float sc[ATT_CHUNK];
@@ -438,6 +442,7 @@ static __device__ __forceinline__ float att_sum_transposed(float (&v)[V], int la
 template <bool APPEND, typename KV, int NW, int MINB>
 __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     const bool early = APPEND && a.kv_before_wait;
     if (!early) cu_pdl_wait(); /* launched as a dependent itself */
     constexpr int WPOS = att_w<NW>::POS;
@@ -621,6 +626,7 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
 template <typename KV, int GB, int R>
 __global__ void __launch_bounds__(ATT_DEC_MAX_WARPS *CU_WARP) attention_dec_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     if (!a.kv_before_wait) cu_pdl_wait();
     constexpr int V = GB * R, LPV = CU_WARP / V, LPH = CU_WARP / GB; /* lanes a value, a head */
     typedef typename kv_raw4<KV>::T raw4;
@@ -810,6 +816,7 @@ __global__ void __launch_bounds__(ATT_DEC_MAX_WARPS *CU_WARP) attention_dec_kern
 template <typename KV>
 __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     /* 16-byte aligned rows; K rows padded by 4 floats: the 8 lanes of a quarter-warp
      * reading 16 bytes from 8 different rows hit 8 different groups of 4 banks */
     __shared__ __align__(16) float qs[ATT_TQ][ATT_TDH];
@@ -1011,6 +1018,7 @@ static __device__ __forceinline__ void fa_cp16(void *dst, const void *src, int s
 template <int DH, typename KV>
 __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     constexpr int EPU = fa_smem<DH, KV>::EPU, LD = fa_smem<DH, KV>::LD, LDF = fa_smem<DH, KV>::LDF;
     constexpr int KS = DH / 16, NT = DH / 8, U4 = DH / EPU;
     constexpr int NTHR = FA_WARPS * CU_WARP, UNITS = FA_KC * U4 / NTHR;

@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <type_traits>
 
+CU_TRACE_TU(cu_trace_tu_kquant)
+
 template <int DT> struct kq_traits;
 template <> struct kq_traits<CU_Q4_K> { static constexpr int BYTES = 144, UPB = 8, G = 2; };
 template <> struct kq_traits<CU_Q5_K> { static constexpr int BYTES = 176, UPB = 8, G = 2; };
@@ -203,6 +205,7 @@ __global__ void __launch_bounds__(KQ_THREADS, 2) /* <= 128 registers: 16 warps a
     static_assert(RMAX == 1 || NR == 1, "several x rows take one weight row per warp");
     __shared__ float part[KQ_WARPS][NR * RMAX];
     cu_pdl_trigger();
+    CU_TRACE_END;
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     const int ks = warp % ksplit;
     const int64_t j0 = ((int64_t)blockIdx.x * (KQ_WARPS / ksplit) + warp / ksplit) * NR;
@@ -464,6 +467,7 @@ __global__ void __launch_bounds__(KM_THREADS, PF || RM > 1 ? 2 : 3)
     constexpr int NW = PAIR ? 2 * NR : NR;
     extern __shared__ uint4 km_sm[];
     cu_pdl_trigger();
+    CU_TRACE_END;
     const int lane = threadIdx.x % CU_WARP, c = lane & 3;
     const int64_t K = job.seg[0].w.cols, nb = K / 256;
     const int S = (int)((nb + KM_SB - 1) / KM_SB);

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+CU_TRACE_TU(cu_trace_tu_linear)
+
 /* ---- upload layout -------------------------------------------------------------- */
 
 size_t cu_weight_data_bytes(int dtype, int64_t rows, int64_t cols) {
@@ -212,6 +214,7 @@ __global__ void __launch_bounds__(MV_THREADS)
     static_assert(RMAX == 1 || NR == 1, "several x rows take one output row per warp");
     __shared__ float part[MV_WARPS][NW * RMAX];
     cu_pdl_trigger();
+    CU_TRACE_END;
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP;
     const int rows_per_block = MV_WARPS / ksplit;
     const int ks = warp % ksplit;

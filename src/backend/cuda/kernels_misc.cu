@@ -7,6 +7,8 @@
 #include <float.h>
 #include <string.h>
 
+CU_TRACE_TU(cu_trace_tu_misc)
+
 #define EW_THREADS 256
 
 /* Offsets of output element e in up to two inputs, from the output extent. Unrolled
@@ -35,6 +37,7 @@ static int64_t strided_numel(const struct cu_strided *s) {
 
 __global__ void unary_kernel(int op, const float *x, float *o, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e < n) o[e] = op_unary_apply(op, x[e]);
 }
@@ -47,6 +50,7 @@ cudaError_t cu_unary(cudaStream_t st, int op, const float *x, float *o, int64_t 
 
 __global__ void binary_contig_kernel(int op, const float *a, const float *b, float *o, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e < n) o[e] = op_binary_apply(op, a[e], b[e]);
 }
@@ -54,6 +58,7 @@ __global__ void binary_contig_kernel(int op, const float *a, const float *b, flo
 __global__ void binary_strided_kernel(int op, const float *a, const float *b, float *o,
                                       struct cu_strided s, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t oa, ob;
@@ -75,6 +80,7 @@ cudaError_t cu_binary(cudaStream_t st, int op, const float *a, const float *b, f
 __global__ void strided_copy_kernel(const float *in, int64_t base, float *o, struct cu_strided s,
                                     int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t oa, ob;
@@ -129,6 +135,7 @@ cudaError_t cu_cast(cudaStream_t st, const void *x, void *o, int64_t n, int kind
  * sin, same arithmetic (int to float, one f32 product, op_unary_apply's cosf/sinf). */
 __global__ void rope_table_kernel(const float *freqs, const int32_t *pos, int64_t half, float *c, float *s, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     const int64_t t = e / (2 * half), d = e % (2 * half);
@@ -258,6 +265,7 @@ template <typename O>
 __global__ void norm_kernel(const float *x, const float *w, const float *b, O *o, int64_t d, float eps, bool layer,
                             bool vec) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     cu_pdl_wait();    /* launched as a dependent itself: x is the kernel before's */
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * d;
@@ -338,6 +346,7 @@ cudaError_t cu_norm_half(cudaStream_t st, const float *x, const float *w, const 
 __global__ void rope_kernel(const float *x, const float *c, const float *s, float *o, int64_t d,
                             struct cu_strided rows, int64_t n) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t half = d / 2, k = e % half, r = e / half;
@@ -444,6 +453,7 @@ struct nr_job {
  * pairs (k, k + d/2) of normalized values. */
 __global__ void __launch_bounds__(NR_THREADS) norm_rope_kernel(struct nr_job job, int64_t d) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
+    CU_TRACE_END;
     cu_pdl_wait();    /* launched as a dependent itself */
     static_assert(CU_NR_MAX_PARTS == 3, "the part choice below names each part");
     const int lane = threadIdx.x % CU_WARP;

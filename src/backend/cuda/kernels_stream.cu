@@ -36,12 +36,18 @@
 
 #include <algorithm>
 
+CU_TRACE_TU(cu_trace_tu_stream)
+
 #define MS_CW 8                         /* consumer warps */
 #define MS_CT (MS_CW * CU_WARP)         /* consumer threads */
 #define MS_THREADS (MS_CT + CU_WARP)    /* + the producer warp */
 #define MS_MAX_RS 8                     /* rows a tile */
 #define MS_MAX_STAGES 8
+#ifdef LLMOPT_CUDA_TRACE
+#define MS_SMEM_MAX ((227 << 10) - 1024) /* room for the trace's static shared slot */
+#else
 #define MS_SMEM_MAX (227 << 10)         /* dynamic shared memory a block, at most */
+#endif
 #define MS_SMEM_DEFAULT (100 << 10)     /* with MS_BLOCKS_PER_SM: the best shape of the 8B q8_0 model A/B */
 #define MS_BLOCKS_PER_SM 2              /* (bench/results/cuda-tma-2026-11-30.md, 332.5 / 332.7 / 328.7 tok/s) */
 
@@ -204,6 +210,7 @@ __global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1
     }
     __syncthreads();
     cu_pdl_trigger();
+    CU_TRACE_END;
     /* tile t: segment si, first row j0, nr rows */
     auto tile = [&](int64_t t, int &si, int64_t &j0, int &nr) {
         int64_t base = 0;
