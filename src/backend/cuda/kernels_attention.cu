@@ -100,12 +100,19 @@ __global__ void kv_append_kernel(struct cu_attention a) {
  * left its (m, l, acc) in part: the last block to arrive (counters[th]) does it and
  * resets the counter. Called by all threads of each block. */
 static __device__ __forceinline__ void att_merge_splits(const struct cu_attention &a, int64_t th, bool *last_block) {
-    __threadfence();
+    /* The block's stores of its partial result are ordered before thread 0's arrival by
+     * the barrier; the arrival is an acq_rel atomic at gpu scope, which releases them
+     * (cumulatively) and, in the last block, acquires every other block's, which the
+     * barrier after it passes on to the block's threads (loads through L2 below). Was a
+     * __threadfence by every thread before the barrier and after it, and a relaxed add. */
     __syncthreads();
-    if (threadIdx.x == 0) *last_block = atomicAdd(&a.counters[th], 1u) == (unsigned)a.splits - 1;
+    if (threadIdx.x == 0) {
+        unsigned old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(a.counters + th) : "memory");
+        *last_block = old == (unsigned)a.splits - 1;
+    }
     __syncthreads();
     if (!*last_block) return;
-    __threadfence();
     const int Dh = a.head_dim;
     const float *pt = a.part + th * a.splits * (Dh + 2);
     for (int d = threadIdx.x; d < Dh; d += blockDim.x) {

@@ -261,15 +261,23 @@ __global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1
         }
         return;
     }
-    /* the consumers: x (after the previous kernel) into shared memory */
+    /* the consumers: x (after the previous kernel) into shared memory, MS_XB float4 a
+     * thread at a time (all in flight). With the rms_norm prologue and rows of up to
+     * MS_XB * 4 * MS_CT = 4096 elements, the sum of squares and the staging read the same
+     * registers (x was read twice: 437 against 425 tok/s on 8B q4_k_m, with the q4_K
+     * high nibbles in place and the split merge of the decode attention). Measured and
+     * not taken (bench/results/cuda-trace-2026-12-01.md): three such chunks in flight at
+     * once for rows of 12288 (ffn_down), 415 tok/s; the norm weights loaded before the
+     * PDL wait, no better than without; q8_0 pairs took 95 -> 109 registers with either. */
     cu_pdl_wait();
     const int ct = threadIdx.x;
     const float *nw = job.seg[0].ep.norm_w;
+    float4 v[MS_XB];
+    const bool held = NORM && K / 4 <= MS_XB * MS_CT; /* v keeps all of x after the sum */
     float sc = 1.0f;
     if constexpr (NORM) { /* mv_sumsq's operations and order (the same 256 threads) */
         float ss = 0.0f;
         for (int64_t f0 = 0; f0 < K / 4; f0 += MS_XB * MS_CT) {
-            float4 v[MS_XB];
             ms_load_x(x, f0, K, v);
 #pragma unroll
             for (int u = 0; u < MS_XB; u++)
@@ -280,8 +288,8 @@ __global__ void __launch_bounds__(MS_THREADS, DT == CU_BF16 || DT == CU_Q8_0 ? 1
     /* x (times sc * nw) into shared memory: f32; q8_0 int8 by mv_put_x_q8 (the rule and
      * thread layout of mv_quantize_x_q8); K-quants by km_put_x4 */
     for (int64_t f0 = 0; f0 < K / 4; f0 += MS_XB * MS_CT) {
-        float4 v[MS_XB], w[MS_XB];
-        ms_load_x(x, f0, K, v);
+        float4 w[MS_XB];
+        if (!held) ms_load_x(x, f0, K, v);
         if constexpr (NORM) ms_load_x(nw, f0, K, w);
 #pragma unroll
         for (int u = 0; u < MS_XB; u++) {
