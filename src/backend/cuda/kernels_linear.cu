@@ -531,9 +531,12 @@ static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *
     if (!pair && streamed >= 16384 && K <= 2048 && mv_short_rows()) {
         *nr = 4; /* 0.6B lm_head: 4 rows x 4 loads (bench/results/cuda-mv-2026-11-30.md) */
         *lif = 4;
-    } else if (pair) { /* 2 row pairs, 8 loads */
+    } else if (pair) { /* 2 row pairs, 8 loads; 4 below 16384 streamed rows (the 0.6B pair,
+                          * K = 1024: 0.6B q8_0 1,486-1,488 -> 1,508 tok/s in one call, 1,465-1,467
+                          * -> 1,467-1,474 in another; 1 row pair a warp with 4, 8 or 16 loads
+                          * 1,398-1,462; bench/results/cuda-trace-2026-12-01.md) */
         *nr = 2;
-        *lif = 8;
+        *lif = streamed >= 16384 ? 8 : 4;
     } else if (norm) { /* q/k/v: 1 row and 4 loads from 6144 rows (8B), else 2 and 4 (0.6B) */
         *nr = streamed >= 6144 ? 1 : 2;
         *lif = 4;
