@@ -50,12 +50,18 @@ static struct {
 } g_trace;
 static void trace_init(void) {
     const char *e = getenv("LLMOPT_CUDA_TRACE_STEP");
-    if (!e || g_trace.buf) return;
+    if (!e || g_trace.buf || g_trace.at < 0) return;
     g_trace.at = atol(e);
     g_trace.out = getenv("LLMOPT_CUDA_TRACE_OUT") ? getenv("LLMOPT_CUDA_TRACE_OUT") : "cuda_trace.txt";
-    cudaMalloc(&g_trace.buf, CU_TRACE_MAX * sizeof(struct cu_trace_rec));
-    cudaMalloc(&g_trace.cnt, 4);
-    cudaMemset(g_trace.cnt, 0, 4);
+    if (cudaMalloc(&g_trace.buf, CU_TRACE_MAX * sizeof(struct cu_trace_rec)) != cudaSuccess ||
+        cudaMalloc(&g_trace.cnt, 4) != cudaSuccess || cudaMemset(g_trace.cnt, 0, 4) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(g_trace.buf);
+        g_trace.buf = NULL;
+        g_trace.at = -1; /* off: no records are written */
+        fprintf(stderr, "cuda trace: no device memory for the records; tracing off\n");
+        return;
+    }
     void (*tu[])(void *, void *) = {cu_trace_tu_linear, cu_trace_tu_kquant, cu_trace_tu_stream, cu_trace_tu_attention,
                                     cu_trace_tu_misc};
     for (auto f : tu) f(g_trace.buf, g_trace.cnt);
@@ -69,9 +75,14 @@ static void trace_after(void) {
     unsigned n = 0;
     cudaMemcpy(&n, g_trace.cnt, 4, cudaMemcpyDeviceToHost);
     if (n > CU_TRACE_MAX) n = CU_TRACE_MAX;
-    struct cu_trace_rec *h = (struct cu_trace_rec *)malloc((size_t)n * sizeof *h);
-    cudaMemcpy(h, g_trace.buf, (size_t)n * sizeof *h, cudaMemcpyDeviceToHost);
+    struct cu_trace_rec *h = (struct cu_trace_rec *)malloc((size_t)n * sizeof *h + 1);
+    if (!h || cudaMemcpy(h, g_trace.buf, (size_t)n * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(h);
+        fprintf(stderr, "cuda trace: could not read the records back\n");
+        return;
+    }
     FILE *f = fopen(g_trace.out, "w");
+    if (!f) fprintf(stderr, "cuda trace: cannot write %s\n", g_trace.out);
     for (unsigned i = 0; f && i < n; i++)
         fprintf(f, "%llu %u %u %u %u %llu %llu %llu\n", h[i].grid, h[i].line, h[i].block, h[i].smid, h[i].n_blocks,
                 h[i].t0, h[i].tw, h[i].te);
