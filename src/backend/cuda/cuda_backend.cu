@@ -75,7 +75,7 @@ static void trace_after(void) {
     unsigned n = 0;
     cudaMemcpy(&n, g_trace.cnt, 4, cudaMemcpyDeviceToHost);
     if (n > CU_TRACE_MAX) n = CU_TRACE_MAX;
-    struct cu_trace_rec *h = (struct cu_trace_rec *)malloc((size_t)n * sizeof *h + 1);
+    struct cu_trace_rec *h = (struct cu_trace_rec *)malloc((size_t)n * sizeof *h + 1); /* + 1: not malloc(0) */
     if (!h || cudaMemcpy(h, g_trace.buf, (size_t)n * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess) {
         free(h);
         fprintf(stderr, "cuda trace: could not read the records back\n");

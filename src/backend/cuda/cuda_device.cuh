@@ -271,12 +271,6 @@ static __device__ __forceinline__ int mv_dot16(uint4 w, const uint32_t xq[4]) {
     return __dp4a((int)w.w, (int)xq[3], dot);
 }
 
-/* Programmatic dependent launch (Hopper): a kernel launched with cu_launch_pdl may start
- * while the kernel before it on the stream is still running; it must call
- * cu_pdl_wait() before touching anything that kernel writes or reads (the wait returns
- * once it has completed and its writes are visible). cu_pdl_trigger() at the start of
- * a kernel lets such a dependent start as soon as all of this kernel's blocks are
- * resident. Both are no-ops for ordinary launches. */
 #ifdef LLMOPT_CUDA_TRACE
 /* Diagnostic builds only (-DLLMOPT_CUDA_TRACE): thread 0 of every block records its
  * launch (%gridid), the source line of its cu_pdl_trigger call, and %globaltimer at
@@ -338,6 +332,12 @@ struct cu_trace_end_guard {
 #define CU_TRACE_END
 #endif
 
+/* Programmatic dependent launch (Hopper): a kernel launched with cu_launch_pdl may start
+ * while the kernel before it on the stream is still running; it must call
+ * cu_pdl_wait() before touching anything that kernel writes or reads (the wait returns
+ * once it has completed and its writes are visible). cu_pdl_trigger() at the start of
+ * a kernel lets such a dependent start as soon as all of this kernel's blocks are
+ * resident. Both are no-ops for ordinary launches. */
 static __device__ __forceinline__ void cu_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
