@@ -384,14 +384,15 @@ void quant_k_quantize_row_iq4_xs(const float *src, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / QK_K; b++) {
         float x[QK_K];
         finite_copy(src + b * QK_K, x);
-        float s[8], max_abs = 0.0f;
+        float s[8], max_scale = 0.0f;
         for (int j = 0; j < 8; j++) {
             s[j] = fit_iq4nl(x + 32 * j);
-            max_abs = fmaxf(max_abs, fabsf(s[j]));
+            if (fabsf(s[j]) > fabsf(max_scale)) max_scale = s[j];
         }
-        /* factors ls - 32 span -32..31: the largest scale maps to -32 in magnitude */
-        float d = max_abs / 32.0f;
-        float id = d > 0.0f ? 1.0f / d : 0.0f;
+        /* factors ls - 32 span -32..31: d takes the sign that maps the largest scale
+         * onto -32 exactly; a positive d would clamp a positive one to 31 (3% short) */
+        float d = -max_scale / 32.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
         block_iq4_xs blk;
         memset(&blk, 0, sizeof blk);
         blk.d = fp16_from_f32(d);

@@ -465,13 +465,17 @@ static void test_quant_error_bounds(void) {
         x[i] = rng_normal() * scale;
         if (rng_next() % 500 == 0) x[i] *= 8.0f;
     }
+    /* Bounds sit above the worst of 1,500 seeds (2026-12-01: iq4_xs 0.098 / 0.146,
+     * q4_K 0.083 / 0.125, q4_0 0.122 / 0.125). iq4_xs's max bound has more room: its fit
+     * minimises squared error, so one element can land mid-way in the table's widest
+     * gap (24 steps of 127) at a scale the refit has widened. */
     static const struct {
         enum ggml_type type;
         double rel_rms, max_rel;
     } bounds[] = {
         {GGML_TYPE_F16, 1e-3, 1e-3},   {GGML_TYPE_BF16, 5e-3, 5e-3},  {GGML_TYPE_Q8_0, 0.012, 0.01},
         {GGML_TYPE_Q4_0, 0.16, 0.15},  {GGML_TYPE_Q6_K, 0.03, 0.04}, {GGML_TYPE_Q5_K, 0.06, 0.08},
-        {GGML_TYPE_Q4_K, 0.12, 0.15},  {GGML_TYPE_Q5_0, 0.08, 0.08}, {GGML_TYPE_IQ4_XS, 0.12, 0.15},
+        {GGML_TYPE_Q4_K, 0.12, 0.15},  {GGML_TYPE_Q5_0, 0.08, 0.08}, {GGML_TYPE_IQ4_XS, 0.12, 0.18},
     };
     for (size_t k = 0; k < sizeof bounds / sizeof bounds[0]; k++) {
         struct err_stats e = round_trip_error(bounds[k].type, x, N);
