@@ -433,7 +433,7 @@ static void test_linear_3_threads(void) {
  * the tolerance is the f32 one for every type. */
 static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, enum kv_dtype dtype,
                             int64_t n_heads, int64_t n_kv_heads, int64_t dh, int32_t ctx_before, int32_t n_tok,
-                            int64_t window, int32_t n_slots, int32_t block_size, int *failures) {
+                            int64_t window, int32_t n_slots, int32_t block_size, float *keep, int *failures) {
     struct llmopt_err err = {0};
     struct kv_cache *kv = NULL;
     int32_t row_elems[2] = {(int32_t)(n_kv_heads * dh), (int32_t)(n_kv_heads * dh)};
@@ -474,6 +474,7 @@ static void check_attention(const struct cpu_isa_kernels *kern, struct cpu_pool 
         .layer = layer, .kv = kv, .scratch = scratch, .scratch_per_thread = per_thread,
     };
     cpu_attention_run(&a, kern, pool);
+    if (keep) memcpy(keep, out, (size_t)(n_heads * n_tok * dh) * sizeof *out);
     int64_t group = n_heads / n_kv_heads;
     double *sc = malloc((size_t)max_pos * sizeof(double)), *expect = malloc((size_t)dh * sizeof(double));
     for (int32_t t = 0; t < n_tok && *failures < 3; t++)
@@ -549,26 +550,67 @@ static void test_attention(void) {
                          * decode kernel's chunks), and a prefill chunk */
                         int32_t ctxs[] = {0, 1, 63, 64, 130, 300};
                         for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++)
-                            check_attention(kern, pool, t, h, hkv, dh, ctxs[ci], 1, 0, 1, 16, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 0, 70, 0, 1, 16, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 5, 9, 4, 3, 16, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 90, 3, 70, 2, 16, &failures);
+                            check_attention(kern, pool, t, h, hkv, dh, ctxs[ci], 1, 0, 1, 16, NULL, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 0, 70, 0, 1, 16, NULL, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 5, 9, 4, 3, 16, NULL, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 90, 3, 70, 2, 16, NULL, &failures);
                         /* a prefill chunk continuing a sequence, with a window inside the
                          * query blocks and across position chunks */
-                        check_attention(kern, pool, t, h, hkv, dh, 50, 40, 20, 1, 16, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 50, 40, 20, 1, 16, NULL, &failures);
                         /* decode batches: one token for each of several sequences (the
                          * decode kernel), contexts across its 128-position chunks, with
                          * and without a window, blocks VLEN does not divide; one thread
                          * count is enough for them (the kernel runs per work item) */
                         if (nt != 1) continue;
-                        check_attention(kern, pool, t, h, hkv, dh, 3, 8, 0, 8, 16, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 127, 3, 0, 3, 5, &failures);
-                        check_attention(kern, pool, t, h, hkv, dh, 200, 2, 150, 2, 16, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 3, 8, 0, 8, 16, NULL, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 127, 3, 0, 3, 5, NULL, &failures);
+                        check_attention(kern, pool, t, h, hkv, dh, 200, 2, 150, 2, 16, NULL, &failures);
                     }
             cpu_attention_heads = true;
             CHECK_MSG(failures == 0, "%s, %d threads: attention failed", cpu_isa_name(kern->isa), nt);
         }
         pool_free(pool);
+    }
+}
+
+/* One token over a long context takes the segmented kernel (CPU_ATT_SEG_MIN positions
+ * or more, f16 / f32 caches): against the oracle at segment counts from 2 to the cap,
+ * odd ones, with a window, and the same bits at 1, 2 and 3 threads (segments depend on
+ * the context alone). */
+static void test_attention_segments(void) {
+    struct llmopt_err err = {0};
+    static const int64_t shapes[][3] = {{16, 8, 128}, {6, 2, 33}, {4, 4, 64}, {8, 8, 8}};
+    static const int32_t ctxs[][2] = {{255, 0}, {256, 0}, {900, 0}, {1500, 700}, {2300, 0}};
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        const struct cpu_isa_kernels *kern = isa_or_skip((enum cpu_isa)isa);
+        if (!kern) continue;
+        int failures = 0;
+        cpu_attention_heads = false; /* stories260K-sized heads through it too */
+        for (int dt = 0; dt < 2; dt++)
+            for (size_t si = 0; si < LLMOPT_ARRAY_LEN(shapes); si++)
+                for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++) {
+                    enum kv_dtype t = dt ? KV_DTYPE_F16 : KV_DTYPE_F32;
+                    int64_t h = shapes[si][0], hkv = shapes[si][1], dh = shapes[si][2];
+                    float *out[3];
+                    const uint64_t inputs = rng_state; /* the same cache and query at every thread count */
+                    for (int nt = 1; nt <= 3; nt++) {
+                        struct cpu_pool *pool = NULL;
+                        CHECK_MSG(pool_create(nt, &pool, &err) == LLMOPT_OK, "%s", err.msg);
+                        out[nt - 1] = malloc((size_t)(h * dh) * sizeof(float));
+                        rng_state = inputs;
+                        check_attention(kern, pool, t, h, hkv, dh, ctxs[ci][0], 1, ctxs[ci][1], 1, 16, out[nt - 1],
+                                        &failures);
+                        pool_free(pool);
+                    }
+                    CHECK_MSG(!memcmp(out[0], out[1], (size_t)(h * dh) * sizeof(float)) &&
+                                  !memcmp(out[0], out[2], (size_t)(h * dh) * sizeof(float)),
+                              "%s kv %s H=%lld Hkv=%lld Dh=%lld ctx=%d: output depends on the thread count",
+                              cpu_isa_name(kern->isa), kv_dtype_name(t), (long long)h, (long long)hkv, (long long)dh,
+                              ctxs[ci][0]);
+                    for (int i = 0; i < 3; i++) free(out[i]);
+                }
+        cpu_attention_heads = true;
+        CHECK_MSG(failures == 0, "%s: segmented attention failed", cpu_isa_name(kern->isa));
     }
 }
 
@@ -848,5 +890,5 @@ static void test_store_f16(void) {
 }
 
 TEST_MAIN(test_pool, test_quantize_same_on_every_isa, test_linear_1_thread, test_linear_2_threads,
-          test_linear_3_threads, test_attention, test_rms_norm_rope_exp, test_store_f16,
+          test_linear_3_threads, test_attention, test_attention_segments, test_rms_norm_rope_exp, test_store_f16,
           test_models_fast_vs_reference, test_fused_schedule_same_bits)

@@ -800,16 +800,21 @@ KG_INLINE void kg_dec_rows(const int32_t *table, int32_t bs, int64_t row_bytes, 
  * vector run together (kg_dots_group, kg_weighted_sum_group: each K and V vector
  * loaded once per group), and KV rows are prefetched ahead of their reads, the next
  * chunk's K rows during this chunk's weighted sums: 1.4-1.6x from memory on
- * Qwen3-0.6B's shape (16 heads over 8, head_dim 128; bench/ab/ab_attention.c). */
-KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch,
-                                      const int kt) {
+ * Qwen3-0.6B's shape (16 heads over 8, head_dim 128; bench/ab/ab_attention.c).
+ *
+ * This one: positions [j_begin, j_end) of token t for KV head kvh, carrying on from the
+ * state acc (group, dh: unnormalised weighted sums), mx and l (group: running max and
+ * sum; mx -INFINITY and acc, l 0 for a fresh start). sc: (group, KG_DEC_CHUNK + VLEN)
+ * scores. kg_attention_decode_kt below runs it over a token's whole context,
+ * kg_attention_decode_seg over a segment of it. */
+KG_INLINE void kg_attention_decode_range_kt(const struct cpu_attention *a, int64_t t, int64_t kvh, int32_t j_begin,
+                                            int32_t j_end, float *acc, float *mx, float *l, float *sc,
+                                            const int kt) {
     const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads, ld = KG_DEC_CHUNK + VLEN;
     const struct kv_cache *kv = a->kv;
-    float *acc = scratch, *sc = acc + group * dh, *mx = sc + group * ld, *l = mx + group;
     /* this chunk's rows and the next one's ([c] and [c ^ 1]) */
     const uint8_t *rowbuf[2][2][KG_DEC_CHUNK + VLEN];
-    const int32_t p = a->pos[t], bs = kv->block_size;
-    const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    const int32_t p = j_end - 1, first = j_begin, bs = kv->block_size;
     const int64_t row_bytes = kv->row_bytes[a->layer], col = kv_dtype_bytes(kt, kvh * dh);
     const int32_t *table = kv->block_table + (int64_t)a->slot[t] * kv->max_blocks_per_slot;
     const uint8_t *kbase = kv->k[a->layer] + col, *vbase = kv->v[a->layer] + col;
@@ -822,11 +827,6 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
     const bool grouped = !small && (group == 2 || group == 4) && VLEN % group == 0;
     const float *qp[4];
     for (int64_t g = 0; g < group && g < 4; g++) qp[g] = a->q + ((kvh * group + g) * a->n_tok + t) * dh;
-    for (int64_t e = 0; e < group * dh; e++) acc[e] = 0;
-    for (int64_t g = 0; g < group; g++) {
-        mx[g] = -INFINITY;
-        l[g] = 0;
-    }
     int c = 0;
     kg_dec_rows(table, bs, row_bytes, kbase, vbase, first, p + 1 - first < KG_DEC_CHUNK ? p + 1 - first : KG_DEC_CHUNK,
                 rowbuf[0][0], rowbuf[0][1]);
@@ -874,7 +874,7 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
             float cmax = v_hmax(vmax), m_new = cmax > mx[g] ? cmax : mx[g];
             float sum = kg_exp_sub_sum(s, m_new, n);
             if (mx[g] != m_new) {
-                if (j0 != first) { /* acc and l are 0 on the first chunk */
+                if (mx[g] > -INFINITY) { /* acc and l are 0 before the first chunk */
                     float alpha = expf(mx[g] - m_new);
                     l[g] *= alpha;
                     kg_scale(acc + g * dh, alpha, dh);
@@ -896,10 +896,76 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
             default: kg_weighted_sum_heads(acc, sc, ld, vrows, n, (int)dh, 4, kt); break;
             }
     }
+}
+
+KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch,
+                                      const int kt) {
+    const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    float *acc = scratch, *sc = acc + group * dh, *mx = sc + group * (KG_DEC_CHUNK + VLEN), *l = mx + group;
+    const int32_t p = a->pos[t];
+    const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    for (int64_t e = 0; e < group * dh; e++) acc[e] = 0;
+    for (int64_t g = 0; g < group; g++) {
+        mx[g] = -INFINITY;
+        l[g] = 0;
+    }
+    kg_attention_decode_range_kt(a, t, kvh, first, p + 1, acc, mx, l, sc, kt);
     for (int64_t g = 0; g < group; g++) {
         float *ov = a->out + (t * a->n_heads + kvh * group + g) * dh; /* out (N, H, Dh) */
         kg_scale(acc + g * dh, 1.0f / l[g], dh);
         for (int64_t e = 0; e < dh; e++) ov[e] = acc[g * dh + e];
+    }
+}
+
+/* ---- decode attention over segments of a long context ----------------------------- */
+
+/* Token t (one query, f16 or f32 cache), positions [j_begin, j_end), every head: the
+ * unnormalised state part = acc (n_heads, dh), then max (n_heads), then sum (n_heads),
+ * for kg_attention_merge. cpu_attention_run hands the threads consecutive segments of
+ * one token's context, so that each streams its own stretch of the cache. Split by KV
+ * head instead, Qwen3-0.6B's decode attention ran 1.2x (512 positions) to 1.4x (4,096)
+ * slower (bench/ab/ab_attention.c, 2 threads), likely because both threads then walk
+ * the same rows at once, a few hundred bytes apart. Scratch: (group, KG_DEC_CHUNK +
+ * VLEN) scores. */
+static void kg_attention_decode_seg(const struct cpu_attention *a, int64_t t, int32_t j_begin, int32_t j_end,
+                                    float *part, float *scratch) {
+    const int64_t dh = a->head_dim, H = a->n_heads, group = H / a->n_kv_heads;
+    const bool f16 = a->kv->dtype == KV_DTYPE_F16;
+    float *acc = part, *mx = part + H * dh, *l = mx + H;
+    for (int64_t e = 0; e < H * dh; e++) acc[e] = 0;
+    for (int64_t h = 0; h < H; h++) {
+        mx[h] = -INFINITY;
+        l[h] = 0;
+    }
+    for (int64_t h = 0; h < a->n_kv_heads; h++) {
+        float *ah = acc + h * group * dh, *mh = mx + h * group, *lh = l + h * group;
+        if (f16) kg_attention_decode_range_kt(a, t, h, j_begin, j_end, ah, mh, lh, scratch, KV_DTYPE_F16);
+        else kg_attention_decode_range_kt(a, t, h, j_begin, j_end, ah, mh, lh, scratch, KV_DTYPE_F32);
+    }
+}
+
+/* Token t's output from n segment states (kg_attention_decode_seg's layout) in order:
+ * per head, out = sum_i e^(max_i - max) acc_i / sum_i e^(max_i - max) sum_i. */
+static void kg_attention_merge(const struct cpu_attention *a, int64_t t, const float *const *parts, int n) {
+    const int64_t dh = a->head_dim, H = a->n_heads;
+    for (int64_t h = 0; h < H; h++) {
+        float m = -INFINITY, sum = 0;
+        for (int i = 0; i < n; i++) m = parts[i][H * dh + h] > m ? parts[i][H * dh + h] : m;
+        float *ov = a->out + (t * H + h) * dh; /* out (N, H, Dh) */
+        for (int i = 0; i < n; i++) {
+            const float w = expf(parts[i][H * dh + h] - m), *ai = parts[i] + h * dh;
+            const vf vw = v_set1(w);
+            sum += w * parts[i][H * dh + H + h];
+            int64_t d = 0;
+            if (i == 0) {
+                for (; d + VLEN <= dh; d += VLEN) v_store(ov + d, v_mul(vw, v_load(ai + d)));
+                for (; d < dh; d++) ov[d] = w * ai[d];
+            } else {
+                for (; d + VLEN <= dh; d += VLEN) v_store(ov + d, v_fma(vw, v_load(ai + d), v_load(ov + d)));
+                for (; d < dh; d++) ov[d] += w * ai[d];
+            }
+        }
+        kg_scale(ov, 1.0f / sum, dh);
     }
 }
 
@@ -1420,7 +1486,8 @@ static void kg_attention_heads(const struct cpu_attention *a, int64_t t, float *
     .tile_q8_0 = tile_q8_0, .tile_q4_0 = tile_q4_0, .quantize_row = quantize_row,           \
     .rms_norm_row = kg_rms_norm_row, .rope_row = kg_rope_row,                               \
     .attention_block = kg_attention_block, .attention_heads_ok = kg_attention_heads_ok,     \
-    .attention_heads = kg_attention_heads, .store_f16 = store_f16, .exp_row = kg_exp_row,   \
+    .attention_heads = kg_attention_heads, .attention_decode_seg = kg_attention_decode_seg, \
+    .attention_merge = kg_attention_merge, .store_f16 = store_f16, .exp_row = kg_exp_row,   \
     .epilogue_row = kg_epilogue_row
 
 #endif

@@ -387,6 +387,17 @@ void cpu_linear_run(const struct cpu_linear *op, const struct cpu_isa_kernels *k
 
 bool cpu_attention_heads = true;
 
+/* Floats of one segment state: acc (n_heads, head_dim), max and sum per head. */
+static int64_t attention_seg_floats(int64_t n_heads, int64_t head_dim) {
+    return n_heads * (head_dim + 2);
+}
+
+/* The top of each thread's attention scratch holds CPU_ATT_SEGS_MAX segment states:
+ * segment s's at thread s % nth, slot s / nth. */
+static int64_t attention_seg_share(int64_t n_heads, int64_t head_dim) {
+    return CPU_ATT_SEGS_MAX * attention_seg_floats(n_heads, head_dim);
+}
+
 int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
     int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : n_heads, nq = CPU_ATT_QBLOCK * group + 4;
     /* the block kernel: acc, max, sum, a chunk of scores per query; one chunk of K and
@@ -404,7 +415,9 @@ int64_t cpu_attention_scratch_floats(int64_t n_heads, int64_t n_kv_heads, int64_
     int64_t prefill = nq_pad * (2 * head_dim + CPU_ATT_PF_CHUNK + 3) + 2 * CPU_ATT_PF_CHUNK * head_dim;
     int64_t most = block > decode ? block : decode;
     most = most > prefill ? most : prefill;
-    return most > heads ? most : heads;
+    most = most > heads ? most : heads;
+    /* then room for the segment states attention_segments stores here */
+    return most + attention_seg_share(n_heads, head_dim);
 }
 
 struct attention_ctx {
@@ -451,12 +464,65 @@ static void attention_thread(void *arg, int ith, int nth) {
     }
 }
 
+/* One token's positions [first, first + npos) in n_seg segments; thread ith takes
+ * segments [ith * n_seg / nth, (ith + 1) * n_seg / nth), so each streams one stretch of
+ * the cache; the last thread to finish merges. */
+struct attention_seg_ctx {
+    const struct cpu_attention *op;
+    const struct cpu_isa_kernels *kern;
+    int32_t first, npos;
+    int n_seg, nth;
+    _Atomic int done;
+};
+
+static float *attention_seg_part(const struct attention_seg_ctx *ctx, int s) {
+    const struct cpu_attention *op = ctx->op;
+    int64_t share = attention_seg_share(op->n_heads, op->head_dim);
+    return op->scratch + (s % ctx->nth) * op->scratch_per_thread + op->scratch_per_thread - share +
+           (s / ctx->nth) * attention_seg_floats(op->n_heads, op->head_dim);
+}
+
+static void attention_seg_thread(void *arg, int ith, int nth) {
+    struct attention_seg_ctx *ctx = arg;
+    const struct cpu_attention *op = ctx->op;
+    float *scratch = op->scratch + ith * op->scratch_per_thread;
+    for (int s = ith * ctx->n_seg / nth; s < (ith + 1) * ctx->n_seg / nth; s++) {
+        int32_t b = ctx->first + (int32_t)((int64_t)ctx->npos * s / ctx->n_seg);
+        int32_t e = ctx->first + (int32_t)((int64_t)ctx->npos * (s + 1) / ctx->n_seg);
+        ctx->kern->attention_decode_seg(op, 0, b, e, attention_seg_part(ctx, s), scratch);
+    }
+    if (atomic_fetch_add_explicit(&ctx->done, 1, memory_order_acq_rel) != nth - 1) return;
+    const float *parts[CPU_ATT_SEGS_MAX];
+    for (int s = 0; s < ctx->n_seg; s++) parts[s] = attention_seg_part(ctx, s);
+    ctx->kern->attention_merge(op, 0, parts, ctx->n_seg);
+}
+
+/* The segmented path takes it: one token, an f16 / f32 cache, at least
+ * CPU_ATT_SEG_MIN positions; returns false for the per-head paths. */
+static bool attention_segments(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
+                               struct cpu_pool *pool) {
+    if (op->n_tok != 1 || !kern->attention_decode_seg ||
+        (op->kv->dtype != KV_DTYPE_F16 && op->kv->dtype != KV_DTYPE_F32))
+        return false;
+    int32_t p = op->pos[0];
+    int32_t first = op->window > 0 && p + 1 > op->window ? p + 1 - (int32_t)op->window : 0;
+    int32_t npos = p + 1 - first;
+    if (npos < CPU_ATT_SEG_MIN) return false;
+    struct attention_seg_ctx ctx = {.op = op, .kern = kern, .first = first, .npos = npos,
+                                    .n_seg = npos / CPU_ATT_SEG_POS, .nth = pool ? pool_threads(pool) : 1};
+    if (ctx.n_seg > CPU_ATT_SEGS_MAX) ctx.n_seg = CPU_ATT_SEGS_MAX;
+    if (ctx.nth == 1) attention_seg_thread(&ctx, 0, 1);
+    else pool_run(pool, attention_seg_thread, &ctx);
+    return true;
+}
+
 void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
                        struct cpu_pool *pool) {
     struct attention_ctx ctx = {.op = op, .kern = kern};
     LLMOPT_ASSERT(op->scratch_per_thread >=
                   cpu_attention_scratch_floats(op->n_heads, op->n_kv_heads, op->head_dim));
     ctx.heads = cpu_attention_heads && kern->attention_heads_ok && kern->attention_heads_ok(op);
+    if (!ctx.heads && attention_segments(op, kern, pool)) return;
     /* multiply-adds of q.k and p.v over every token's positions */
     int64_t work = 0;
     for (int64_t t = 0; t < op->n_tok; t++) work += 2 * ((int64_t)op->pos[t] + 1) * op->n_heads * op->head_dim;
