@@ -574,7 +574,7 @@ static void test_attention(void) {
 }
 
 /* One token over a long context takes the segmented kernel (CPU_ATT_SEG_MIN positions
- * or more, f16 / f32 caches): against the oracle at segment counts from 2 to the cap,
+ * or more): against the oracle at segment counts from 2 to the cap,
  * odd ones, with a window, and the same bits at 1, 2 and 3 threads (segments depend on
  * the context alone). */
 static void test_attention_segments(void) {
@@ -586,11 +586,12 @@ static void test_attention_segments(void) {
         if (!kern) continue;
         int failures = 0;
         cpu_attention_heads = false; /* stories260K-sized heads through it too */
-        for (int dt = 0; dt < 2; dt++)
+        for (int dt = 0; dt < KV_DTYPE_COUNT; dt++)
             for (size_t si = 0; si < LLMOPT_ARRAY_LEN(shapes); si++)
                 for (size_t ci = 0; ci < LLMOPT_ARRAY_LEN(ctxs); ci++) {
-                    enum kv_dtype t = dt ? KV_DTYPE_F16 : KV_DTYPE_F32;
+                    enum kv_dtype t = (enum kv_dtype)dt;
                     int64_t h = shapes[si][0], hkv = shapes[si][1], dh = shapes[si][2];
+                    if (t == KV_DTYPE_Q8_0 && dh % KV_Q8_0_BLOCK) continue;
                     float *out[3];
                     const uint64_t inputs = rng_state; /* the same cache and query at every thread count */
                     for (int nt = 1; nt <= 3; nt++) {

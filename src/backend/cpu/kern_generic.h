@@ -306,13 +306,24 @@ static void kg_rope_row(const float *x, const float *c, const float *s, int64_t 
 #define KG_ATT_CHUNK 32
 /* Positions per online-softmax step of the decode kernel (a multiple of VLEN). */
 #define KG_DEC_CHUNK CPU_ATT_DEC_CHUNK
-/* KV rows are byte pointers to a head's first value, f32 or f16 (kt, enum kv_dtype, a
- * constant after inlining); VLEN values from value d on, widened in registers. */
+/* KV rows are byte pointers to a head's first value, f32, f16 or q8_0 (kt, enum
+ * kv_dtype, a constant after inlining); VLEN values from value d on, widened (q8_0:
+ * times the block's scale) in registers. */
 KG_INLINE vf kg_load_kv(const uint8_t *row, int64_t d, const int kt) {
+    if (kt == KV_DTYPE_Q8_0) { /* VLEN divides the block: one scale */
+        const uint8_t *blk = row + d / KV_Q8_0_BLOCK * KV_Q8_0_BLOCK_BYTES;
+        return v_mul(v_load_i8((const int8_t *)(blk + 2) + d % KV_Q8_0_BLOCK), v_set1_f16(blk));
+    }
     return kt == KV_DTYPE_F16 ? v_load_f16(row + 2 * d) : v_load((const float *)(const void *)row + d);
 }
 
 KG_INLINE vf kg_load_kv_n(const uint8_t *row, int64_t d, int n, const int kt) {
+    if (kt == KV_DTYPE_Q8_0) { /* not reached: q8_0 heads are whole blocks */
+        float tmp[VLEN] = {0};
+        const uint8_t *blk = row + d / KV_Q8_0_BLOCK * KV_Q8_0_BLOCK_BYTES;
+        for (int i = 0; i < n; i++) tmp[i] = fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * (float)((const int8_t *)(blk + 2))[d % KV_Q8_0_BLOCK + i];
+        return v_load(tmp);
+    }
     return kt == KV_DTYPE_F16 ? v_load_f16_n(row + 2 * d, n) : v_load_n((const float *)(const void *)row + d, n);
 }
 
@@ -524,8 +535,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
     float *kwide = l + nq_pad;               /* (KG_ATT_CHUNK, dh) q8_0 K rows of a chunk as f32 */
     float *vwide = kwide + KG_ATT_CHUNK * dh; /* (KG_ATT_CHUNK, dh) same for V */
     /* q8_0 rows are widened once per chunk, then read as f32 by every query of the
-     * group: faster than dequantizing inside each query's dot product (measured in
-     * bench/results/kv-types-2026-11-29.md). */
+     * block (a single query takes the decode kernel, which dequantizes in registers). */
     const int rt = kt == KV_DTYPE_Q8_0 ? KV_DTYPE_F32 : kt; /* type the inner kernels read */
     const uint8_t *krows[KG_ATT_CHUNK + VLEN], *vrows[KG_ATT_CHUNK];
     const float *qp[CPU_ATT_QBLOCK * 16 + KG_QT];
@@ -794,9 +804,9 @@ KG_INLINE void kg_dec_rows(const int32_t *table, int32_t bs, int64_t row_bytes, 
  * KG_DEC_CHUNK positions (one online-softmax step for most contexts), the row maximum is
  * taken over whole score vectors, and nothing is set up per query but its accumulator.
  * Scratch: (group, dh) accumulators, (group, KG_DEC_CHUNK + VLEN) scores, running max
- * and sum per head. f32 and f16 caches (kt); q8_0 stays with the block kernel, whose
- * widened chunks measured 10-25% faster on Qwen3-shaped heads
- * (bench/results/server-2026-11-29.md). Groups of two or four heads larger than a
+ * and sum per head. f32, f16 and q8_0 caches (kt; q8_0 vectors dequantized in registers,
+ * 1.7-3.6x faster on Qwen3-0.6B's shape than the block kernel's chunks widened through
+ * memory, bench/results/cpu-attention-2026-12-01.md). Groups of two or four heads larger than a
  * vector run together (kg_dots_group, kg_weighted_sum_group: each K and V vector
  * loaded once per group), and KV rows are prefetched ahead of their reads, the next
  * chunk's K rows during this chunk's weighted sums: 1.4-1.6x from memory on
@@ -919,7 +929,7 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
 
 /* ---- decode attention over segments of a long context ----------------------------- */
 
-/* Token t (one query, f16 or f32 cache), positions [j_begin, j_end), every head: the
+/* Token t (one query), positions [j_begin, j_end), every head: the
  * unnormalised state part = acc (n_heads, dh), then max (n_heads), then sum (n_heads),
  * for kg_attention_merge. cpu_attention_run hands the threads consecutive segments of
  * one token's context, so that each streams its own stretch of the cache. Split by KV
@@ -930,7 +940,7 @@ KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, 
 static void kg_attention_decode_seg(const struct cpu_attention *a, int64_t t, int32_t j_begin, int32_t j_end,
                                     float *part, float *scratch) {
     const int64_t dh = a->head_dim, H = a->n_heads, group = H / a->n_kv_heads;
-    const bool f16 = a->kv->dtype == KV_DTYPE_F16;
+    const bool f16 = a->kv->dtype == KV_DTYPE_F16, q8 = a->kv->dtype == KV_DTYPE_Q8_0;
     float *acc = part, *mx = part + H * dh, *l = mx + H;
     for (int64_t e = 0; e < H * dh; e++) acc[e] = 0;
     for (int64_t h = 0; h < H; h++) {
@@ -940,6 +950,7 @@ static void kg_attention_decode_seg(const struct cpu_attention *a, int64_t t, in
     for (int64_t h = 0; h < a->n_kv_heads; h++) {
         float *ah = acc + h * group * dh, *mh = mx + h * group, *lh = l + h * group;
         if (f16) kg_attention_decode_range_kt(a, t, h, j_begin, j_end, ah, mh, lh, scratch, KV_DTYPE_F16);
+        else if (q8) kg_attention_decode_range_kt(a, t, h, j_begin, j_end, ah, mh, lh, scratch, KV_DTYPE_Q8_0);
         else kg_attention_decode_range_kt(a, t, h, j_begin, j_end, ah, mh, lh, scratch, KV_DTYPE_F32);
     }
 }
@@ -1222,7 +1233,7 @@ static void kg_attention_block(const struct cpu_attention *a, int64_t t0, int64_
     if (t1 - t0 == 1) {
         switch (a->kv->dtype) {
         case KV_DTYPE_F16: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_F16); return;
-        case KV_DTYPE_Q8_0: break; /* the block kernel, see above */
+        case KV_DTYPE_Q8_0: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_Q8_0); return;
         default: kg_attention_decode_kt(a, t0, kvh, scratch, KV_DTYPE_F32); return;
         }
     }

@@ -497,13 +497,11 @@ static void attention_seg_thread(void *arg, int ith, int nth) {
     ctx->kern->attention_merge(op, 0, parts, ctx->n_seg);
 }
 
-/* The segmented path takes it: one token, an f16 / f32 cache, at least
+/* The segmented path takes it: one token (any cache type) and at least
  * CPU_ATT_SEG_MIN positions; returns false for the per-head paths. */
 static bool attention_segments(const struct cpu_attention *op, const struct cpu_isa_kernels *kern,
                                struct cpu_pool *pool) {
-    if (op->n_tok != 1 || !kern->attention_decode_seg ||
-        (op->kv->dtype != KV_DTYPE_F16 && op->kv->dtype != KV_DTYPE_F32))
-        return false;
+    if (op->n_tok != 1 || !kern->attention_decode_seg) return false;
     int32_t p = op->pos[0];
     int32_t first = op->window > 0 && p + 1 > op->window ? p + 1 - (int32_t)op->window : 0;
     int32_t npos = p + 1 - first;

@@ -100,8 +100,8 @@ struct cpu_attention {
 #define CPU_ATT_QBLOCK 16
 /* Positions per online-softmax step of the single-token (decode) attention kernel. */
 #define CPU_ATT_DEC_CHUNK 128
-/* A single token with at least CPU_ATT_SEG_MIN positions (f16 / f32 cache, heads
- * larger than attention_heads takes) splits them into npos / CPU_ATT_SEG_POS segments,
+/* A single token with at least CPU_ATT_SEG_MIN positions (heads larger than
+ * attention_heads takes) splits them into npos / CPU_ATT_SEG_POS segments,
  * at most CPU_ATT_SEGS_MAX, fixed by npos alone (so the result does not depend on the
  * thread count): threads take consecutive segments, and their states merge in order. */
 #define CPU_ATT_SEG_MIN 256
@@ -205,7 +205,7 @@ struct cpu_isa_kernels {
      * for the shapes attention_heads_ok accepts. */
     bool (*attention_heads_ok)(const struct cpu_attention *a);
     void (*attention_heads)(const struct cpu_attention *a, int64_t t, float *scratch);
-    /* Token t (f16 or f32 cache), positions [j_begin, j_end), every head: the
+    /* Token t, positions [j_begin, j_end), every head: the
      * unnormalised softmax state (acc (n_heads, head_dim), max (n_heads), sum (n_heads))
      * into part; attention_merge combines such states of consecutive segments, in
      * order, into t's output. For long single-token contexts (cpu_attention_run). */
