@@ -436,21 +436,26 @@ static bool attention_single(const struct cpu_attention *op, int64_t t) {
     return !after && !before;
 }
 
-/* Items (block of CPU_ATT_QBLOCK tokens, KV head) are taken one at a time from a
- * counter: prefill items grow with the position, and a thread the OS delays should not
- * hold up the others. Within a block, runs of one sequence at consecutive positions
- * share their K/V reads. With ctx->heads, the first n_tok items are the tokens, and a
- * run of one takes every head in one call there instead. */
+/* Items are taken one at a time from a counter: prefill items grow with the position,
+ * and a thread the OS delays should not hold up the others. The first items are the
+ * runs of one token (decode): with ctx->heads one a token, every head in one call;
+ * otherwise one a (KV head, token), KV head major, so that threads taking consecutive
+ * items read different sequences' rows rather than the same rows a few hundred bytes
+ * apart (see kg_attention_decode_seg). Then (block of CPU_ATT_QBLOCK tokens, KV head)
+ * items for the longer runs, whose tokens share their K/V reads. */
 static void attention_thread(void *arg, int ith, int nth) {
     struct attention_ctx *ctx = arg;
     const struct cpu_attention *op = ctx->op;
     float *scratch = op->scratch + ith * op->scratch_per_thread;
     int64_t n_blocks = (op->n_tok + CPU_ATT_QBLOCK - 1) / CPU_ATT_QBLOCK, it;
-    int64_t n_single = ctx->heads ? op->n_tok : 0;
+    int64_t n_single = ctx->heads ? op->n_tok : op->n_tok * op->n_kv_heads;
     (void)nth;
     while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_single + n_blocks * op->n_kv_heads) {
         if (it < n_single) {
-            if (attention_single(op, it)) ctx->kern->attention_heads(op, it, scratch);
+            int64_t t = it % op->n_tok, kvh = it / op->n_tok;
+            if (!attention_single(op, t)) continue;
+            if (ctx->heads) ctx->kern->attention_heads(op, t, scratch);
+            else ctx->kern->attention_block(op, t, t + 1, kvh, scratch);
             continue;
         }
         it -= n_single;
@@ -459,7 +464,7 @@ static void attention_thread(void *arg, int ith, int nth) {
         for (int64_t t0 = b * CPU_ATT_QBLOCK, t1; t0 < end; t0 = t1) {
             for (t1 = t0 + 1; t1 < end && op->slot[t1] == op->slot[t0] && op->pos[t1] == op->pos[t1 - 1] + 1;)
                 t1++;
-            if (!ctx->heads || t1 - t0 > 1) ctx->kern->attention_block(op, t0, t1, kvh, scratch);
+            if (t1 - t0 > 1) ctx->kern->attention_block(op, t0, t1, kvh, scratch);
         }
     }
 }
