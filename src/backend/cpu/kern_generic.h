@@ -321,7 +321,9 @@ KG_INLINE vf kg_load_kv_n(const uint8_t *row, int64_t d, int n, const int kt) {
     if (kt == KV_DTYPE_Q8_0) { /* not reached: q8_0 heads are whole blocks */
         float tmp[VLEN] = {0};
         const uint8_t *blk = row + d / KV_Q8_0_BLOCK * KV_Q8_0_BLOCK_BYTES;
-        for (int i = 0; i < n; i++) tmp[i] = fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * (float)((const int8_t *)(blk + 2))[d % KV_Q8_0_BLOCK + i];
+        const float scale = fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+        const int8_t *qs = (const int8_t *)(blk + 2) + d % KV_Q8_0_BLOCK;
+        for (int i = 0; i < n; i++) tmp[i] = scale * (float)qs[i];
         return v_load(tmp);
     }
     return kt == KV_DTYPE_F16 ? v_load_f16_n(row + 2 * d, n) : v_load_n((const float *)(const void *)row + d, n);

@@ -424,6 +424,7 @@ struct attention_ctx {
     const struct cpu_attention *op;
     const struct cpu_isa_kernels *kern;
     bool heads; /* single-token runs go to attention_heads, one item per token */
+    bool decode_items; /* a decode batch: one item per (KV head, token) */
     _Atomic int64_t next_item;
 };
 
@@ -438,17 +439,18 @@ static bool attention_single(const struct cpu_attention *op, int64_t t) {
 
 /* Items are taken one at a time from a counter: prefill items grow with the position,
  * and a thread the OS delays should not hold up the others. The first items are the
- * runs of one token (decode): with ctx->heads one a token, every head in one call;
- * otherwise one a (KV head, token), KV head major, so that threads taking consecutive
- * items read different sequences' rows rather than the same rows a few hundred bytes
- * apart (see kg_attention_decode_seg). Then (block of CPU_ATT_QBLOCK tokens, KV head)
- * items for the longer runs, whose tokens share their K/V reads. */
+ * runs of one token (decode): with ctx->heads one a token, every head in one call; in
+ * a batch of nothing but such runs (ctx->decode_items) one a (KV head, token), KV head
+ * major, so that threads taking consecutive items read different sequences' rows rather
+ * than the same rows a few hundred bytes apart (see kg_attention_decode_seg). Then
+ * (block of CPU_ATT_QBLOCK tokens, KV head) items for the rest, whose runs of a sequence
+ * share their K/V reads. */
 static void attention_thread(void *arg, int ith, int nth) {
     struct attention_ctx *ctx = arg;
     const struct cpu_attention *op = ctx->op;
     float *scratch = op->scratch + ith * op->scratch_per_thread;
     int64_t n_blocks = (op->n_tok + CPU_ATT_QBLOCK - 1) / CPU_ATT_QBLOCK, it;
-    int64_t n_single = ctx->heads ? op->n_tok : op->n_tok * op->n_kv_heads;
+    int64_t n_single = ctx->heads ? op->n_tok : ctx->decode_items ? op->n_tok * op->n_kv_heads : 0;
     (void)nth;
     while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_single + n_blocks * op->n_kv_heads) {
         if (it < n_single) {
@@ -464,7 +466,7 @@ static void attention_thread(void *arg, int ith, int nth) {
         for (int64_t t0 = b * CPU_ATT_QBLOCK, t1; t0 < end; t0 = t1) {
             for (t1 = t0 + 1; t1 < end && op->slot[t1] == op->slot[t0] && op->pos[t1] == op->pos[t1 - 1] + 1;)
                 t1++;
-            if (t1 - t0 > 1) ctx->kern->attention_block(op, t0, t1, kvh, scratch);
+            if (t1 - t0 > 1 || !n_single) ctx->kern->attention_block(op, t0, t1, kvh, scratch);
         }
     }
 }
@@ -526,6 +528,8 @@ void cpu_attention_run(const struct cpu_attention *op, const struct cpu_isa_kern
                   cpu_attention_scratch_floats(op->n_heads, op->n_kv_heads, op->head_dim));
     ctx.heads = cpu_attention_heads && kern->attention_heads_ok && kern->attention_heads_ok(op);
     if (!ctx.heads && attention_segments(op, kern, pool)) return;
+    ctx.decode_items = !ctx.heads;
+    for (int64_t t = 0; t < op->n_tok && ctx.decode_items; t++) ctx.decode_items = attention_single(op, t);
     /* multiply-adds of q.k and p.v over every token's positions */
     int64_t work = 0;
     for (int64_t t = 0; t < op->n_tok; t++) work += 2 * ((int64_t)op->pos[t] + 1) * op->n_heads * op->head_dim;
