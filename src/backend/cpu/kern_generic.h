@@ -574,7 +574,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
     const struct kv_cache *kv = a->kv;
     const bool tiled = nq >= KG_QT && nq <= CPU_ATT_QBLOCK * 16;
     int32_t slot = a->slot[t0], p_last = a->pos[t1 - 1], p_first = a->pos[t0];
-    int32_t first = a->window > 0 && p_first + 1 > a->window ? p_first + 1 - (int32_t)a->window : 0;
+    int32_t first = cpu_attention_first(a->window, p_first);
     for (int64_t q = 0; q < nq_pad; q++) {
         mx[q] = -INFINITY;
         l[q] = 0;
@@ -611,7 +611,7 @@ KG_INLINE void kg_attention_block_kt(const struct cpu_attention *a, int64_t t0, 
         for (int64_t q = 0; q < nq; q++) {
             int64_t t = t0 + q / group, g = q % group;
             int32_t p = a->pos[t];
-            int32_t lo_pos = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+            int32_t lo_pos = cpu_attention_first(a->window, p);
             int lo = lo_pos > j0 ? lo_pos - j0 : 0, hi = p + 1 - j0 < n ? p + 1 - j0 : n;
             if (!tiled && hi <= lo) continue;
             float *s = sc + q * ld;
@@ -939,17 +939,22 @@ KG_INLINE void kg_attention_decode_range_kt(const struct cpu_attention *a, int64
     }
 }
 
+/* A fresh online-softmax state of n heads: acc (n, dh) 0, running max -INFINITY, sum 0. */
+KG_INLINE void kg_softmax_state_init(float *acc, float *mx, float *l, int64_t n, int64_t dh) {
+    for (int64_t e = 0; e < n * dh; e++) acc[e] = 0;
+    for (int64_t h = 0; h < n; h++) {
+        mx[h] = -INFINITY;
+        l[h] = 0;
+    }
+}
+
 KG_INLINE void kg_attention_decode_kt(const struct cpu_attention *a, int64_t t, int64_t kvh, float *scratch,
                                       const int kt) {
     const int64_t dh = a->head_dim, group = a->n_heads / a->n_kv_heads;
     float *acc = scratch, *sc = acc + group * dh, *mx = sc + group * (KG_DEC_CHUNK + VLEN), *l = mx + group;
     const int32_t p = a->pos[t];
-    const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
-    for (int64_t e = 0; e < group * dh; e++) acc[e] = 0;
-    for (int64_t g = 0; g < group; g++) {
-        mx[g] = -INFINITY;
-        l[g] = 0;
-    }
+    const int32_t first = cpu_attention_first(a->window, p);
+    kg_softmax_state_init(acc, mx, l, group, dh);
     kg_attention_decode_range_kt(a, t, kvh, first, p + 1, acc, mx, l, sc, kt);
     for (int64_t g = 0; g < group; g++) {
         float *ov = a->out + (t * a->n_heads + kvh * group + g) * dh; /* out (N, H, Dh) */
@@ -973,11 +978,7 @@ static void kg_attention_decode_seg(const struct cpu_attention *a, int64_t t, in
     const int64_t dh = a->head_dim, H = a->n_heads, group = H / a->n_kv_heads;
     const bool f16 = a->kv->dtype == KV_DTYPE_F16, q8 = a->kv->dtype == KV_DTYPE_Q8_0;
     float *acc = part, *mx = part + H * dh, *l = mx + H;
-    for (int64_t e = 0; e < H * dh; e++) acc[e] = 0;
-    for (int64_t h = 0; h < H; h++) {
-        mx[h] = -INFINITY;
-        l[h] = 0;
-    }
+    kg_softmax_state_init(acc, mx, l, H, dh);
     for (int64_t h = 0; h < a->n_kv_heads; h++) {
         float *ah = acc + h * group * dh, *mh = mx + h * group, *lh = l + h * group;
         if (f16) kg_attention_decode_range_kt(a, t, h, j_begin, j_end, ah, mh, lh, scratch, KV_DTYPE_F16);
@@ -1129,7 +1130,7 @@ static void kg_pf_widen(const uint8_t *row, int kt, int64_t dh, float *dst) {
 static void kg_pf_range(const struct cpu_attention *a, int64_t t0, int64_t group, int64_t q, int32_t j0, int n,
                         int *lo, int *hi) {
     int32_t p = a->pos[t0 + q / group];
-    int32_t lo_pos = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    int32_t lo_pos = cpu_attention_first(a->window, p);
     *lo = lo_pos > j0 ? (lo_pos - j0 < n ? lo_pos - j0 : n) : 0;
     *hi = p + 1 - j0 < n ? (p + 1 - j0 > 0 ? p + 1 - j0 : 0) : n;
 }
@@ -1189,9 +1190,9 @@ static void kg_attention_prefill(const struct cpu_attention *a, int64_t t0, int6
     const uint8_t *krows[CPU_ATT_PF_CHUNK], *vrows[CPU_ATT_PF_CHUNK];
     const struct kv_cache *kv = a->kv;
     int32_t slot = a->slot[t0], p_first = a->pos[t0], p_last = a->pos[t1 - 1];
-    int32_t first = a->window > 0 && p_first + 1 > a->window ? p_first + 1 - (int32_t)a->window : 0;
+    int32_t first = cpu_attention_first(a->window, p_first);
     /* positions every query of the block sees: [all_lo, p_first] */
-    int32_t all_lo = a->window > 0 && p_last + 1 > a->window ? p_last + 1 - (int32_t)a->window : 0;
+    int32_t all_lo = cpu_attention_first(a->window, p_last);
     for (int64_t q = 0; q < ldq; q++) {
         mx[q] = -INFINITY;
         l[q] = 0;
@@ -1372,7 +1373,7 @@ KG_INLINE void kg_attention_heads_kt(const struct cpu_attention *a, int64_t t, f
     float *st = sc + G * ld; /* (nv, nst, VLEN): acc, max, sum between chunks */
     int64_t roff[KG_DEC_CHUNK + VLEN];
     const int32_t p = a->pos[t], bs = kv->block_size;
-    const int32_t first = a->window > 0 && p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    const int32_t first = cpu_attention_first(a->window, p);
     const int64_t row_bytes = kv->row_bytes[a->layer];
     const int32_t *table = kv->block_table + (int64_t)a->slot[t] * kv->max_blocks_per_slot;
     const uint8_t *kbase = kv->k[a->layer], *vbase = kv->v[a->layer];

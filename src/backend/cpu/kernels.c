@@ -455,7 +455,7 @@ static void attention_thread(void *arg, int ith, int nth) {
     while ((it = atomic_fetch_add(&ctx->next_item, 1)) < n_single + n_blocks * op->n_kv_heads) {
         if (it < n_single) {
             int64_t t = it % op->n_tok, kvh = it / op->n_tok;
-            if (!attention_single(op, t)) continue;
+            if (!ctx->decode_items && !attention_single(op, t)) continue; /* decode_items: all are */
             if (ctx->heads) ctx->kern->attention_heads(op, t, scratch);
             else ctx->kern->attention_block(op, t, t + 1, kvh, scratch);
             continue;
@@ -510,7 +510,7 @@ static bool attention_segments(const struct cpu_attention *op, const struct cpu_
                                struct cpu_pool *pool) {
     if (op->n_tok != 1 || !kern->attention_decode_seg) return false;
     int32_t p = op->pos[0];
-    int32_t first = op->window > 0 && p + 1 > op->window ? p + 1 - (int32_t)op->window : 0;
+    int32_t first = cpu_attention_first(op->window, p);
     int32_t npos = p + 1 - first;
     if (npos < CPU_ATT_SEG_MIN) return false;
     struct attention_seg_ctx ctx = {.op = op, .kern = kern, .first = first, .npos = npos,

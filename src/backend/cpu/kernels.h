@@ -96,6 +96,11 @@ struct cpu_attention {
     float *scratch; /* cpu_attention_scratch_floats(...) per pool thread */
     int64_t scratch_per_thread;
 };
+/* The first position a query at position p attends to: p + 1 - window with a window
+ * (0: unlimited), never below 0. */
+static inline int32_t cpu_attention_first(int64_t window, int32_t p) {
+    return window > 0 && p + 1 > window ? p + 1 - (int32_t)window : 0;
+}
 /* Query tokens one attention work item takes together (their K/V reads are shared). */
 #define CPU_ATT_QBLOCK 16
 /* Positions per online-softmax step of the single-token (decode) attention kernel. */

@@ -358,7 +358,7 @@ static enum llmopt_status run_attention(struct cpu_state *s, const struct ir_nod
     }
     for (int64_t t = 0; t < n_tok; t++) {
         int32_t p = pos[t];
-        int32_t first = n->attrs.window > 0 && p + 1 > n->attrs.window ? p + 1 - (int32_t)n->attrs.window : 0;
+        int32_t first = cpu_attention_first(n->attrs.window, p);
         int64_t n_ctx = p + 1 - first;
         if (n_ctx > s->score_cap)
             return err_set(err, LLMOPT_ERR_LIMIT, "attention: %lld positions exceed the plan's %lld",
