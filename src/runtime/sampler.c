@@ -1,4 +1,5 @@
 #include "runtime/sampler.h"
+#include "runtime/sample_exp.h"
 
 #include "base/status.h"
 
@@ -149,6 +150,8 @@ void sampler_free(struct sampler *s) {
     free(s);
 }
 
+const struct sampler_params *sampler_get_params(const struct sampler *s) { return &s->params; }
+
 void sampler_reset(struct sampler *s, uint64_t seed) {
     uint64_t x = seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64_next(&x);
@@ -157,37 +160,61 @@ void sampler_reset(struct sampler *s, uint64_t seed) {
 
 /* ---- penalties ---- */
 
-static void sampler_apply_penalties(struct sampler *s, float *logits,
-                                    const int32_t *history, size_t n_history) {
+float sampler_penalize(const struct sampler_params *p, float logit, int32_t count) {
+    if (p->repeat_penalty != 1.0f)
+        logit = logit > 0.0f ? logit / p->repeat_penalty : logit * p->repeat_penalty;
+    return logit - (p->presence_penalty + (float)count * p->frequency_penalty);
+}
+
+/* Visits the distinct ids of the penalty window in the order of their first appearance,
+ * with their counts: penalizes logits[id] in place (logits set) and/or records the pair
+ * (ids/counts set, at most cap of them). Returns the number of distinct ids, or -1 when
+ * there were more than cap to record. Counts, then visits the window again: the first
+ * visit of an id takes it and zeroes its count, which both skips its repeats and
+ * leaves window_count all zero for the next call, at O(window) cost instead of
+ * O(n_vocab). */
+static int32_t penalty_visit(struct sampler *s, const int32_t *history, size_t n_history, float *logits,
+                             int32_t *ids, int32_t *counts, int32_t cap) {
     const struct sampler_params *p = &s->params;
     if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
         p->frequency_penalty == 0.0f)
-        return;
-    if (p->repeat_last_n == 0 || n_history == 0) return;
+        return 0;
+    if (p->repeat_last_n == 0 || n_history == 0) return 0;
     size_t window = n_history;
     if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_history)
         window = (size_t)p->repeat_last_n;
     const int32_t *recent = history + (n_history - window);
 
-    /* Count, then visit the window again: the first visit of an id penalizes it and
-     * zeroes its count, which both skips its repeats and leaves window_count all zero
-     * for the next call, at O(window) cost instead of O(n_vocab). */
     for (size_t i = 0; i < window; i++) {
         int32_t id = recent[i];
         if (id >= 0 && id < s->n_vocab && s->window_count[id] < INT32_MAX)
             s->window_count[id]++;
     }
+    int32_t n = 0;
     for (size_t i = 0; i < window; i++) {
         int32_t id = recent[i];
         if (id < 0 || id >= s->n_vocab || s->window_count[id] == 0) continue;
         int32_t count = s->window_count[id];
         s->window_count[id] = 0;
-        float l = logits[id];
-        if (p->repeat_penalty != 1.0f)
-            l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
-        l -= p->presence_penalty + (float)count * p->frequency_penalty;
-        logits[id] = l;
+        if (logits) logits[id] = sampler_penalize(p, logits[id], count);
+        if (n < 0) continue; /* over cap: only zeroing counts */
+        if (ids && n == cap) {
+            n = -1;
+            continue;
+        }
+        if (ids) {
+            ids[n] = id;
+            counts[n] = count;
+        }
+        n++;
     }
+    return n;
+}
+
+int32_t sampler_penalty_list(struct sampler *s, const int32_t *history, size_t n_history,
+                             int32_t *ids, int32_t *counts, int32_t cap) {
+    LLMOPT_ASSERT(s && ids && counts && cap >= 0 && (history || n_history == 0));
+    return penalty_visit(s, history, n_history, NULL, ids, counts, cap);
 }
 
 /* ---- ranking and heaps over candidates ---- */
@@ -322,12 +349,14 @@ static int32_t sampler_greedy(const struct sampler *s, const float *logits,
         } else {
             double z = 0.0;
             for (int32_t i = 0; i < s->n_vocab; i++)
-                z += expf(logit_sanitize(logits[i]) - best_logit);
+                z += sample_exp(logit_sanitize(logits[i]) - best_logit);
             *prob_out = (float)(1.0 / z);
         }
     }
     return best;
 }
+
+static int32_t sampler_draw(struct sampler *s, size_t m, float max_logit, bool sorted, float *prob_out);
 
 /* No heap allocation on this path, by design: every buffer it touches (cand,
  * window_count) was sized to n_vocab by sampler_create, and the only sort is an
@@ -336,7 +365,7 @@ int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
                        size_t n_history, float *prob_out) {
     LLMOPT_ASSERT(s && logits && (history || n_history == 0));
     const struct sampler_params *p = &s->params;
-    sampler_apply_penalties(s, logits, history, n_history);
+    penalty_visit(s, history, n_history, logits, NULL, NULL, 0);
     if (p->temperature <= 0.0f) return sampler_greedy(s, logits, prob_out);
 
     /* Gather candidates (finite logits). With top-k on, a worst-on-top heap of size k
@@ -370,14 +399,104 @@ int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
         for (size_t n = m; n > 1; n--) heap_pop(cand, n, false); /* worst to the back */
         sorted = true;
     }
+    return sampler_draw(s, m, max_logit, sorted, prob_out);
+}
 
+int32_t sampler_device_k(const struct sampler *s) {
+    const struct sampler_params *p = &s->params;
+    if (p->temperature <= 0.0f) return 1;
+    return p->top_k > 0 && p->top_k < s->n_vocab && p->top_k <= SAMPLER_RANKED_MAX ? p->top_k : 0;
+}
+
+bool sampler_device_full(const struct sampler *s) {
+    const struct sampler_params *p = &s->params;
+    return p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= s->n_vocab) && p->top_p >= 1.0f;
+}
+
+double sampler_peek_uniform(const struct sampler *s) {
+    uint64_t copy[4] = {s->rng[0], s->rng[1], s->rng[2], s->rng[3]};
+    return rng_uniform(copy);
+}
+
+void sampler_take_uniform(struct sampler *s) { (void)rng_uniform(s->rng); }
+
+int32_t sampler_sample_ranked(struct sampler *s, const int32_t *ids, const float *logits, int32_t n) {
+    LLMOPT_ASSERT(s && (ids || n == 0) && (logits || n == 0));
+    const int32_t k = sampler_device_k(s);
+    LLMOPT_ASSERT(k > 0);
+    struct sampler_cand *cand = s->cand;
+    size_t m = 0;
+    for (int32_t j = 0; j < n && m < (size_t)k; j++) {
+        if (ids[j] < 0 || ids[j] >= s->n_vocab) break; /* past the row's candidates */
+        float l = logit_sanitize(logits[j]);
+        if (l == -INFINITY) break; /* ranked: every later one is -inf too */
+        cand[m++] = (struct sampler_cand){.id = ids[j], .logit = l, .p = 0.0f};
+    }
+    if (m == 0) return 0; /* everything masked: nothing to draw (greedy's answer too) */
+    if (s->params.temperature <= 0.0f) return cand[0].id;
+    return sampler_draw(s, m, cand[0].logit, true, NULL);
+}
+
+/* keep[0, n) in id order: the probabilities summed in SAMPLE_DRAW_BLOCK blocks of ids,
+ * each in order, then the blocks' sums in order. */
+static double draw_blocks_sum(const struct sampler_cand *keep, size_t n) {
+    double z = 0.0;
+    for (size_t j = 0; j < n;) {
+        const int32_t b = keep[j].id / SAMPLE_DRAW_BLOCK;
+        double sb = 0.0;
+        for (; j < n && keep[j].id / SAMPLE_DRAW_BLOCK == b; j++) sb += keep[j].p;
+        z += sb;
+    }
+    return z;
+}
+
+/* The first j whose cumulative mass, (the earlier blocks' sums, added in order) + (its
+ * block's sum through j), exceeds target; n - 1 when none does. */
+static size_t draw_blocks_walk(const struct sampler_cand *keep, size_t n, double target) {
+    double before = 0.0;
+    for (size_t j = 0; j < n;) {
+        const int32_t b = keep[j].id / SAMPLE_DRAW_BLOCK;
+        size_t end = j;
+        double sb = 0.0;
+        for (; end < n && keep[end].id / SAMPLE_DRAW_BLOCK == b; end++) sb += keep[end].p;
+        if (target < before + sb) {
+            double s = 0.0;
+            for (; j < end; j++) {
+                s += keep[j].p;
+                if (target < before + s) return j;
+            }
+        }
+        before += sb;
+        j = end;
+    }
+    return n - 1;
+}
+
+/* The chain after the candidates are gathered: s->cand[0, m) holds every finite
+ * candidate (the best k, ranked best first, when sorted), max_logit the best logit. */
+static int32_t sampler_draw(struct sampler *s, size_t m, float max_logit, bool sorted, float *prob_out) {
+    const struct sampler_params *p = &s->params;
+    struct sampler_cand *cand = s->cand;
     /* Softmax with temperature, unnormalized: the best token gets exactly 1. Division
      * rather than a reciprocal multiply: with a tiny temperature 1/T is inf and
      * 0 * inf would be NaN for the best token. */
     const float temperature = p->temperature;
     double z = 0.0;
-    for (size_t j = 0; j < m; j++) {
-        cand[j].p = expf((cand[j].logit - max_logit) / temperature);
+    size_t j0 = 0;
+#if defined(__SSE2__)
+    const __m128 vmax = _mm_set1_ps(max_logit), vt = _mm_set1_ps(temperature);
+    for (; j0 + 4 <= m; j0 += 4) { /* the scalar loop's bits, 4 at a time */
+        const __m128 l = _mm_setr_ps(cand[j0].logit, cand[j0 + 1].logit, cand[j0 + 2].logit, cand[j0 + 3].logit);
+        float p4[4];
+        _mm_storeu_ps(p4, sample_exp4(_mm_div_ps(_mm_sub_ps(l, vmax), vt)));
+        for (int q = 0; q < 4; q++) {
+            cand[j0 + q].p = p4[q];
+            z += p4[q];
+        }
+    }
+#endif
+    for (size_t j = j0; j < m; j++) {
+        cand[j].p = sample_exp((cand[j].logit - max_logit) / temperature);
         z += cand[j].p;
     }
 
@@ -392,6 +511,7 @@ int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
     /* top-p, against the full softmax (z, before min-p): the smallest best-first set
      * whose mass reaches top_p. The survivors end up as cand[first, first + n_keep). */
     size_t first = 0, n_keep = kept;
+    bool id_order = !sorted; /* keep[] still in id order (no top-p partition) */
     if (p->top_p < 1.0f && kept > 1) {
         const double target = (double)p->top_p * z;
         if (sorted) {
@@ -451,17 +571,24 @@ int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
                 }
                 first = heap_n;
                 n_keep = mid - heap_n;
+                id_order = false;
             }
         }
     }
 
     /* Renormalize over the survivors and draw. */
     const struct sampler_cand *keep = cand + first;
+    size_t pick = n_keep - 1; /* if rounding leaves target >= the sum */
+    if (id_order) { /* sample_exp.h's block order, which a device reproduces */
+        const double z_keep = draw_blocks_sum(keep, n_keep);
+        pick = draw_blocks_walk(keep, n_keep, rng_uniform(s->rng) * z_keep);
+        if (prob_out) *prob_out = (float)(keep[pick].p / z_keep);
+        return keep[pick].id;
+    }
     double z_keep = 0.0;
     for (size_t j = 0; j < n_keep; j++) z_keep += keep[j].p;
     const double target = rng_uniform(s->rng) * z_keep;
     double cum = 0.0;
-    size_t pick = n_keep - 1; /* if rounding leaves target >= the sum */
     for (size_t j = 0; j < n_keep; j++) {
         cum += keep[j].p;
         if (target < cum) {

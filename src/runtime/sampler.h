@@ -9,9 +9,9 @@
  * whose logit is -inf is never drawn.
  *
  * Determinism: the PRNG is the sampler's own (xoshiro256** seeded through splitmix64),
- * so a seed gives the same draws everywhere; the probabilities go through the C
- * library's expf, which may differ by an ulp between libms, so a draw sitting exactly
- * on a boundary may resolve differently on another platform.
+ * and the probabilities come from sample_exp (runtime/sample_exp.h: operations every
+ * IEEE machine rounds alike, not the C library's expf), so a seed gives the same draws
+ * from the same logits everywhere, a CUDA device included.
  *
  * One sampler per sequence; a sampler is not safe to share between threads. */
 #ifndef LLMOPT_RUNTIME_SAMPLER_H
@@ -19,6 +19,7 @@
 
 #include "llmopt.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +57,9 @@ enum llmopt_status sampler_create(const struct sampler_params *p, int32_t n_voca
                                   struct sampler **out, struct llmopt_err *err);
 void sampler_free(struct sampler *s);
 
+/* The parameters s was made with (seed: the last sampler_reset's). */
+const struct sampler_params *sampler_get_params(const struct sampler *s);
+
 /* Restarts the PRNG from seed: the draws that follow repeat those of a fresh sampler
  * created with that seed. */
 void sampler_reset(struct sampler *s, uint64_t seed);
@@ -73,5 +77,49 @@ void sampler_reset(struct sampler *s, uint64_t seed);
  * Allocates nothing: all scratch comes from sampler_create. */
 int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
                        size_t n_history, float *prob_out);
+
+/* ---- sampling from candidates picked elsewhere (a device backend) ----
+ *
+ * A backend that holds the logits can apply the penalties and pick the best k
+ * candidates itself; the draw then runs here on those alone, with the bits of
+ * sampler_sample on the whole row: with top-k on, sampler_sample draws from the best k
+ * alone, and greedy picks the best. */
+
+#define SAMPLER_RANKED_MAX 256
+
+/* How many of the best candidates (after the penalties) sampler_sample_ranked needs:
+ * 1 for greedy, top_k where 1 <= top_k <= SAMPLER_RANKED_MAX and top_k < n_vocab,
+ * else 0 (the whole row: top-k off or larger). */
+int32_t sampler_device_k(const struct sampler *s);
+
+/* logit with the penalties of an id seen count times in the window: the repeat penalty
+ * (logit > 0 ? logit / repeat : logit * repeat, unless repeat is 1), then minus
+ * presence + count * frequency. sampler_sample applies exactly this. */
+float sampler_penalize(const struct sampler_params *p, float logit, int32_t count);
+
+/* The penalties sampler_sample would apply for this history, as (id, count) pairs: the
+ * window's distinct ids in the order of their first appearance, each with its count.
+ * Returns the number of pairs (0 when the penalties are off), or -1 when there are
+ * more than cap. */
+int32_t sampler_penalty_list(struct sampler *s, const int32_t *history, size_t n_history,
+                             int32_t *ids, int32_t *counts, int32_t cap);
+
+/* Whether s draws from the whole row (temperature > 0, top-k off or at least n_vocab,
+ * top-p off): then its probabilities (sample_exp((logit - max) / temperature), kept
+ * where > 0 and >= min_p) are summed and walked in id order in the blocks of
+ * sample_exp.h, which a device can reproduce with the next uniform
+ * (sampler_peek_uniform) and hand back the id; sampler_take_uniform then advances the
+ * PRNG as sampler_sample would have (it draws unless no logit is finite). */
+bool sampler_device_full(const struct sampler *s);
+double sampler_peek_uniform(const struct sampler *s);
+void sampler_take_uniform(struct sampler *s);
+
+/* Draws from the n best candidates of the penalized row, best first (the rank order:
+ * higher logit, then lower id; NaN as -inf, +inf as FLT_MAX), n >= sampler_device_k(s)
+ * unless the row has fewer finite logits: entries after the first -inf logit or id
+ * outside [0, n_vocab) are not candidates. Returns the id sampler_sample would return
+ * for that row and the same PRNG state (0 when there is no candidate).
+ * sampler_device_k(s) must be > 0. */
+int32_t sampler_sample_ranked(struct sampler *s, const int32_t *ids, const float *logits, int32_t n);
 
 #endif

@@ -5,6 +5,7 @@
  * malloc wrapping that proves it is set up by the lead elsewhere; nothing here checks
  * it. */
 #include "runtime/sampler.h"
+#include "runtime/sample_exp.h"
 
 #include "base/status.h"
 #include "test.h"
@@ -923,8 +924,300 @@ static void test_top_p_large_vocab(void) {
             }
 }
 
+/* ---- sampling from ranked candidates (a device backend's path) ---- */
+
+struct ranked_entry {
+    int32_t id;
+    float logit; /* sanitized */
+};
+
+static int ranked_cmp(const void *a, const void *b) {
+    const struct ranked_entry *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* What a backend hands over: the row penalized by the pair list, every entry ranked
+ * (sanitized logit, then id), the best n of them. */
+static int rank_penalized(const struct sampler_params *p, const float *logits, int n_vocab,
+                          const int32_t *ids, const int32_t *counts, int32_t n_pairs,
+                          struct ranked_entry *all, int n, int32_t *out_ids, float *out_logits) {
+    float *row = malloc((size_t)n_vocab * sizeof *row);
+    memcpy(row, logits, (size_t)n_vocab * sizeof *row);
+    for (int32_t j = 0; j < n_pairs; j++) row[ids[j]] = sampler_penalize(p, row[ids[j]], counts[j]);
+    for (int i = 0; i < n_vocab; i++) {
+        float l = row[i];
+        if (isnan(l)) l = -INFINITY;
+        if (l == INFINITY) l = FLT_MAX;
+        all[i] = (struct ranked_entry){i, l};
+    }
+    free(row);
+    qsort(all, (size_t)n_vocab, sizeof *all, ranked_cmp);
+    if (n > n_vocab) n = n_vocab;
+    for (int j = 0; j < n; j++) {
+        out_ids[j] = all[j].id;
+        out_logits[j] = all[j].logit;
+    }
+    return n;
+}
+
+/* sampler_sample_ranked on the best k of the penalized row gives sampler_sample's id on
+ * the whole row, draw after draw (the PRNG states stay in step), for greedy and top-k
+ * chains with penalties, ties, NaN and infinities. */
+static void test_ranked_matches_sample(void) {
+    enum { V = 3000, STEPS = 40 };
+    float *logits = malloc(V * sizeof *logits), *work = malloc(V * sizeof *work);
+    float *cl = malloc(SAMPLER_RANKED_MAX * sizeof *cl);
+    int32_t *cid = malloc(SAMPLER_RANKED_MAX * sizeof *cid);
+    struct ranked_entry *all = malloc(V * sizeof *all);
+    int32_t pen_ids[256], pen_counts[256], history[STEPS + 100];
+    const struct {
+        float temperature, top_p, min_p, repeat, presence, frequency;
+        int32_t top_k, last_n;
+    } cases[] = {
+        {0.0f, 1.0f, 0.0f, 1.3f, 0.0f, 0.0f, 0, 64},        /* greedy with a penalty */
+        {0.8f, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 40, 64},     /* the CLI default */
+        {1.0f, 1.0f, 0.0f, 1.1f, 0.4f, 0.2f, 1, 32},        /* top-k 1 */
+        {1.5f, 0.9f, 0.0f, 1.2f, -0.5f, 0.3f, 256, -1},     /* the cap, whole history */
+        {0.7f, 0.5f, 0.1f, 0.8f, 0.0f, 0.0f, 7, 16},
+        {2.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 100, 64},
+    };
+    for (size_t c = 0; c < LLMOPT_ARRAY_LEN(cases); c++) {
+        struct sampler_params p = params_plain(cases[c].temperature);
+        p.top_k = cases[c].top_k;
+        p.top_p = cases[c].top_p;
+        p.min_p = cases[c].min_p;
+        p.repeat_penalty = cases[c].repeat;
+        p.presence_penalty = cases[c].presence;
+        p.frequency_penalty = cases[c].frequency;
+        p.repeat_last_n = cases[c].last_n;
+        p.seed = 77 + c;
+        struct sampler *whole = make_sampler(&p, V), *ranked = make_sampler(&p, V);
+        const int32_t k = sampler_device_k(ranked);
+        CHECK_MSG(k == (p.temperature <= 0.0f ? 1 : p.top_k), "case %zu: device k %d", c, k);
+        int32_t n_hist = 0;
+        for (int i = 0; i < 60; i++) history[n_hist++] = (int32_t)(test_rng_next() % 40); /* repeats */
+        for (int step = 0; step < STEPS; step++) {
+            fill_logits(logits, V, 1.0f + (float)(step % 3));
+            for (int i = 0; i < V; i += 97) logits[i] = logits[(i + 1) % V]; /* ties */
+            logits[(step * 13) % V] = NAN;
+            logits[(step * 17 + 5) % V] = -INFINITY;
+            if (step % 5 == 0) logits[(step * 19 + 7) % V] = INFINITY;
+            if (step % 7 == 0) logits[history[n_hist - 1]] = 8.0f; /* a penalized favourite */
+            int32_t n_pairs = sampler_penalty_list(ranked, history, (size_t)n_hist, pen_ids, pen_counts, 256);
+            CHECK_MSG(n_pairs >= 0, "case %zu step %d: %d pairs", c, step, n_pairs);
+            int n = rank_penalized(&p, logits, V, pen_ids, pen_counts, n_pairs, all, k, cid, cl);
+            memcpy(work, logits, V * sizeof *work);
+            const int32_t want = sampler_sample(whole, work, history, (size_t)n_hist, NULL);
+            const int32_t got = sampler_sample_ranked(ranked, cid, cl, n);
+            if (got != want) {
+                CHECK_MSG(0, "case %zu step %d: ranked %d, whole row %d", c, step, got, want);
+                break;
+            }
+            history[n_hist++] = got;
+        }
+        sampler_free(whole);
+        sampler_free(ranked);
+    }
+    /* top-k off, or at least the vocabulary, or above the cap: the whole row */
+    struct sampler_params p = params_plain(1.0f);
+    struct sampler *s = make_sampler(&p, V);
+    CHECK_EQ_INT(sampler_device_k(s), 0);
+    sampler_free(s);
+    p.top_k = SAMPLER_RANKED_MAX + 1;
+    s = make_sampler(&p, V);
+    CHECK_EQ_INT(sampler_device_k(s), 0);
+    sampler_free(s);
+    p.top_k = 10;
+    s = make_sampler(&p, 10);
+    CHECK_EQ_INT(sampler_device_k(s), 0);
+    sampler_free(s);
+
+    /* Fewer finite logits than k: the candidates end at the first -inf. */
+    p.top_k = 5;
+    s = make_sampler(&p, V);
+    struct sampler *w = make_sampler(&p, V);
+    for (int i = 0; i < V; i++) logits[i] = -INFINITY;
+    logits[10] = 1.0f;
+    logits[20] = 2.0f;
+    int n = rank_penalized(&p, logits, V, NULL, NULL, 0, all, 5, cid, cl);
+    for (int i = 0; i < 8; i++) {
+        memcpy(work, logits, V * sizeof *work);
+        CHECK_EQ_INT(sampler_sample_ranked(s, cid, cl, n), sampler_sample(w, work, NULL, 0, NULL));
+    }
+    for (int i = 0; i < V; i++) logits[i] = NAN;
+    n = rank_penalized(&p, logits, V, NULL, NULL, 0, all, 5, cid, cl);
+    CHECK_EQ_INT(sampler_sample_ranked(s, cid, cl, n), 0);
+    sampler_free(s);
+    sampler_free(w);
+
+    /* The pair list: first appearances in order, counts, -1 past the cap, and the next
+     * call unaffected by the one that overflowed. */
+    p = params_plain(1.0f);
+    p.repeat_penalty = 1.1f;
+    p.repeat_last_n = 6;
+    s = make_sampler(&p, V);
+    const int32_t h[] = {9, 4, 4, 7, -3, 4, 9, 5000};
+    int32_t n_pairs = sampler_penalty_list(s, h, LLMOPT_ARRAY_LEN(h), pen_ids, pen_counts, 64);
+    CHECK_EQ_INT(n_pairs, 3); /* window {4, 7, -3, 4, 9, 5000}: 4 x2, 7, 9 */
+    CHECK(pen_ids[0] == 4 && pen_counts[0] == 2 && pen_ids[1] == 7 && pen_counts[1] == 1 &&
+          pen_ids[2] == 9 && pen_counts[2] == 1);
+    CHECK_EQ_INT(sampler_penalty_list(s, h, LLMOPT_ARRAY_LEN(h), pen_ids, pen_counts, 2), -1);
+    CHECK_EQ_INT(sampler_penalty_list(s, h, LLMOPT_ARRAY_LEN(h), pen_ids, pen_counts, 3), 3);
+    CHECK(pen_counts[0] == 2 && pen_counts[1] == 1 && pen_counts[2] == 1);
+    sampler_free(s);
+    p.repeat_penalty = 1.0f; /* penalties off: no pairs */
+    s = make_sampler(&p, V);
+    CHECK_EQ_INT(sampler_penalty_list(s, h, LLMOPT_ARRAY_LEN(h), pen_ids, pen_counts, 64), 0);
+    sampler_free(s);
+    free(logits);
+    free(work);
+    free(cl);
+    free(cid);
+    free(all);
+}
+
+/* sample_exp: 1 at 0, 0 at -inf and at or below -87, within 1.5 ulp of e^x above;
+ * sample_exp4 (SSE2) the same bits lane by lane. */
+static void test_sample_exp(void) {
+    CHECK(sample_exp(0.0f) == 1.0f && sample_exp(-0.0f) == 1.0f);
+    CHECK(sample_exp(-INFINITY) == 0.0f && sample_exp(NAN) == 0.0f && sample_exp(-200.0f) == 0.0f &&
+          sample_exp(-87.0f) == 0.0f && sample_exp(-86.99f) > 0.0f);
+    enum { N = 200000 };
+    float *xs = malloc(N * sizeof *xs);
+    double worst = 0.0;
+    for (int i = 0; i < N; i++) {
+        float x = -87.0f * test_uniform();
+        if (i < 1000) x = -(float)i * 1e-3f; /* near 0 */
+        if (i % 997 == 0) x = i % 2 ? NAN : -INFINITY;
+        if (i % 991 == 0) x = -87.0f - (float)(i % 7);
+        xs[i] = x;
+        if (!(x > -87.0f)) continue;
+        const double want = exp((double)x), got = sample_exp(x);
+        const double e = fabs(got - want) / ldexp(1.0, ilogb(want) - 23);
+        worst = e > worst ? e : worst;
+    }
+    CHECK_MSG(worst <= 1.5, "sample_exp: worst error %.2f ulp", worst);
+#if defined(__SSE2__)
+    int differ = 0;
+    for (int i = 0; i + 4 <= N; i += 4) {
+        float v[4];
+        _mm_storeu_ps(v, sample_exp4(_mm_loadu_ps(xs + i)));
+        for (int l = 0; l < 4; l++) {
+            const float a = sample_exp(xs[i + l]);
+            differ += memcmp(&a, &v[l], sizeof a) != 0;
+        }
+    }
+    CHECK_MSG(differ == 0, "sample_exp4: %d of %d lanes differ from sample_exp", differ, N);
+#endif
+    free(xs);
+}
+
+/* The whole-row draw (top-k and top-p off) against the rule a device reproduces,
+ * written over the whole vocabulary: probabilities of the finite logits, kept where
+ * > 0 and >= min_p, summed in SAMPLE_DRAW_BLOCK blocks, the next uniform (peeked,
+ * then taken by the draw) times the sum, walked as (earlier blocks) + (block so far). */
+static int32_t draw_rule(const float *logits, int n, float temperature, float min_p, double u) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        float l = isnan(logits[i]) ? -INFINITY : logits[i] == INFINITY ? FLT_MAX : logits[i];
+        max = l > max ? l : max;
+    }
+    if (max == -INFINITY) return -1;
+    double sums[64] = {0}, z = 0.0;
+    const int nb = (n + SAMPLE_DRAW_BLOCK - 1) / SAMPLE_DRAW_BLOCK;
+    float *p = malloc((size_t)n * sizeof *p);
+    int32_t last = -1;
+    for (int i = 0; i < n; i++) {
+        float l = isnan(logits[i]) ? -INFINITY : logits[i] == INFINITY ? FLT_MAX : logits[i];
+        p[i] = l == -INFINITY ? 0.0f : sample_exp((l - max) / temperature);
+        if (!(p[i] > 0.0f && p[i] >= min_p)) p[i] = 0.0f;
+        sums[i / SAMPLE_DRAW_BLOCK] += p[i];
+        if (p[i] > 0.0f) last = i;
+    }
+    for (int b = 0; b < nb; b++) z += sums[b];
+    const double target = u * z;
+    double before = 0.0;
+    int32_t pick = last;
+    for (int b = 0; b < nb && pick == last; b++) {
+        if (target < before + sums[b]) {
+            double sb = 0.0;
+            for (int i = b * SAMPLE_DRAW_BLOCK; i < n && i < (b + 1) * SAMPLE_DRAW_BLOCK; i++)
+                if (p[i] > 0.0f) {
+                    sb += p[i];
+                    if (target < before + sb) {
+                        pick = i;
+                        break;
+                    }
+                }
+            break;
+        }
+        before += sums[b];
+    }
+    free(p);
+    return pick;
+}
+
+static void test_full_draw_rule(void) {
+    enum { V = 3000 };
+    float logits[V], work[V];
+    const struct {
+        float temperature, min_p, scale;
+        int32_t top_k;
+    } cases[] = {{1.0f, 0.0f, 1.0f, 0}, {0.7f, 0.05f, 3.0f, 0}, {1.5f, 0.0f, 0.3f, V}, {0.05f, 0.0f, 2.0f, -1}};
+    for (size_t c = 0; c < LLMOPT_ARRAY_LEN(cases); c++) {
+        struct sampler_params p = params_plain(cases[c].temperature);
+        p.min_p = cases[c].min_p;
+        p.top_k = cases[c].top_k;
+        p.seed = 900 + c;
+        struct sampler *s = make_sampler(&p, V);
+        CHECK(sampler_device_full(s) && sampler_device_k(s) == 0);
+        for (int step = 0; step < 300; step++) {
+            fill_logits(logits, V, cases[c].scale);
+            logits[(step * 7) % V] = NAN;
+            logits[(step * 11 + 1) % V] = -INFINITY;
+            if (step % 50 == 0) logits[(step * 13 + 2) % V] = INFINITY;
+            const double u = sampler_peek_uniform(s);
+            CHECK(u == sampler_peek_uniform(s)); /* a peek takes nothing */
+            const int32_t want = draw_rule(logits, V, p.temperature, p.min_p, u);
+            memcpy(work, logits, sizeof logits);
+            const int32_t got = sampler_sample(s, work, NULL, 0, NULL);
+            if (got != want) {
+                CHECK_MSG(0, "case %zu step %d: sampler %d, rule %d", c, step, got, want);
+                break;
+            }
+        }
+        sampler_free(s);
+    }
+    /* top-p or a top-k below the vocabulary: not a whole-row draw */
+    struct sampler_params p = params_plain(1.0f);
+    p.top_p = 0.9f;
+    struct sampler *s = make_sampler(&p, V);
+    CHECK(!sampler_device_full(s));
+    sampler_free(s);
+    p = params_plain(0.0f);
+    s = make_sampler(&p, V);
+    CHECK(!sampler_device_full(s));
+    sampler_free(s);
+    /* the PRNG advances once a draw, as sampler_take_uniform does */
+    p = params_plain(1.0f);
+    struct sampler *a = make_sampler(&p, V), *b = make_sampler(&p, V);
+    fill_logits(logits, V, 1.0f);
+    memcpy(work, logits, sizeof logits);
+    sampler_sample(a, work, NULL, 0, NULL);
+    sampler_take_uniform(b);
+    CHECK(sampler_peek_uniform(a) == sampler_peek_uniform(b));
+    for (int i = 0; i < V; i++) work[i] = -INFINITY; /* nothing to draw: nothing taken */
+    const double before = sampler_peek_uniform(a);
+    CHECK_EQ_INT(sampler_sample(a, work, NULL, 0, NULL), 0);
+    CHECK(sampler_peek_uniform(a) == before);
+    sampler_free(a);
+    sampler_free(b);
+}
+
 TEST_MAIN(test_defaults_and_validation, test_greedy_is_argmax, test_greedy_matches_reference, test_seed_determinism,
           test_prng_golden, test_top_k_one_is_greedy, test_top_k_stays_in_top_k, test_top_p, test_min_p,
           test_frequencies_match_softmax, test_temperature_scaling, test_repeat_penalty,
           test_presence_frequency, test_nan_and_inf, test_default_chain_large_vocab,
-          test_top_p_large_vocab)
+          test_top_p_large_vocab, test_ranked_matches_sample, test_sample_exp,
+          test_full_draw_rule)
