@@ -208,6 +208,30 @@ enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
 enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_t slot,
                                                 const int32_t *tokens, int32_t n, int32_t *next_id,
                                                 struct llmopt_err *err);
+/* Sampling where the logits are. Like llmopt_session_forward, but output row j is
+ * sampled by samplers[j] with histories[j] (n_history[j] ids: its sequence so far,
+ * prompt then generated, for the penalties; may be NULL when 0) and only the ids come
+ * back: ids[j] is the id llmopt_sampler_sample would draw from row j's logits, with
+ * the same sampler state afterwards. Backends that can (cuda) apply the penalties (at
+ * most 512 distinct ids in a row's window) on the device and, when every row is greedy
+ * or has 1 <= top_k <= 256, pick the best candidates there and copy back those alone
+ * (the draw runs on the host on the same bits; greedy without penalties: the id), or,
+ * when every row draws from the whole vocabulary (top-k and top-p off, as the OpenAI
+ * API's defaults), draw on the device with the host's arithmetic and copy back the id.
+ * Otherwise, and for vocabularies under 32768 ids (where copying the row back is
+ * cheaper), the logits come back and each row is sampled whole.
+ * $LLMOPT_DEVICE_SAMPLING=0|1 at session creation: never / always on the device. */
+struct llmopt_sampler;
+enum llmopt_status llmopt_session_forward_sample(struct llmopt_session *s, int32_t n, const int32_t *tokens,
+                                                 const int32_t *positions, const int32_t *slots, int32_t n_out,
+                                                 const int32_t *out_rows, struct llmopt_sampler *const *samplers,
+                                                 const int32_t *const *histories, const size_t *n_history,
+                                                 int32_t *ids, struct llmopt_err *err);
+/* llmopt_session_append, then the last token's next id drawn by sampler as
+ * llmopt_session_forward_sample does (history: the sequence including tokens). */
+enum llmopt_status llmopt_session_append_sample(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                                int32_t n, struct llmopt_sampler *sampler, const int32_t *history,
+                                                size_t n_history, int32_t *next_id, struct llmopt_err *err);
 int32_t llmopt_session_seq_len(const struct llmopt_session *s, int32_t slot);
 void llmopt_session_reset(struct llmopt_session *s, int32_t slot);
 int32_t llmopt_session_kv_blocks_in_use(const struct llmopt_session *s);

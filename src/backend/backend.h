@@ -23,6 +23,44 @@ struct backend_stats {
     uint64_t packed_bytes; /* weights repacked once at prepare (the CPU GEMM's panels) */
 };
 
+/* The sampler's penalties for one output row (runtime/sampler.h): logit[ids[j]] becomes
+ * sampler_penalize(logit, counts[j]) with these parameters; ids distinct. */
+struct backend_penalty {
+    float repeat, presence, frequency;
+    int32_t n;                      /* pairs; 0: none */
+    const int32_t *ids, *counts;    /* (n) */
+};
+
+/* A row's candidate: logits sanitized (NaN as -inf, +inf as FLT_MAX); id -1: none
+ * (the row had fewer entries). */
+struct backend_cand {
+    int32_t id;
+    float logit;
+};
+
+/* A row's sampling on the device: its penalties, and for a whole-row draw the
+ * sampler's temperature (> 0), min-p and the uniform u in [0, 1) it draws with. */
+struct backend_row_sample {
+    struct backend_penalty pen;
+    float temperature, min_p;
+    double u;
+};
+
+#define BACKEND_TOP_K_MAX 256   /* = SAMPLER_RANKED_MAX */
+#define BACKEND_PENALTY_MAX 512 /* pairs a row run_sample takes */
+
+/* What a forward hands back, one of: the logits (run), each output row's argmax
+ * (run_argmax), or after rows' penalties its best k candidates (run_sample, k > 0:
+ * cands) or its whole-row draw (run_sample, k == 0: draws). */
+struct backend_out {
+    const float **logits;
+    int32_t *argmax;
+    const struct backend_row_sample *rows;
+    int32_t k;
+    struct backend_cand *cands;
+    int32_t *draws;
+};
+
 struct backend_ops {
     const char *name;
     /* Plans memory for batches of up to n_max tokens over sequences of up to max_ctx
@@ -51,6 +89,19 @@ struct backend_ops {
      * seconds to its entry; NULL turns timing off, and the run loop then reads no
      * clock (one predictable branch per node). */
     void (*set_node_timing)(void *state, double *node_seconds);
+    /* Optional (NULL where not offered): runs the batch like run, then, for each output
+     * row j, applies rows[j].pen (rows NULL: no penalties; pen.n <=
+     * BACKEND_PENALTY_MAX) to the row's logits, and
+     * - k in [1, BACKEND_TOP_K_MAX]: hands back its best k entries in rank order
+     *   (higher sanitized logit, then lower id), cands[j * k + i]; a sampler with top-k
+     *   (runtime/sampler.h, sampler_sample_ranked) needs nothing else;
+     * - k == 0: draws draws[j] from the whole row as sampler_sample does with top-k and
+     *   top-p off (sampler_device_full), with rows[j]'s temperature, min-p and u; -1
+     *   when no logit is finite.
+     * Either way the logits need not leave the device. */
+    enum llmopt_status (*run_sample)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
+                                     const struct backend_row_sample *rows, int32_t k, struct backend_cand *cands,
+                                     int32_t *draws, struct llmopt_err *err);
 };
 
 /* The CPU backend: fast kernels (SIMD chosen at run time) on a thread pool; with

@@ -57,32 +57,24 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
     enum llmopt_status st = sampler_create(&sp, m->n_vocab, &smp, err);
     if (st) return st;
     int32_t *history = malloc(((size_t)n_prompt + (size_t)max_new + 1) * sizeof *history);
-    float *logits = malloc((size_t)m->n_vocab * sizeof *logits);
-    if (!history || !logits) {
+    if (!history) {
         st = err_set(err, LLMOPT_ERR_NOMEM, "generate: out of memory");
         goto done;
     }
     memcpy(history, prompt, (size_t)n_prompt * sizeof *history);
     int32_t n_hist = n_prompt;
     llmopt_session_reset(s, slot);
-    /* greedy without penalties needs only the argmax: the backend may pick it where
-     * the logits are (on the device) and hand back the id alone */
-    bool greedy = sp.temperature <= 0.0f && sp.repeat_penalty == 1.0f && sp.presence_penalty == 0.0f &&
-                  sp.frequency_penalty == 0.0f;
+    /* the session samples where the logits are: on the device, a greedy pick or the
+     * best top-k candidates come back instead of the logits */
+    struct llmopt_sampler *ls = (struct llmopt_sampler *)smp;
     double t0 = clock_now_s();
-    const float *out = NULL;
     int32_t id = 0;
-    st = greedy ? llmopt_session_append_greedy(s, slot, prompt, n_prompt, &id, err)
-                : llmopt_session_append(s, slot, prompt, n_prompt, &out, err);
+    st = llmopt_session_append_sample(s, slot, prompt, n_prompt, ls, history, (size_t)n_hist, &id, err);
     if (st) goto done;
     result->n_prompt = n_prompt;
     double t1 = clock_now_s();
     result->prefill_seconds = t1 - t0;
     for (int32_t i = 0; i < max_new; i++) {
-        if (!greedy) {
-            memcpy(logits, out, (size_t)m->n_vocab * sizeof *logits);
-            id = sampler_sample(smp, logits, history, (size_t)n_hist, NULL);
-        }
         if (llmopt_token_is_eog(m, id)) {
             result->stopped_eog = true;
             break;
@@ -91,14 +83,12 @@ enum llmopt_status llmopt_generate(struct llmopt_session *s, int32_t slot, const
         result->n_generated++;
         if (cb && !cb(user, id)) break;
         if (i + 1 == max_new) break; /* the last token needs no forward */
-        st = greedy ? llmopt_session_append_greedy(s, slot, &history[n_hist - 1], 1, &id, err)
-                    : llmopt_session_append(s, slot, &history[n_hist - 1], 1, &out, err);
+        st = llmopt_session_append_sample(s, slot, &history[n_hist - 1], 1, ls, history, (size_t)n_hist, &id, err);
         if (st) goto done;
     }
     result->decode_seconds = clock_now_s() - t1;
 done:
     free(history);
-    free(logits);
     sampler_free(smp);
     return st;
 }

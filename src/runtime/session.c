@@ -3,6 +3,7 @@
  * preallocated pool and runs the plan: no heap allocation per step. */
 #include "runtime/model.h"
 #include "runtime/op_profile.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 
 #include "backend/backend.h"
@@ -28,6 +29,13 @@
  * every CPU. */
 #define SESSION_BYTES_PER_THREAD (16ull << 20)
 #define SESSION_MAX_CTX (1 << 20)
+/* Sampling on the device (backend run_sample) from this vocabulary size up: its
+ * kernels cost ~40 us a step, while copying a short row back and sampling it on the
+ * host costs less (stories260K, 512 ids, H200: 8,723 tok/s with the logits back
+ * against 6,484 sampled on the device; Qwen3's 151936 ids: 768 against 1,206 with
+ * top-k 40, 372 against 1,342 drawing from the whole row). Sizes between were not
+ * measured. */
+#define SESSION_DEVICE_SAMPLE_MIN_VOCAB 32768
 
 struct llmopt_session {
     const struct llmopt_model *model;
@@ -41,6 +49,16 @@ struct llmopt_session {
     int32_t *chunk_pos;       /* (n_batch) */
     int32_t *chunk_slot;      /* (n_batch) */
     struct op_profile *profile; /* per-node timing, or NULL: off */
+    bool device_sampling;     /* sampled rows may take backend->run_sample: from SESSION_DEVICE_SAMPLE_MIN_VOCAB
+                               * ids, or as $LLMOPT_DEVICE_SAMPLING=0|1 says (A/B, tests) */
+    /* llmopt_session_forward_sample's scratch, made on first use for smp_rows rows */
+    int32_t smp_rows;
+    struct backend_row_sample *smp_rows_spec; /* (smp_rows) */
+    int32_t *smp_pen_ids, *smp_pen_counts; /* (smp_rows, BACKEND_PENALTY_MAX) */
+    struct backend_cand *smp_cands;   /* (smp_rows, BACKEND_TOP_K_MAX) */
+    int32_t *smp_cid;                 /* (BACKEND_TOP_K_MAX) one row's candidates, split */
+    float *smp_clogit;
+    float *smp_row;                   /* (n_vocab) a logits row the sampler may modify */
 };
 
 /* The options as a session uses them: defaults filled in, the batch capped. */
@@ -148,6 +166,9 @@ enum llmopt_status llmopt_session_create(const struct llmopt_model *m,
     s->n_batch = o.n_batch;
     s->n_slots = o.n_slots;
     s->kv_type = o.kv_type;
+    const char *dsm = getenv("LLMOPT_DEVICE_SAMPLING");
+    s->device_sampling = dsm && (!strcmp(dsm, "0") || !strcmp(dsm, "1")) ? dsm[0] == '1'
+                                                                         : m->n_vocab >= SESSION_DEVICE_SAMPLE_MIN_VOCAB;
     int32_t n_layers = m->ir.n_kv_layers;
     int32_t *row_elems = calloc((size_t)(n_layers ? n_layers : 1), sizeof *row_elems);
     s->next_pos = calloc((size_t)o.n_slots, sizeof *s->next_pos);
@@ -197,6 +218,13 @@ void llmopt_session_free(struct llmopt_session *s) {
     free(s->next_pos);
     free(s->chunk_pos);
     free(s->chunk_slot);
+    free(s->smp_rows_spec);
+    free(s->smp_pen_ids);
+    free(s->smp_pen_counts);
+    free(s->smp_cands);
+    free(s->smp_cid);
+    free(s->smp_clogit);
+    free(s->smp_row);
     free(s);
 }
 
@@ -204,7 +232,7 @@ void llmopt_session_free(struct llmopt_session *s) {
  * the backend offers run_argmax). */
 static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, const int32_t *tokens,
                                           const int32_t *positions, const int32_t *slots, int32_t n_out,
-                                          const int32_t *out_rows, const float **logits, int32_t *ids,
+                                          const int32_t *out_rows, struct backend_out out,
                                           struct llmopt_err *err) {
     if (n < 1 || n > s->n_batch)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: %d tokens, batch holds 1..%d", n,
@@ -238,8 +266,10 @@ static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, c
     }
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
     const double t0 = s->profile ? clock_now_s() : 0.0;
-    enum llmopt_status st = ids ? s->backend->run_argmax(s->plan, &b, s->kv, ids, err)
-                                : s->backend->run(s->plan, &b, s->kv, logits, err);
+    enum llmopt_status st =
+        out.cands || out.draws ? s->backend->run_sample(s->plan, &b, s->kv, out.rows, out.k, out.cands, out.draws, err)
+        : out.argmax           ? s->backend->run_argmax(s->plan, &b, s->kv, out.argmax, err)
+                               : s->backend->run(s->plan, &b, s->kv, out.logits, err);
     if (st) return st;
     if (s->profile) op_profile_add_forward(s->profile, &s->model->ir, &b, s->kv, clock_now_s() - t0);
     for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
@@ -252,23 +282,153 @@ enum llmopt_status llmopt_session_forward(struct llmopt_session *s, int32_t n,
                                           const int32_t *out_rows, const float **logits,
                                           struct llmopt_err *err) {
     if (!logits) return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward: no place for the logits (NULL)");
-    return session_forward(s, n, tokens, positions, slots, n_out, out_rows, logits, NULL, err);
+    return session_forward(s, n, tokens, positions, slots, n_out, out_rows, (struct backend_out){.logits = logits},
+                           err);
 }
 
-/* Appends in n_batch chunks; the last chunk's last row gives logits, or its greedy id
- * when id is set. */
+/* The sampling scratch for rows output rows (grown, never shrunk: a steady decode loop
+ * allocates nothing). */
+static enum llmopt_status sample_scratch(struct llmopt_session *s, int32_t rows, struct llmopt_err *err) {
+    if (rows <= s->smp_rows) return LLMOPT_OK;
+    free(s->smp_rows_spec);
+    free(s->smp_pen_ids);
+    free(s->smp_pen_counts);
+    free(s->smp_cands);
+    s->smp_rows_spec = calloc((size_t)rows, sizeof *s->smp_rows_spec);
+    s->smp_pen_ids = malloc((size_t)rows * BACKEND_PENALTY_MAX * sizeof *s->smp_pen_ids);
+    s->smp_pen_counts = malloc((size_t)rows * BACKEND_PENALTY_MAX * sizeof *s->smp_pen_counts);
+    s->smp_cands = malloc((size_t)rows * BACKEND_TOP_K_MAX * sizeof *s->smp_cands);
+    if (!s->smp_cid) s->smp_cid = malloc(BACKEND_TOP_K_MAX * sizeof *s->smp_cid);
+    if (!s->smp_clogit) s->smp_clogit = malloc(BACKEND_TOP_K_MAX * sizeof *s->smp_clogit);
+    if (!s->smp_row) s->smp_row = malloc((size_t)s->model->n_vocab * sizeof *s->smp_row);
+    s->smp_rows = rows;
+    if (!s->smp_rows_spec || !s->smp_pen_ids || !s->smp_pen_counts || !s->smp_cands || !s->smp_cid || !s->smp_clogit ||
+        !s->smp_row) {
+        s->smp_rows = 0;
+        return err_set(err, LLMOPT_ERR_NOMEM, "sample: out of memory for %d rows of scratch", rows);
+    }
+    return LLMOPT_OK;
+}
+
+/* Samples output row j of a forward into ids[j] (llmopt_session_forward_sample's
+ * contract). The backend samples where it can (run_sample), when every row's
+ * penalty list fits and every sampler needs the same kind of help: the best
+ * candidates (greedy, or 1 <= top_k <= BACKEND_TOP_K_MAX: sampler_device_k; greedy
+ * rows without penalties only the argmax), or a whole-row draw (sampler_device_full:
+ * the next uniform goes down with the row and is taken once the id comes back).
+ * Otherwise the logits come back and each row is sampled whole. */
+static enum llmopt_status forward_sample(struct llmopt_session *s, int32_t n, const int32_t *tokens,
+                                         const int32_t *positions, const int32_t *slots, int32_t n_out,
+                                         const int32_t *out_rows, struct llmopt_sampler *const *samplers,
+                                         const int32_t *const *histories, const size_t *n_history, int32_t *ids,
+                                         struct llmopt_err *err) {
+    if (!samplers || !ids || !n_history)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward_sample: samplers, n_history and ids must be set");
+    for (int32_t j = 0; j < n_out; j++)
+        if (!samplers[j] || (n_history[j] && (!histories || !histories[j])))
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward_sample: row %d has no sampler or no history", j);
+    enum llmopt_status st = sample_scratch(s, n_out, err);
+    if (st) return st;
+    int32_t k = 0, n_full = 0;
+    bool device = s->device_sampling && s->backend->run_sample, any_pen = false;
+    for (int32_t j = 0; j < n_out && device; j++) {
+        struct sampler *smp = (struct sampler *)samplers[j];
+        const int32_t kj = sampler_device_k(smp);
+        const bool full = !kj && sampler_device_full(smp);
+        int32_t *pid = s->smp_pen_ids + (size_t)j * BACKEND_PENALTY_MAX;
+        int32_t *pcount = s->smp_pen_counts + (size_t)j * BACKEND_PENALTY_MAX;
+        const int32_t n_pairs = kj || full ? sampler_penalty_list(smp, histories ? histories[j] : NULL, n_history[j],
+                                                                  pid, pcount, BACKEND_PENALTY_MAX)
+                                           : -1;
+        if (n_pairs < 0) {
+            device = false;
+            break;
+        }
+        const struct sampler_params *p = sampler_get_params(smp);
+        s->smp_rows_spec[j] = (struct backend_row_sample){
+            {p->repeat_penalty, p->presence_penalty, p->frequency_penalty, n_pairs, pid, pcount},
+            p->temperature,
+            p->min_p,
+            full ? sampler_peek_uniform(smp) : 0.0};
+        any_pen = any_pen || n_pairs > 0;
+        k = kj > k ? kj : k;
+        n_full += full;
+    }
+    device = device && (n_full == 0 || n_full == n_out); /* one kind of help a step */
+    if (device && k == 1 && !any_pen && s->backend->run_argmax) /* greedy alone: the argmax is the pick */
+        return session_forward(s, n, tokens, positions, slots, n_out, out_rows, (struct backend_out){.argmax = ids},
+                               err);
+    if (device && n_full) {
+        st = session_forward(s, n, tokens, positions, slots, n_out, out_rows,
+                             (struct backend_out){.rows = s->smp_rows_spec, .k = 0, .draws = ids}, err);
+        if (st) return st;
+        for (int32_t j = 0; j < n_out; j++) {
+            if (ids[j] >= 0)
+                sampler_take_uniform((struct sampler *)samplers[j]);
+            else
+                ids[j] = 0; /* nothing finite: sampler_sample's answer, and it draws nothing */
+        }
+        return LLMOPT_OK;
+    }
+    if (device) {
+        st = session_forward(s, n, tokens, positions, slots, n_out, out_rows,
+                             (struct backend_out){.rows = any_pen ? s->smp_rows_spec : NULL, .k = k,
+                                                  .cands = s->smp_cands},
+                             err);
+        if (st) return st;
+        for (int32_t j = 0; j < n_out; j++) {
+            for (int32_t i = 0; i < k; i++) {
+                s->smp_cid[i] = s->smp_cands[(size_t)j * k + i].id;
+                s->smp_clogit[i] = s->smp_cands[(size_t)j * k + i].logit;
+            }
+            ids[j] = sampler_sample_ranked((struct sampler *)samplers[j], s->smp_cid, s->smp_clogit, k);
+        }
+        return LLMOPT_OK;
+    }
+    const float *logits = NULL;
+    st = session_forward(s, n, tokens, positions, slots, n_out, out_rows, (struct backend_out){.logits = &logits},
+                         err);
+    if (st) return st;
+    const int32_t n_vocab = s->model->n_vocab;
+    for (int32_t j = 0; j < n_out; j++) {
+        memcpy(s->smp_row, logits + (size_t)j * n_vocab, (size_t)n_vocab * sizeof *s->smp_row);
+        ids[j] = sampler_sample((struct sampler *)samplers[j], s->smp_row, histories ? histories[j] : NULL,
+                                n_history[j], NULL);
+    }
+    return LLMOPT_OK;
+}
+
+enum llmopt_status llmopt_session_forward_sample(struct llmopt_session *s, int32_t n, const int32_t *tokens,
+                                                 const int32_t *positions, const int32_t *slots, int32_t n_out,
+                                                 const int32_t *out_rows, struct llmopt_sampler *const *samplers,
+                                                 const int32_t *const *histories, const size_t *n_history,
+                                                 int32_t *ids, struct llmopt_err *err) {
+    return forward_sample(s, n, tokens, positions, slots, n_out, out_rows, samplers, histories, n_history, ids, err);
+}
+
+/* The sampler of an append's last row (llmopt_session_append_sample). */
+struct append_sampling {
+    struct llmopt_sampler *sampler;
+    const int32_t *history;
+    size_t n_history;
+};
+
+/* Appends in n_batch chunks; the last chunk's last row gives logits, its greedy id (id
+ * set), or its id drawn by smp (smp and id set). */
 static enum llmopt_status session_append(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
                                          int32_t n, const float **logits, int32_t *id,
-                                         struct llmopt_err *err) {
+                                         const struct append_sampling *smp, struct llmopt_err *err) {
     if (slot < 0 || slot >= s->n_slots)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "slot %d not in [0, %d)", slot, s->n_slots);
     if (n < 1) return err_set(err, LLMOPT_ERR_INVALID_ARG, "append: no tokens");
     if ((int64_t)s->kv->slot_len[slot] + n > s->n_ctx)
         return err_set(err, LLMOPT_ERR_LIMIT, "append: %d + %d tokens exceed the context of %d",
                        s->kv->slot_len[slot], n, s->n_ctx);
-    /* a greedy append (id set, logits NULL) runs every chunk through run_argmax, not only
-     * the last (run needs a logits pointer); the earlier chunks' ids are dropped */
+    /* a greedy or sampled append (id set, logits NULL) runs the earlier chunks through
+     * run_argmax where the backend has it, else run (which needs a logits pointer), and
+     * drops what they return */
     int32_t dropped_id;
+    const float *dropped_logits = NULL;
     for (int32_t done = 0; done < n;) {
         int32_t chunk = n - done < s->n_batch ? n - done : s->n_batch;
         int32_t start = s->kv->slot_len[slot];
@@ -278,8 +438,18 @@ static enum llmopt_status session_append(struct llmopt_session *s, int32_t slot,
         }
         int32_t last = chunk - 1;
         bool final = done + chunk == n;
-        enum llmopt_status st = session_forward(s, chunk, tokens + done, s->chunk_pos, s->chunk_slot, 1, &last,
-                                                logits, id && !final ? &dropped_id : id, err);
+        enum llmopt_status st;
+        if (final && smp)
+            st = forward_sample(s, chunk, tokens + done, s->chunk_pos, s->chunk_slot, 1, &last, &smp->sampler,
+                                &smp->history, &smp->n_history, id, err);
+        else if (final)
+            st = session_forward(s, chunk, tokens + done, s->chunk_pos, s->chunk_slot, 1, &last,
+                                 (struct backend_out){.logits = logits, .argmax = id}, err);
+        else
+            st = session_forward(s, chunk, tokens + done, s->chunk_pos, s->chunk_slot, 1, &last,
+                                 s->backend->run_argmax ? (struct backend_out){.argmax = &dropped_id}
+                                                        : (struct backend_out){.logits = logits ? logits : &dropped_logits},
+                                 err);
         if (st) return st;
         done += chunk;
     }
@@ -290,16 +460,25 @@ enum llmopt_status llmopt_session_append(struct llmopt_session *s, int32_t slot,
                                          const int32_t *tokens, int32_t n, const float **logits,
                                          struct llmopt_err *err) {
     if (!logits) return err_set(err, LLMOPT_ERR_INVALID_ARG, "append: no place for the logits (NULL)");
-    return session_append(s, slot, tokens, n, logits, NULL, err);
+    return session_append(s, slot, tokens, n, logits, NULL, NULL, err);
+}
+
+enum llmopt_status llmopt_session_append_sample(struct llmopt_session *s, int32_t slot, const int32_t *tokens,
+                                                int32_t n, struct llmopt_sampler *sampler, const int32_t *history,
+                                                size_t n_history, int32_t *next_id, struct llmopt_err *err) {
+    if (!next_id || !sampler)
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "append_sample: no sampler or no place for the id (NULL)");
+    const struct append_sampling smp = {sampler, history, n_history};
+    return session_append(s, slot, tokens, n, NULL, next_id, &smp, err);
 }
 
 enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_t slot,
                                                 const int32_t *tokens, int32_t n, int32_t *next_id,
                                                 struct llmopt_err *err) {
     if (!next_id) return err_set(err, LLMOPT_ERR_INVALID_ARG, "append_greedy: no place for the id (NULL)");
-    if (s->backend->run_argmax) return session_append(s, slot, tokens, n, NULL, next_id, err);
+    if (s->backend->run_argmax) return session_append(s, slot, tokens, n, NULL, next_id, NULL, err);
     const float *logits = NULL;
-    enum llmopt_status st = session_append(s, slot, tokens, n, &logits, NULL, err);
+    enum llmopt_status st = session_append(s, slot, tokens, n, &logits, NULL, NULL, err);
     if (st) return st;
     int32_t best = 0, n_vocab = s->model->n_vocab;
     float best_logit = -INFINITY;

@@ -99,6 +99,12 @@ struct srv_engine {
     int32_t *tokens, *positions, *slots, *out_rows; /* (n_batch) the step's batch */
     struct srv_req **out_req;                       /* (n_batch) whose logits each out row is */
     float *scratch;                                 /* (n_vocab) logits the sampler may modify */
+    /* (n_batch) each out row's sampler, history and drawn id, for
+     * llmopt_session_forward_sample */
+    struct llmopt_sampler **row_sampler;
+    const int32_t **row_history;
+    size_t *row_n_history;
+    int32_t *row_id;
     double t_watch;                    /* when clients were last checked */
     double lap_t;                      /* when the current phase began */
     double lap[SRV_PHASE_COUNT];       /* seconds per phase since the last publish */
@@ -473,11 +479,13 @@ static void req_release_text(struct srv_req *r, size_t n, bool final, const stru
     r->held_len = keep;
 }
 
-/* Samples the next token of r from its logits row and posts the result. */
-static void req_sample(struct srv_engine *e, struct srv_req *r, const float *row) {
-    memcpy(e->scratch, row, (size_t)e->n_vocab * sizeof *e->scratch);
-    int32_t id = llmopt_sampler_sample(r->sampler, e->scratch, r->tokens,
-                                       (size_t)(r->n_prompt + r->n_gen), NULL);
+/* Samples the next token of r from its logits row (or takes id, drawn where the logits
+ * were, when row is NULL: r wants no logprobs) and posts the result. */
+static void req_sample(struct srv_engine *e, struct srv_req *r, const float *row, int32_t id) {
+    if (row) {
+        memcpy(e->scratch, row, (size_t)e->n_vocab * sizeof *e->scratch);
+        id = llmopt_sampler_sample(r->sampler, e->scratch, r->tokens, (size_t)(r->n_prompt + r->n_gen), NULL);
+    }
     double t = clock_now_s();
     if (r->n_gen == 0)
         srv_metrics_ttft(e->metrics, t - r->t_submit);
@@ -600,11 +608,25 @@ static bool sched_step(struct srv_engine *e) {
     /* The session returns at least one row; a step of prompt chunks only ignores it. */
     int32_t n_rows = n_out;
     if (n_rows == 0) e->out_rows[n_rows++] = n - 1;
+    /* Rows that want no logprobs need no logits here: the session samples them where
+     * the logits are (on a GPU, only the best candidates come back). */
+    bool need_logits = n_out == 0;
+    for (int32_t j = 0; j < n_out; j++) {
+        struct srv_req *r = e->out_req[j];
+        need_logits = need_logits || r->logprobs >= 0;
+        e->row_sampler[j] = r->sampler;
+        e->row_history[j] = r->tokens;
+        e->row_n_history[j] = (size_t)(r->n_prompt + r->n_gen);
+    }
     const float *logits = NULL;
     struct llmopt_err err = {0};
     const double forward_t0 = clock_now_s();
-    enum llmopt_status st = llmopt_session_forward(e->session, n, e->tokens, e->positions, e->slots,
-                                                   n_rows, e->out_rows, &logits, &err);
+    enum llmopt_status st =
+        need_logits ? llmopt_session_forward(e->session, n, e->tokens, e->positions, e->slots, n_rows, e->out_rows,
+                                             &logits, &err)
+                    : llmopt_session_forward_sample(e->session, n, e->tokens, e->positions, e->slots, n_rows,
+                                                    e->out_rows, e->row_sampler, e->row_history, e->row_n_history,
+                                                    e->row_id, &err);
     sched_lap(e, SRV_PHASE_FORWARD);
     e->lap_tokens += n;
     e->lap_rows += n_out;
@@ -628,7 +650,7 @@ static bool sched_step(struct srv_engine *e) {
     }
     if (!st)
         for (int32_t j = 0; j < n_out; j++)
-            req_sample(e, e->out_req[j], logits + (size_t)j * (size_t)e->n_vocab);
+            req_sample(e, e->out_req[j], logits ? logits + (size_t)j * (size_t)e->n_vocab : NULL, e->row_id[j]);
     /* Readers are woken only now: a woken HTTP thread can take the core from the
      * scheduler, and waking them one row at a time let that happen up to once a row. The
      * event was queued under r->mu, so a reader either saw it or already waits. While
@@ -778,8 +800,13 @@ static enum llmopt_status engine_create(const struct llmopt_model *m, const stru
     e->out_rows = calloc((size_t)e->n_batch, sizeof *e->out_rows);
     e->out_req = calloc((size_t)e->n_batch, sizeof *e->out_req);
     e->scratch = calloc((size_t)e->n_vocab, sizeof *e->scratch);
+    e->row_sampler = calloc((size_t)e->n_batch, sizeof *e->row_sampler);
+    e->row_history = calloc((size_t)e->n_batch, sizeof *e->row_history);
+    e->row_n_history = calloc((size_t)e->n_batch, sizeof *e->row_n_history);
+    e->row_id = calloc((size_t)e->n_batch, sizeof *e->row_id);
     if (!e->queue || !e->active || !e->slot_busy || !e->tokens || !e->positions || !e->slots ||
-        !e->out_rows || !e->out_req || !e->scratch) {
+        !e->out_rows || !e->out_req || !e->scratch || !e->row_sampler || !e->row_history || !e->row_n_history ||
+        !e->row_id) {
         engine_free(e);
         goto nomem;
     }
@@ -822,6 +849,10 @@ static void engine_free(struct srv_engine *e) {
     free(e->out_rows);
     free(e->out_req);
     free(e->scratch);
+    free(e->row_sampler);
+    free(e->row_history);
+    free(e->row_n_history);
+    free(e->row_id);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);

@@ -18,6 +18,7 @@
 #include "format/quant.h"
 #include "format/quant_k.h"
 #include "llmopt.h"
+#include "runtime/sampler.h"
 #include "golden_row.h"
 #include "test.h"
 
@@ -26,6 +27,7 @@
 #include "format/graph_file.h"
 
 #include <dirent.h>
+#include <float.h>
 
 #define TOL_F32 1e-5
 #define TOL_HALF 1e-2
@@ -1266,6 +1268,18 @@ static const char *stories_dir(void) {
     return d && *d ? d : "../shared/models/stories260K";
 }
 
+/* path = stories260K-F32.gguf's; false (and a skip message) when it is not there. */
+static bool stories_f32(char *path, size_t cap) {
+    snprintf(path, cap, "%s/stories260K-F32.gguf", stories_dir());
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "  skip: %s not found (set LLMOPT_STORIES_DIR)\n", path);
+        return false;
+    }
+    fclose(f);
+    return true;
+}
+
 struct ids_out {
     int32_t ids[512];
     int32_t n;
@@ -1279,14 +1293,8 @@ static bool collect(void *user, int32_t id) {
 
 static void test_stories_greedy(void) {
     char path[600], exp_path[600];
-    snprintf(path, sizeof path, "%s/stories260K-F32.gguf", stories_dir());
+    if (!stories_f32(path, sizeof path)) return;
     snprintf(exp_path, sizeof exp_path, "%s/expected_greedy.json", stories_dir());
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "  skip: %s not found (set LLMOPT_STORIES_DIR)\n", path);
-        return;
-    }
-    fclose(f);
     struct llmopt_err err = {0};
     json_t *root = NULL;
     CHECK_MSG(json_load_file_capped(exp_path, 1u << 20, &root, &err) == LLMOPT_OK, "%s", err.msg);
@@ -1474,6 +1482,282 @@ static void test_errors(void) {
 }
 #endif /* LLMOPT_HAVE_CUDA */
 
+/* ---- sampling on the device (run_sample) ----------------------------------------------- */
+
+struct ranked {
+    int32_t id;
+    float logit;
+};
+
+static int ranked_cmp(const void *a, const void *b) {
+    const struct ranked *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* run_sample against the host: each row of an embedding table (ties, NaN, +-inf, a row
+ * with 3 finite entries) penalized by sampler_penalize, over vocabularies of one level
+ * of the device's selection (100, 4096) and of two or three (5000, 151936). Top-k: the
+ * row ranked, k from 1 to 256, with and without penalties; each case twice (capture,
+ * then a CUDA graph replay with other penalties), alternating with plain runs on the
+ * same state. Whole-row draws: sampler_sample on the penalized row with the same
+ * uniform (temperatures 0.05 to 2, min-p), 24 draws a row. */
+static void test_sample_device(void) {
+    const int64_t vocabs[] = {100, 4096, 5000, 151936};
+    const int32_t ks[] = {1, 40, 64, 100, 256};
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
+        const int64_t V = vocabs[vi];
+        struct gb b;
+        gb_init(&b);
+        b.vocab = 8;
+        int32_t tab = gb_param(&b, IR_DTYPE_F32, 8, V, 4.0f);
+        int32_t out = gb_op2(&b, IR_OP_EMBEDDING, tab, b.g.inputs[IR_INPUT_TOKENS]);
+        CHECK_MSG(b.ok, "building: %s", b.err.msg);
+        if (!b.ok) {
+            gb_free(&b);
+            return;
+        }
+        float *t = b.bufs[0];
+        for (int64_t i = 0; i < 8 * V; i += 37) t[i] = t[(i + 1) % (8 * V)]; /* ties */
+        for (int r = 0; r < 6; r++) {
+            t[r * V + (r * 7) % V] = NAN;
+            t[r * V + (r * 11 + 3) % V] = -INFINITY;
+            t[r * V + (r * 13 + 5) % V] = r % 2 ? INFINITY : 9.0f;
+        }
+        for (int64_t i = 0; i < V; i++) t[7 * V + i] = i % 5 ? -INFINITY : NAN;
+        t[7 * V + V / 2] = 1.0f;
+        t[7 * V + V / 3] = 2.0f;
+        t[7 * V + V - 1] = 1.0f;
+        b.g.output = out;
+        ir_count_uses(&b.g);
+        struct llmopt_err err = {0};
+        void *gpu = NULL;
+        CHECK_MSG(cuda_backend_ops.prepare(&b.g, 4, 16, NULL, 1, &gpu, &err) == LLMOPT_OK, "prepare: %s", err.msg);
+        struct backend_cand *cands = malloc(4 * BACKEND_TOP_K_MAX * sizeof *cands);
+        struct ranked *all = malloc((size_t)V * sizeof *all);
+        int32_t pen_ids[4][40], pen_counts[4][40];
+        int bad = 0, cases = 0;
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0] && gpu && !bad; ki++)
+            for (int rep = 0; rep < 4 && !bad; rep++) { /* rep 0/1: no penalties, 2/3: penalties */
+                const int32_t k = ks[ki];
+                int32_t tokens[4] = {rep % 2 ? 7 : 0, 1 + rep, 5, 3}, pos[4] = {0, 1, 2, 3}, slot[4] = {0},
+                        rows[4] = {0, 1, 2, 3};
+                struct backend_row_sample spec[4];
+                for (int j = 0; j < 4; j++) {
+                    const int n = rep < 2 ? 0 : 10 + 7 * j + rep;
+                    /* distinct ids (131 is prime to every V here), the first the row's +inf / 9 */
+                    for (int i = 0; i < n; i++) {
+                        pen_ids[j][i] = (int32_t)(((int64_t)tokens[j] * 13 + 5 + (int64_t)i * 131) % V);
+                        pen_counts[j][i] = 1 + i % 3;
+                    }
+                    spec[j] = (struct backend_row_sample){
+                        {rep == 2 ? 1.3f : 0.7f, rep == 2 ? 0.25f : -0.5f, 0.125f * j, n, pen_ids[j], pen_counts[j]},
+                        1.0f, 0.0f, 0.0};
+                }
+                struct exec_batch eb = {4, tokens, pos, slot, 4, rows};
+                const float *lg = NULL;
+                if (cuda_backend_ops.run(gpu, &eb, NULL, &lg, &err) != LLMOPT_OK ||
+                    cuda_backend_ops.run_sample(gpu, &eb, NULL, rep < 2 ? NULL : spec, k, cands, NULL, &err) !=
+                        LLMOPT_OK) {
+                    CHECK_MSG(0, "V %lld k %d: %s", (long long)V, k, err.msg);
+                    bad = 1;
+                    break;
+                }
+                for (int j = 0; j < 4 && !bad; j++) {
+                    const float *row = t + (int64_t)tokens[j] * V;
+                    for (int64_t i = 0; i < V; i++) all[i] = (struct ranked){(int32_t)i, row[i]};
+                    const struct backend_penalty *pen = &spec[j].pen;
+                    for (int i = 0; i < pen->n && rep >= 2; i++) {
+                        const struct sampler_params sp = {.repeat_penalty = pen->repeat,
+                                                          .presence_penalty = pen->presence,
+                                                          .frequency_penalty = pen->frequency};
+                        all[pen_ids[j][i]].logit = sampler_penalize(&sp, row[pen_ids[j][i]], pen_counts[j][i]);
+                    }
+                    for (int64_t i = 0; i < V; i++) {
+                        if (isnan(all[i].logit)) all[i].logit = -INFINITY;
+                        if (all[i].logit == INFINITY) all[i].logit = FLT_MAX;
+                    }
+                    qsort(all, (size_t)V, sizeof *all, ranked_cmp);
+                    for (int32_t i = 0; i < k && !bad; i++) {
+                        const struct backend_cand *c = &cands[j * k + i];
+                        const struct ranked want = i < V ? all[i] : (struct ranked){-1, -INFINITY};
+                        if (c->id != want.id || !(c->logit == want.logit || (isinf(c->logit) && isinf(want.logit)))) {
+                            CHECK_MSG(0, "V %lld k %d rep %d row %d (table row %d) rank %d: id %d logit %g, want %d %g",
+                                      (long long)V, k, rep, j, tokens[j], i, c->id, (double)c->logit, want.id,
+                                      (double)want.logit);
+                            bad = 1;
+                        }
+                    }
+                }
+                cases++;
+            }
+        fprintf(stderr, "    top-k, vocab %6lld: %d cases (k 1..256, penalties, graph replays) %s\n", (long long)V,
+                cases, bad ? "FAILED" : "equal to the host");
+        /* whole-row draws */
+        const float temps[] = {1.0f, 0.7f, 2.0f, 0.05f}, min_ps[] = {0.0f, 0.05f, 0.0f, 0.0f};
+        float *work = malloc((size_t)V * sizeof *work);
+        int draws = 0, agree = 0;
+        for (int c = 0; c < 4 && gpu && !bad; c++) {
+            struct sampler_params sp;
+            sampler_params_default(&sp);
+            sp.temperature = temps[c];
+            sp.top_k = 0;
+            sp.top_p = 1.0f;
+            sp.min_p = min_ps[c];
+            sp.seed = 31 + (uint64_t)c;
+            struct sampler *hs[4] = {NULL};
+            for (int j = 0; j < 4; j++) CHECK(sampler_create(&sp, (int32_t)V, &hs[j], &err) == LLMOPT_OK);
+            for (int rep = 0; rep < 24 && !bad; rep++) {
+                int32_t tokens[4] = {(rep + c) % 8, (rep + 3) % 8, 7, (rep * 5) % 8}, pos[4] = {0, 1, 2, 3},
+                        slot[4] = {0}, rows[4] = {0, 1, 2, 3}, got[4];
+                struct backend_row_sample spec[4];
+                for (int j = 0; j < 4; j++) {
+                    const int n = rep % 3 ? 6 + j : 0;
+                    for (int i = 0; i < n; i++) {
+                        pen_ids[j][i] = (int32_t)(((int64_t)tokens[j] * 13 + 5 + (int64_t)i * 131) % V);
+                        pen_counts[j][i] = 1 + i % 2;
+                    }
+                    spec[j] = (struct backend_row_sample){{1.2f, 0.1f, 0.05f, n, pen_ids[j], pen_counts[j]},
+                                                          sp.temperature, sp.min_p, sampler_peek_uniform(hs[j])};
+                }
+                struct exec_batch eb = {4, tokens, pos, slot, 4, rows};
+                if (cuda_backend_ops.run_sample(gpu, &eb, NULL, spec, 0, NULL, got, &err) != LLMOPT_OK) {
+                    CHECK_MSG(0, "V %lld draw: %s", (long long)V, err.msg);
+                    bad = 1;
+                    break;
+                }
+                for (int j = 0; j < 4; j++) {
+                    const float *row = t + (int64_t)tokens[j] * V;
+                    memcpy(work, row, (size_t)V * sizeof *work);
+                    const struct sampler_params pp = {.repeat_penalty = 1.2f, .presence_penalty = 0.1f,
+                                                      .frequency_penalty = 0.05f};
+                    for (int i = 0; i < spec[j].pen.n; i++)
+                        work[pen_ids[j][i]] = sampler_penalize(&pp, row[pen_ids[j][i]], pen_counts[j][i]);
+                    const int32_t want = sampler_sample(hs[j], work, NULL, 0, NULL); /* takes the uniform */
+                    draws++;
+                    agree += got[j] == want;
+                    if (got[j] != want && !bad) {
+                        CHECK_MSG(0, "V %lld draw T %g rep %d row %d: device %d, host %d", (long long)V,
+                                  (double)sp.temperature, rep, j, got[j], want);
+                        bad = 1;
+                    }
+                }
+            }
+            for (int j = 0; j < 4; j++) sampler_free(hs[j]);
+        }
+        fprintf(stderr, "    whole-row draws, vocab %6lld: %d/%d equal to the host sampler\n", (long long)V, agree,
+                draws);
+        free(work);
+        free(cands);
+        free(all);
+        if (gpu) cuda_backend_ops.release(gpu);
+        gb_free(&b);
+    }
+}
+
+/* A session's sampled generation (top-k with penalties, greedy with penalties, top-k
+ * 200, the whole vocabulary) equals the same session settings with the logits copied
+ * back ($LLMOPT_DEVICE_SAMPLING=0), and two-sequence steps (the server's) the same. */
+static void test_sample_session(void) {
+    char path[600];
+    if (!stories_f32(path, sizeof path)) return;
+    struct llmopt_err err = {0};
+    struct llmopt_model *m = NULL;
+    CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
+    if (!m) return;
+    struct llmopt_sampling modes[4];
+    llmopt_sampling_default(&modes[0]); /* temperature 0.8, top-k 40, top-p 0.95, min-p 0.05 */
+    modes[0].repeat_penalty = 1.1f;
+    modes[0].presence_penalty = 0.3f;
+    modes[0].seed = 11;
+    modes[1] = modes[0];
+    modes[1].temperature = 0.0f; /* greedy with penalties */
+    modes[1].repeat_penalty = 1.3f;
+    modes[2] = modes[0];
+    modes[2].top_k = 200;
+    modes[2].top_p = 1.0f;
+    modes[2].min_p = 0.0f;
+    modes[2].repeat_penalty = 1.0f;
+    modes[2].presence_penalty = 0.0f;
+    modes[3] = modes[0]; /* the whole vocabulary (the OpenAI defaults), with a penalty */
+    modes[3].temperature = 1.0f;
+    modes[3].top_k = 0;
+    modes[3].top_p = 1.0f;
+    modes[3].min_p = 0.0f;
+    for (int md = 0; md < 4; md++) {
+        struct ids_out got[2];
+        double tps[2] = {0, 0};
+        for (int dev = 1; dev >= 0; dev--) {
+            setenv("LLMOPT_DEVICE_SAMPLING", dev ? "1" : "0", 1); /* 512 ids: off unless forced */
+            struct llmopt_session *s = NULL;
+            struct llmopt_session_opts so = {.backend = "cuda"};
+            CHECK_MSG(llmopt_session_create(m, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
+            unsetenv("LLMOPT_DEVICE_SAMPLING");
+            got[dev].n = 0;
+            if (!s) continue;
+            int32_t bos = 1;
+            struct llmopt_generate_result res;
+            CHECK_MSG(llmopt_generate(s, 0, &bos, 1, 200, &modes[md], collect, &got[dev], &res, &err) == LLMOPT_OK,
+                      "%s", err.msg);
+            tps[dev] = res.decode_seconds > 0 ? (res.n_generated - 1) / res.decode_seconds : 0.0;
+            llmopt_session_free(s);
+        }
+        int same = 0;
+        while (same < got[0].n && same < got[1].n && got[0].ids[same] == got[1].ids[same]) same++;
+        CHECK_MSG(got[1].n > 20 && got[0].n == got[1].n && same == got[0].n,
+                  "mode %d: device top-k %d ids, logits %d ids, first %d equal", md, got[1].n, got[0].n, same);
+        fprintf(stderr, "    stories260K sampled (mode %d): %d/%d ids equal; decode %.0f tok/s (device top-k) vs %.0f "
+                        "(logits back)\n", md, same, got[1].n, tps[1], tps[0]);
+    }
+    /* two sequences in one step, each with its own sampler: top-k rows, then whole-row draws */
+    const int pairs[2][2] = {{0, 2}, {3, 3}};
+    for (int pr = 0; pr < 2; pr++) {
+        int32_t ids[2][2][64];
+        for (int dev = 1; dev >= 0; dev--) {
+            setenv("LLMOPT_DEVICE_SAMPLING", dev ? "1" : "0", 1);
+            struct llmopt_session *s = NULL;
+            struct llmopt_session_opts so = {.backend = "cuda", .n_slots = 2};
+            CHECK_MSG(llmopt_session_create(m, &so, &s, &err) == LLMOPT_OK, "%s", err.msg);
+            unsetenv("LLMOPT_DEVICE_SAMPLING");
+            if (!s) continue;
+            struct llmopt_sampler *smp[2] = {NULL, NULL};
+            for (int q = 0; q < 2; q++)
+                CHECK(llmopt_sampler_create(&modes[pairs[pr][q]], llmopt_model_n_vocab(m), &smp[q], &err) ==
+                      LLMOPT_OK);
+            int32_t hist[2][80] = {{1, 42, 7}, {1, 100}}, n_hist[2] = {3, 2};
+            for (int q = 0; q < 2; q++)
+                CHECK(llmopt_session_append_sample(s, q, hist[q], n_hist[q], smp[q], hist[q], (size_t)n_hist[q],
+                                                   &ids[dev][q][0], &err) == LLMOPT_OK);
+            for (int step = 1; step < 64; step++) {
+                int32_t tok[2], pos[2], slot[2] = {0, 1}, rows[2] = {0, 1}, next[2];
+                const int32_t *h[2];
+                size_t nh[2];
+                for (int q = 0; q < 2; q++) {
+                    tok[q] = hist[q][n_hist[q]] = ids[dev][q][step - 1];
+                    pos[q] = n_hist[q]++;
+                    h[q] = hist[q];
+                    nh[q] = (size_t)n_hist[q];
+                }
+                if (llmopt_session_forward_sample(s, 2, tok, pos, slot, 2, rows, smp, h, nh, next, &err) !=
+                    LLMOPT_OK) {
+                    CHECK_MSG(0, "two-row step %d: %s", step, err.msg);
+                    break;
+                }
+                ids[dev][0][step] = next[0];
+                ids[dev][1][step] = next[1];
+            }
+            llmopt_sampler_free(smp[0]);
+            llmopt_sampler_free(smp[1]);
+            llmopt_session_free(s);
+        }
+        CHECK_MSG(!memcmp(ids[0], ids[1], sizeof ids[0]), "two-row steps (modes %d, %d): device and logits paths differ",
+                  pairs[pr][0], pairs[pr][1]);
+        fprintf(stderr, "    stories260K two sequences a step (modes %d, %d): 2 x 64 ids, device sampling %s the logits "
+                        "path\n", pairs[pr][0], pairs[pr][1], memcmp(ids[0], ids[1], sizeof ids[0]) ? "differs from" : "equals");
+    }
+    llmopt_model_free(m);
+}
+
 int main(void) {
 #ifndef LLMOPT_HAVE_CUDA
     printf("skip: built without CUDA (no nvcc at configure time)\n");
@@ -1489,11 +1773,11 @@ int main(void) {
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_rope_table, test_attention,
-                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_matvec_tma, test_short_conv, test_stories_greedy, test_goldens};
+                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_matvec_tma, test_short_conv, test_stories_greedy, test_goldens, test_sample_device, test_sample_session};
     const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
                            "reductions_softmax", "norms_rope", "layout_ops", "rope_table", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "matvec_persist", "matvec_tma", "short_conv",
                            "stories_greedy",
-                           "goldens"};
+                           "goldens", "sample_device", "sample_session"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");
     int n = (int)(sizeof fns / sizeof fns[0]);
     if (only && *only) {

@@ -14,8 +14,12 @@
  * The KV cache lives on the device: a mirror of kv_cache.h's layout (per layer
  * (n_blocks * block_size, Hkv * Dh) f32, or f16 for an f16 cache; a q8_0 cache is held
  * as f16 on the device), allocated on the first run that sees a given cache. The session keeps owning block allocation on the host; the device gets a copy
- * of the block table only when it changes. Sampling stays on the host for now (the
- * logits rows come back), a later step moves it to the device. */
+ * of the block table only when it changes. A step ends in one of four tails (struct
+ * step_tail): the logits rows copied back; each row's greedy argmax (run_argmax: 8
+ * bytes a row back); or the sampler's penalties applied on the device, then each row's
+ * best k entries (run_sample, k > 0: 8 bytes a candidate back, from which the
+ * session's sampler draws on the host) or its whole-row draw (run_sample, k == 0: the
+ * host sampler's arithmetic, 4 bytes a row back). */
 extern "C" {
 #include "base/clock.h"
 #include "backend/backend.h"
@@ -139,9 +143,22 @@ static enum llmopt_status cuda_status(cudaError_t e) {
 
 /* ---- state ------------------------------------------------------------------------- */
 
+/* How a step ends, after the last node: */
+enum tail_mode {
+    TAIL_LOGITS, /* the logits rows copied back */
+    TAIL_ARGMAX, /* each output row's greedy argmax key copied back (d_keys) */
+    TAIL_TOP_K,  /* [the penalties,] then each row's best kb keys (d_topk; kb 1: d_keys) */
+    TAIL_DRAW,   /* [the penalties,] then each row's whole-row draw (d_draw_ids) */
+};
+struct step_tail {
+    enum tail_mode mode;
+    int32_t kb;  /* TAIL_TOP_K: keys a row, a bucket of run_sample's k (1, 64, 256) */
+    bool pen;    /* TAIL_TOP_K, TAIL_DRAW: the penalties of h_pen_* are applied first */
+};
+
 struct cuda_graph_entry {
     int32_t n, m;
-    bool argmax;              /* the step ends in the device argmax, not the logits copy */
+    struct step_tail tail;
     cudaGraphExec_t exec;
     uint64_t last_used;
     int32_t extra_kernels;    /* step_extra_kernels of the captured step */
@@ -209,6 +226,15 @@ struct cuda_state {
     float *h_out;                 /* pinned (output numel at n_max) logits rows */
     unsigned long long *d_keys;   /* device (n_max) argmax keys of the output rows */
     unsigned long long *h_keys;   /* pinned (n_max) their copy */
+    /* run_sample's buffers, made on its first call (so graphs captured later hold them) */
+    bool sample_ready;
+    struct cu_draw_row *h_draw_rows, *d_draw_rows; /* pinned / device (n_max) */
+    double *d_draw_sums;                 /* device (n_max, cu_draw_scratch) */
+    int32_t *h_draw_ids, *d_draw_ids;    /* pinned / device (n_max) */
+    unsigned long long *d_topk, *h_topk; /* device / pinned (n_max, BACKEND_TOP_K_MAX) best keys */
+    unsigned long long *d_topk_a, *d_topk_b; /* device (n_max, cu_top_k_scratch) level scratch */
+    struct cu_penalty_row *h_pen_hdr, *d_pen_hdr; /* pinned / device (n_max) */
+    int2 *h_pen_pairs, *d_pen_pairs;     /* pinned / device (n_max, BACKEND_PENALTY_MAX) (id, count) */
     void *xh;                     /* device: f16/bf16 activations for cuBLAS */
     size_t xh_bytes;
     int32_t xh_node;              /* the node whose f16 (xh_bf16: bf16) copy xh holds in this
@@ -1821,7 +1847,7 @@ static enum llmopt_status check_batch(struct cuda_state *s, const struct exec_ba
 }
 
 /* Everything one step puts on the stream (eagerly or into a graph). */
-static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
+static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_batch *b, struct step_tail tail,
                                        struct llmopt_err *err) {
     const struct ir_graph *g = s->g;
     for (int k = 0; k < IR_INPUT_COUNT; k++) {
@@ -1849,22 +1875,50 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
     (void)b;
     const struct ir_extent *eo = &s->extent[g->output];
     size_t out_bytes = (size_t)ir_extent_numel(eo) * 4;
-    if (argmax) {
+    if (tail.mode != TAIL_LOGITS) {
         int64_t len = eo->dims[eo->rank - 1], rows = len ? ir_extent_numel(eo) / len : 0;
         if (rows > s->n_max) return err_set(err, LLMOPT_ERR_LIMIT, "cuda: %lld output rows", (long long)rows);
-        CU_TRY(cu_argmax_rows(s->stream, node_f32(s, g->output), rows, len, s->d_keys));
-        if (rows)
-            CU_TRY(cudaMemcpyAsync(s->h_keys, s->d_keys, (size_t)rows * sizeof *s->h_keys, cudaMemcpyDeviceToHost,
+        float *lg = node_f32(s, g->output);
+        if (tail.pen && rows) {
+            CU_TRY(cudaMemcpyAsync(s->d_pen_hdr, s->h_pen_hdr, (size_t)rows * sizeof *s->h_pen_hdr,
+                                   cudaMemcpyHostToDevice, s->stream));
+            CU_TRY(cudaMemcpyAsync(s->d_pen_pairs, s->h_pen_pairs,
+                                   (size_t)rows * BACKEND_PENALTY_MAX * sizeof *s->h_pen_pairs, cudaMemcpyHostToDevice,
                                    s->stream));
+            CU_TRY(cu_penalize_rows(s->stream, lg, rows, len, s->d_pen_hdr, s->d_pen_pairs, BACKEND_PENALTY_MAX));
+            s->step_extra_kernels++;
+        }
+        if (tail.mode == TAIL_DRAW) {
+            CU_TRY(cu_argmax_rows(s->stream, lg, rows, len, s->d_keys));
+            if (rows)
+                CU_TRY(cudaMemcpyAsync(s->d_draw_rows, s->h_draw_rows, (size_t)rows * sizeof *s->h_draw_rows,
+                                       cudaMemcpyHostToDevice, s->stream));
+            CU_TRY(cu_draw_rows(s->stream, lg, rows, len, s->d_keys, s->d_draw_rows, s->d_draw_sums, s->d_draw_ids));
+            s->step_extra_kernels += 2;
+            if (rows)
+                CU_TRY(cudaMemcpyAsync(s->h_draw_ids, s->d_draw_ids, (size_t)rows * sizeof *s->h_draw_ids,
+                                       cudaMemcpyDeviceToHost, s->stream));
+        } else if (tail.mode == TAIL_ARGMAX || tail.kb == 1) {
+            CU_TRY(cu_argmax_rows(s->stream, lg, rows, len, s->d_keys));
+            if (rows)
+                CU_TRY(cudaMemcpyAsync(s->h_keys, s->d_keys, (size_t)rows * sizeof *s->h_keys,
+                                       cudaMemcpyDeviceToHost, s->stream));
+        } else {
+            CU_TRY(cu_top_k_rows(s->stream, lg, rows, len, tail.kb, s->d_topk_a, s->d_topk_b, s->d_topk));
+            for (int64_t n = len; n > 0; n = n > 4096 ? (n + 4095) / 4096 * tail.kb : 0) s->step_extra_kernels++;
+            if (rows)
+                CU_TRY(cudaMemcpyAsync(s->h_topk, s->d_topk, (size_t)rows * tail.kb * sizeof *s->h_topk,
+                                       cudaMemcpyDeviceToHost, s->stream));
+        }
     } else if (out_bytes)
         CU_TRY(cudaMemcpyAsync(s->h_out, node_ptr(s, g->output), out_bytes, cudaMemcpyDeviceToHost, s->stream));
     return LLMOPT_OK;
 }
 
-static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
+static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_batch *b, struct step_tail tail,
                                        cudaGraphExec_t *exec, struct llmopt_err *err) {
     CU_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    enum llmopt_status st = enqueue_step(s, b, argmax, err);
+    enum llmopt_status st = enqueue_step(s, b, tail, err);
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(s->stream, &graph);
     if (st || e != cudaSuccess) {
@@ -1879,25 +1933,27 @@ static enum llmopt_status capture_step(struct cuda_state *s, const struct exec_b
     return LLMOPT_OK;
 }
 
-static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, bool argmax,
+static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_batch *b, struct step_tail tail,
                                       struct llmopt_err *err) {
     s->step_extra_kernels = 0;
-    if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, argmax, err);
+    if (!s->use_graphs || b->n_tokens > CUDA_GRAPH_MAX_N) return enqueue_step(s, b, tail, err);
     struct cuda_graph_entry *hit = NULL, *victim = &s->graphs[0];
     for (int k = 0; k < CUDA_GRAPH_CACHE; k++) {
         struct cuda_graph_entry *ge = &s->graphs[k];
-        if (ge->exec && ge->n == b->n_tokens && ge->m == b->n_out && ge->argmax == argmax) hit = ge;
+        if (ge->exec && ge->n == b->n_tokens && ge->m == b->n_out && ge->tail.mode == tail.mode &&
+            ge->tail.kb == tail.kb && ge->tail.pen == tail.pen)
+            hit = ge;
         if (!ge->exec || (victim->exec && ge->last_used < victim->last_used)) victim = ge;
     }
     if (!hit) {
         cudaGraphExec_t exec = NULL;
-        enum llmopt_status st = capture_step(s, b, argmax, &exec, err);
+        enum llmopt_status st = capture_step(s, b, tail, &exec, err);
         if (st) return st;
         if (victim->exec) cudaGraphExecDestroy(victim->exec);
         victim->exec = exec;
         victim->n = b->n_tokens;
         victim->m = b->n_out;
-        victim->argmax = argmax;
+        victim->tail = tail;
         victim->extra_kernels = s->step_extra_kernels;
         hit = victim;
     }
@@ -1964,9 +2020,34 @@ static void profile_print(struct cuda_state *s) {
     }
 }
 
-/* One step; logits come back (ids NULL), or only each output row's argmax (ids). */
+/* run_sample's buffers, for up to n_max rows of the output's length. */
+static enum llmopt_status sample_buffers(struct cuda_state *s, struct llmopt_err *err) {
+    if (s->sample_ready) return LLMOPT_OK;
+    const struct ir_node *o = &s->g->nodes[s->g->output];
+    const struct ir_dim last = o->shape.dims[o->shape.rank - 1];
+    const int64_t len = last.sym == IR_SYM_NONE ? last.coef : 0, n = s->n_max;
+    if (len < 1) return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: sampling needs a fixed row length");
+    const size_t lvl = (size_t)(n * cu_top_k_scratch(len, BACKEND_TOP_K_MAX)) * sizeof(unsigned long long);
+    CU_TRY(cudaMalloc((void **)&s->d_topk, (size_t)n * BACKEND_TOP_K_MAX * sizeof *s->d_topk));
+    CU_TRY(cudaMallocHost((void **)&s->h_topk, (size_t)n * BACKEND_TOP_K_MAX * sizeof *s->h_topk));
+    CU_TRY(cudaMalloc((void **)&s->d_topk_a, lvl));
+    CU_TRY(cudaMalloc((void **)&s->d_topk_b, lvl));
+    CU_TRY(cudaMalloc((void **)&s->d_pen_hdr, (size_t)n * sizeof *s->d_pen_hdr));
+    CU_TRY(cudaMallocHost((void **)&s->h_pen_hdr, (size_t)n * sizeof *s->h_pen_hdr));
+    CU_TRY(cudaMalloc((void **)&s->d_pen_pairs, (size_t)n * BACKEND_PENALTY_MAX * sizeof *s->d_pen_pairs));
+    CU_TRY(cudaMallocHost((void **)&s->h_pen_pairs, (size_t)n * BACKEND_PENALTY_MAX * sizeof *s->h_pen_pairs));
+    CU_TRY(cudaMalloc((void **)&s->d_draw_rows, (size_t)n * sizeof *s->d_draw_rows));
+    CU_TRY(cudaMallocHost((void **)&s->h_draw_rows, (size_t)n * sizeof *s->h_draw_rows));
+    CU_TRY(cudaMalloc((void **)&s->d_draw_sums, (size_t)(n * cu_draw_scratch(len)) * sizeof *s->d_draw_sums));
+    CU_TRY(cudaMalloc((void **)&s->d_draw_ids, (size_t)n * sizeof *s->d_draw_ids));
+    CU_TRY(cudaMallocHost((void **)&s->h_draw_ids, (size_t)n * sizeof *s->h_draw_ids));
+    s->sample_ready = true;
+    return LLMOPT_OK;
+}
+
+/* One step, ending as out asks. */
 static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, struct kv_cache *kv,
-                                    const float **logits, int32_t *ids, struct llmopt_err *err) {
+                                    struct backend_out out, struct llmopt_err *err) {
     struct cuda_state *s = (struct cuda_state *)state;
     const struct ir_graph *g = s->g;
     if (b->n_tokens < 1 || b->n_tokens > s->plan.n_max || b->n_out < 0 || b->n_out > b->n_tokens)
@@ -1977,6 +2058,33 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     enum llmopt_status st = LLMOPT_OK;
     if ((g->n_kv_layers || g->n_conv_layers) && (st = ensure_kv(s, kv, err))) return st;
     if ((st = check_batch(s, b, kv, err))) return st;
+    struct step_tail tail = {out.argmax ? TAIL_ARGMAX : out.cands ? TAIL_TOP_K : out.draws ? TAIL_DRAW : TAIL_LOGITS, 0,
+                             false};
+    if (tail.mode == TAIL_TOP_K || tail.mode == TAIL_DRAW) {
+        if (tail.mode == TAIL_TOP_K && (out.k < 1 || out.k > BACKEND_TOP_K_MAX))
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: top-k of %d (1..%d)", out.k, BACKEND_TOP_K_MAX);
+        if (tail.mode == TAIL_DRAW && !out.rows)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: a whole-row draw needs each row's parameters");
+        if ((st = sample_buffers(s, err))) return st;
+        tail.kb = tail.mode == TAIL_DRAW ? 0 : out.k == 1 ? 1 : out.k <= 64 ? 64 : BACKEND_TOP_K_MAX;
+        for (int32_t j = 0; out.rows && j < b->n_out; j++) {
+            const struct backend_row_sample *r = &out.rows[j];
+            const struct backend_penalty *p = &r->pen;
+            if (p->n < 0 || p->n > BACKEND_PENALTY_MAX)
+                return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: row %d has %d penalty pairs (0..%d)", j, p->n,
+                               BACKEND_PENALTY_MAX);
+            if (tail.mode == TAIL_DRAW && !(r->temperature > 0.0f && isfinite(r->temperature) && r->u >= 0.0 &&
+                                            r->u < 1.0 && r->min_p >= 0.0f && r->min_p <= 1.0f))
+                return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                               "cuda: row %d draws with temperature %g, min_p %g, u %g (want > 0, [0, 1], [0, 1))", j,
+                               (double)r->temperature, (double)r->min_p, r->u);
+            s->h_pen_hdr[j] = (struct cu_penalty_row){p->repeat, p->presence, p->frequency, p->n};
+            for (int32_t i = 0; i < p->n; i++)
+                s->h_pen_pairs[(size_t)j * BACKEND_PENALTY_MAX + i] = make_int2(p->ids[i], p->counts[i]);
+            s->h_draw_rows[j] = (struct cu_draw_row){r->temperature, r->min_p, r->u};
+            tail.pen = tail.pen || p->n > 0;
+        }
+    }
     const int32_t *src[IR_INPUT_COUNT] = {b->tokens, b->positions, b->seq_slots, b->out_rows};
     for (int k = 0; k < IR_INPUT_COUNT; k++)
         memcpy(s->h_inputs + (int64_t)k * s->n_max, src[k],
@@ -2003,7 +2111,7 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     trace_init();
     const bool traced = trace_before(s->stream, b->n_tokens);
 #endif
-    if ((st = launch_step(s, b, ids != NULL, err))) {
+    if ((st = launch_step(s, b, tail, err))) {
         cudaStreamSynchronize(s->stream);
         cudaGetLastError();
         return st;
@@ -2023,21 +2131,44 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     s->stats.kernels_run += (uint64_t)(s->fused ? s->kernels_per_step_fused : s->kernels_per_step) + s->step_extra_kernels;
     s->stats.steps++;
     if (s->profile) profile_collect(s, b->n_tokens > CUDA_GRAPH_MAX_N ? 0 : 1);
-    if (ids)
-        for (int32_t j = 0; j < b->n_out; j++) ids[j] = cu_argmax_key_index(s->h_keys[j]);
+    if (out.argmax)
+        for (int32_t j = 0; j < b->n_out; j++) out.argmax[j] = cu_argmax_key_index(s->h_keys[j]);
+    else if (out.draws)
+        memcpy(out.draws, s->h_draw_ids, (size_t)b->n_out * sizeof *out.draws);
+    else if (out.cands)
+        for (int32_t j = 0; j < b->n_out; j++)
+            for (int32_t i = 0; i < out.k; i++) {
+                struct backend_cand *c = &out.cands[(size_t)j * out.k + i];
+                cu_key_decode(tail.kb == 1 ? s->h_keys[j] : s->h_topk[(size_t)j * tail.kb + i], &c->id, &c->logit);
+            }
     else
-        *logits = s->h_out;
+        *out.logits = s->h_out;
     return LLMOPT_OK;
 }
 
 static enum llmopt_status cuda_run(void *state, const struct exec_batch *b, struct kv_cache *kv,
                                    const float **logits, struct llmopt_err *err) {
-    return cuda_step(state, b, kv, logits, NULL, err);
+    struct backend_out out = {};
+    out.logits = logits;
+    return cuda_step(state, b, kv, out, err);
 }
 
 static enum llmopt_status cuda_run_argmax(void *state, const struct exec_batch *b, struct kv_cache *kv,
                                           int32_t *ids, struct llmopt_err *err) {
-    return cuda_step(state, b, kv, NULL, ids, err);
+    struct backend_out out = {};
+    out.argmax = ids;
+    return cuda_step(state, b, kv, out, err);
+}
+
+static enum llmopt_status cuda_run_sample(void *state, const struct exec_batch *b, struct kv_cache *kv,
+                                          const struct backend_row_sample *rows, int32_t k, struct backend_cand *cands,
+                                          int32_t *draws, struct llmopt_err *err) {
+    struct backend_out out = {};
+    out.rows = rows;
+    out.k = k;
+    out.cands = k ? cands : NULL;
+    out.draws = k ? NULL : draws;
+    return cuda_step(state, b, kv, out, err);
 }
 
 static void cuda_stats(void *state, struct backend_stats *out) { *out = ((struct cuda_state *)state)->stats; }
@@ -2075,6 +2206,19 @@ static void cuda_release(void *state) {
     cudaFreeHost(s->h_out);
     cudaFree(s->d_keys);
     cudaFreeHost(s->h_keys);
+    cudaFree(s->d_topk);
+    cudaFreeHost(s->h_topk);
+    cudaFree(s->d_topk_a);
+    cudaFree(s->d_topk_b);
+    cudaFree(s->d_pen_hdr);
+    cudaFreeHost(s->h_pen_hdr);
+    cudaFree(s->d_pen_pairs);
+    cudaFreeHost(s->h_pen_pairs);
+    cudaFreeHost(s->h_draw_rows);
+    cudaFree(s->d_draw_rows);
+    cudaFree(s->d_draw_sums);
+    cudaFree(s->d_draw_ids);
+    cudaFreeHost(s->h_draw_ids);
     if (s->blas) cublasDestroy(s->blas);
     cudaFree(s->blas_ws);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -2098,4 +2242,5 @@ static void cuda_release(void *state) {
 extern "C" const struct backend_ops cuda_backend_ops = {
     "cuda", cuda_prepare, cuda_run, cuda_run_argmax, cuda_stats, cuda_arena_bytes, cuda_release,
     NULL, /* set_node_timing: no per-node timing on CUDA yet (llmopt profile says so) */
+    cuda_run_sample,
 };

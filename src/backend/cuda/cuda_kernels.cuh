@@ -265,6 +265,36 @@ cudaError_t cu_matmul(cudaStream_t st, const float *a, const float *b, float *o,
 cudaError_t cu_argmax_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, unsigned long long *keys);
 int32_t cu_argmax_key_index(unsigned long long key);
 
+/* The sampler's penalties of one row (backend_penalty, on the device): n pairs (id,
+ * count) at pairs[row * pair_stride ..]. */
+struct cu_penalty_row {
+    float repeat, presence, frequency;
+    int32_t n;
+};
+/* x (rows, len) in place: x[row][id] = sampler_penalize(x[row][id], count), same bits. */
+cudaError_t cu_penalize_rows(cudaStream_t st, float *x, int64_t rows, int64_t len, const struct cu_penalty_row *hdr,
+                             const int2 *pairs, int pair_stride);
+/* The best k (<= 2048) entries of each row of x (rows, len) in rank order (larger
+ * sanitized logit, then lower index): out[row * k + i] = the i-th's argmax key (0: the
+ * row has fewer than i + 1 entries); cu_key_decode reads it. scratch_a and scratch_b
+ * hold rows * cu_top_k_scratch(len, k) keys each. */
+int64_t cu_top_k_scratch(int64_t len, int k);
+cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k,
+                          unsigned long long *scratch_a, unsigned long long *scratch_b, unsigned long long *out);
+void cu_key_decode(unsigned long long key, int32_t *id, float *logit);
+/* A whole-row draw's parameters (runtime/sampler.h sampler_device_full). */
+struct cu_draw_row {
+    float temperature, min_p;
+    double u;
+};
+/* ids[row] = the id sampler_sample draws from row of x (rows, len) with top-k and top-p
+ * off, params[row]'s temperature, min-p and uniform u, and keys[row] the row's argmax
+ * key (cu_argmax_rows); -1 when nothing is finite. sums: rows * cu_draw_scratch(len)
+ * doubles. */
+int64_t cu_draw_scratch(int64_t len);
+cudaError_t cu_draw_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, const unsigned long long *keys,
+                         const struct cu_draw_row *params, double *sums, int32_t *ids);
+
 /* ---- attention over the paged KV cache (kernels_attention.cu) ---- */
 
 struct cu_attention {

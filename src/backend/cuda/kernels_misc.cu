@@ -3,6 +3,7 @@
  * that the reference sums sequentially are summed sequentially per output here too
  * unless a contiguous row can use a whole block. */
 #include "backend/cuda/cuda_device.cuh"
+#include "runtime/sample_exp.h"
 
 #include <float.h>
 #include <string.h>
@@ -438,6 +439,207 @@ cudaError_t cu_argmax_rows(cudaStream_t st, const float *x, int64_t rows, int64_
 }
 
 int32_t cu_argmax_key_index(unsigned long long key) { return (int32_t)~(uint32_t)key; }
+
+/* ---- sampling: the penalties, then the best k of each row -------------------------- */
+
+/* runtime/sampler.c sampler_penalize, operation for operation, each rounded once (no
+ * contraction into an FMA), so the penalized logit has the host's bits. */
+__global__ void penalize_rows_kernel(float *x, int64_t len, const struct cu_penalty_row *hdr, const int2 *pairs,
+                                     int pair_stride) {
+    const struct cu_penalty_row h = hdr[blockIdx.x];
+    float *row = x + (int64_t)blockIdx.x * len;
+    for (int i = threadIdx.x; i < h.n; i += blockDim.x) {
+        const int2 pc = pairs[(int64_t)blockIdx.x * pair_stride + i];
+        if (pc.x < 0 || pc.x >= len) continue;
+        float l = row[pc.x];
+        if (h.repeat != 1.0f) l = l > 0.0f ? __fdiv_rn(l, h.repeat) : __fmul_rn(l, h.repeat);
+        row[pc.x] = __fsub_rn(l, __fadd_rn(h.presence, __fmul_rn(__int2float_rn(pc.y), h.frequency)));
+    }
+}
+
+cudaError_t cu_penalize_rows(cudaStream_t st, float *x, int64_t rows, int64_t len, const struct cu_penalty_row *hdr,
+                             const int2 *pairs, int pair_stride) {
+    if (rows <= 0) return cudaSuccess;
+    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    penalize_rows_kernel<<<(unsigned)rows, 256, 0, st>>>(x, len, hdr, pairs, pair_stride);
+    return cudaGetLastError();
+}
+
+#define TOPK_SLICE 4096 /* keys a block sorts in shared memory (32 KiB) */
+#define TOPK_THREADS 512
+
+/* Block (b, row) sorts keys [b * TOPK_SLICE, +TOPK_SLICE) of its row (argmax_key of the
+ * logits x when kin is NULL, else the keys kin), best first, by a bitonic network in
+ * shared memory (entries past n_in are key 0, below every real one), and writes the
+ * best k to kout[(row * gridDim.x + b) * k ..]: a row's best k are among the blocks'. */
+__global__ void __launch_bounds__(TOPK_THREADS)
+    topk_slice_kernel(const float *x, const unsigned long long *kin, int64_t n_in, int k, unsigned long long *kout) {
+    __shared__ unsigned long long key[TOPK_SLICE];
+    const int64_t row = blockIdx.y, base = (int64_t)blockIdx.x * TOPK_SLICE;
+    for (int i = threadIdx.x; i < TOPK_SLICE; i += TOPK_THREADS) {
+        const int64_t g = base + i;
+        unsigned long long v = 0;
+        if (g < n_in) v = kin ? kin[row * n_in + g] : argmax_key(x[row * n_in + g], (uint32_t)g);
+        key[i] = v;
+    }
+    __syncthreads();
+    /* pairs (lo, lo + stride), lo with the stride bit clear; a run of `size` ends up
+     * best first where lo & size is 0, worst first elsewhere, so the last run (all of
+     * it) best first */
+    for (int size = 2; size <= TOPK_SLICE; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < TOPK_SLICE / 2; i += TOPK_THREADS) {
+                const int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
+                const unsigned long long a = key[lo], b = key[hi];
+                if ((a < b) == ((lo & size) == 0)) {
+                    key[lo] = b;
+                    key[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) kout[(row * gridDim.x + blockIdx.x) * k + i] = key[i];
+}
+
+int64_t cu_top_k_scratch(int64_t len, int k) {
+    return (len + TOPK_SLICE - 1) / TOPK_SLICE * k;
+}
+
+cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k,
+                          unsigned long long *scratch_a, unsigned long long *scratch_b, unsigned long long *out) {
+    if (rows <= 0) return cudaSuccess;
+    if (len <= 0 || len > 0x7fffffff || rows > 65535 || k < 1 || k > TOPK_SLICE / 2) return cudaErrorInvalidValue;
+    const unsigned long long *in = NULL;
+    int64_t n = len;
+    for (int level = 0;; level++) {
+        const int64_t blocks = (n + TOPK_SLICE - 1) / TOPK_SLICE;
+        unsigned long long *dst = blocks == 1 ? out : level % 2 ? scratch_b : scratch_a;
+        topk_slice_kernel<<<dim3((unsigned)blocks, (unsigned)rows), TOPK_THREADS, 0, st>>>(x, in, n, k, dst);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess || blocks == 1) return e;
+        in = dst;
+        n = blocks * k; /* < n: k <= TOPK_SLICE / 2 */
+    }
+}
+
+/* ---- the whole-row draw (runtime/sampler.c's draw_blocks_*, the same operations) ----- */
+
+/* The logit an argmax key holds (the row's largest, sanitized; -inf for a row with
+ * nothing finite). */
+static __device__ __forceinline__ float key_logit(unsigned long long key) {
+    const uint32_t hi = (uint32_t)(key >> 32);
+    return __uint_as_float((hi & 0x80000000u) ? hi & 0x7fffffffu : ~hi);
+}
+
+/* Entry id's probability as the sampler computes it, 0 where it is not kept (not
+ * finite, 0, or below min-p). */
+static __device__ __forceinline__ float draw_p(const float *row, int64_t id, int64_t len, float max,
+                                               const struct cu_draw_row &d) {
+    if (id >= len) return 0.0f;
+    float l = row[id];
+    if (isnan(l)) l = -INFINITY;
+    if (l == INFINITY) l = FLT_MAX;
+    if (l == -INFINITY) return 0.0f;
+    const float p = sample_exp(__fdiv_rn(__fsub_rn(l, max), d.temperature));
+    return p > 0.0f && p >= d.min_p ? p : 0.0f;
+}
+
+/* Block (b, row): the sum, in id order, of the kept probabilities of ids [b * B, +B)
+ * (B = SAMPLE_DRAW_BLOCK = the block's threads) into sums[row * gridDim.x + b]. */
+__global__ void __launch_bounds__(SAMPLE_DRAW_BLOCK)
+    draw_sums_kernel(const float *x, int64_t len, const unsigned long long *keys, const struct cu_draw_row *rows,
+                     double *sums) {
+    __shared__ float ps[SAMPLE_DRAW_BLOCK];
+    const int64_t row = blockIdx.y;
+    const float max = key_logit(keys[row]);
+    const int64_t id = (int64_t)blockIdx.x * SAMPLE_DRAW_BLOCK + threadIdx.x;
+    ps[threadIdx.x] = max == -INFINITY ? 0.0f : draw_p(x + row * len, id, len, max, rows[row]);
+    __syncthreads();
+    if (threadIdx.x) return;
+    double sb = 0.0;
+    for (int i = 0; i < SAMPLE_DRAW_BLOCK; i++) sb += ps[i]; /* + 0.0 where not kept: the same bits */
+    sums[row * gridDim.x + blockIdx.x] = sb;
+}
+
+/* Block row: target = u * (the blocks' sums in order); the first block whose running
+ * total passes it, then the first id in it whose (earlier blocks) + (block so far)
+ * passes it; the last kept id when rounding leaves none. ids[row] = -1: nothing finite. */
+__global__ void __launch_bounds__(SAMPLE_DRAW_BLOCK)
+    draw_pick_kernel(const float *x, int64_t len, const unsigned long long *keys, const struct cu_draw_row *rows,
+                     const double *sums, int nb, int32_t *ids) {
+    __shared__ float ps[SAMPLE_DRAW_BLOCK];
+    __shared__ int blk;
+    __shared__ double before, target;
+    const int64_t row = blockIdx.y;
+    const float max = key_logit(keys[row]);
+    const double *sr = sums + row * nb;
+    if (threadIdx.x == 0) {
+        blk = -1;
+        if (max != -INFINITY) {
+            double z = 0.0;
+            for (int b = 0; b < nb; b++) z += sr[b];
+            const double t = rows[row].u * z;
+            double c = 0.0;
+            int last = 0;
+            for (int b = 0; b < nb && blk < 0; b++) {
+                if (sr[b] > 0.0) last = b;
+                if (t < c + sr[b])
+                    blk = b;
+                else
+                    c += sr[b];
+            }
+            target = blk < 0 ? INFINITY : t; /* none passed: the last kept of the last block */
+            before = c;
+            if (blk < 0) blk = last;
+        } else
+            ids[row] = -1;
+    }
+    __syncthreads();
+    if (blk < 0) return;
+    const int64_t id0 = (int64_t)blk * SAMPLE_DRAW_BLOCK;
+    ps[threadIdx.x] = draw_p(x + row * len, id0 + threadIdx.x, len, max, rows[row]);
+    __syncthreads();
+    if (threadIdx.x) return;
+    double sb = 0.0;
+    int pick = -1, last = -1;
+    for (int i = 0; i < SAMPLE_DRAW_BLOCK && pick < 0; i++)
+        if (ps[i] > 0.0f) {
+            last = i;
+            sb += ps[i];
+            if (target < before + sb) pick = i;
+        }
+    ids[row] = (int32_t)(id0 + (pick >= 0 ? pick : last));
+}
+
+cudaError_t cu_draw_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, const unsigned long long *keys,
+                         const struct cu_draw_row *params, double *sums, int32_t *ids) {
+    if (rows <= 0) return cudaSuccess;
+    if (len <= 0 || len > 0x7fffffff || rows > 65535) return cudaErrorInvalidValue;
+    const int nb = (int)((len + SAMPLE_DRAW_BLOCK - 1) / SAMPLE_DRAW_BLOCK);
+    draw_sums_kernel<<<dim3((unsigned)nb, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    draw_pick_kernel<<<dim3(1, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums, nb, ids);
+    return cudaGetLastError();
+}
+
+int64_t cu_draw_scratch(int64_t len) {
+    return (len + SAMPLE_DRAW_BLOCK - 1) / SAMPLE_DRAW_BLOCK;
+}
+
+void cu_key_decode(unsigned long long key, int32_t *id, float *logit) {
+    if (!key) { /* padding: the row had fewer entries */
+        *id = -1;
+        *logit = -INFINITY;
+        return;
+    }
+    const uint32_t hi = (uint32_t)(key >> 32);
+    const uint32_t u = (hi & 0x80000000u) ? hi & 0x7fffffffu : ~hi;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    *id = (int32_t)~(uint32_t)key;
+    *logit = f;
+}
 
 /* ---- rms_norm + permute + rope (decode fusion) ----------------------------------- */
 
