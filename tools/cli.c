@@ -38,8 +38,10 @@ const char cli_usage_text[] =
     "      bind the stock program, run the passes, plan memory, write ENGINE_DIR/model.llmopt\n"
     "  check ENGINE_DIR/model.llmopt      validate a compiled Model Program\n"
     "  bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--profile P] [--backend B]\n"
-    "        [--kv-type f16|q8_0|f32] [--json]\n"
-    "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction\n"
+    "        [--kv-type f16|q8_0|f32] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+    "        [--repeat-penalty R] [--seed S] [--json]\n"
+    "      prefill/decode tok/s, inter-token latency, bytes per token and roofline fraction;\n"
+    "      greedy decode unless a sampling option is given (the others then as run's defaults)\n"
     "  profile MODEL [-p 128] [-n 64] [-r 3] [-t THREADS] [--profile P] [--kv-type T] [--prefill]\n"
     "          [--json]\n"
     "      decode (or with --prefill the prompt's) time per op family (attention, qkv, attn_out,\n"
@@ -155,6 +157,8 @@ int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_benc
     } counts[] = {{"-p", 1, 1 << 16}, {"-n", 1, 1 << 16}, {"-r", 1, 100}, {"-t", 1, 1024}};
     long long *dst[] = {&o->n_prompt, &o->n_gen, &o->reps, &o->threads};
     char msg[128];
+    int bad = 0;
+    bool seed_given = false;
     for (int i = 0; i < argc; i++) {
         const char *v = NULL;
         int c = 0;
@@ -175,6 +179,11 @@ int cli_parse_bench_opts(const char *cmd, int argc, char **argv, struct cli_benc
             o->backend = v;
         } else if (!strcmp(argv[i], "--kv-type") && (v = option_value(argc, argv, &i))) {
             if (!llmopt_kv_type_parse(v, &o->kv_type)) return bad_option_value(cmd, "--kv-type needs f16, q8_0 or f32", v);
+        } else if (!strcmp(cmd, "bench") && i + 1 < argc &&
+                   (bad = cli_sampling_option(cmd, argv[i], argv[i + 1], &o->sampling, &seed_given)) >= 0) {
+            if (bad) return bad;
+            o->sample = true;
+            i++;
         } else if (argv[i][0] == '-' || o->model) {
             snprintf(msg, sizeof msg, "%s: %s '%%s'", cmd,
                      argv[i][0] == '-' ? "unknown option or missing value" : "unexpected argument");

@@ -46,6 +46,8 @@ struct cli_bench_opts {
     bool json;
     bool prefill; /* profile --prefill: time the prompt's forward instead of decode steps */
     double read_bw; /* GB/s: the --profile's measured read bandwidth; 0 without one */
+    bool sample;    /* bench: a sampling flag was given: decode draws with `sampling` */
+    struct llmopt_sampling sampling; /* the caller sets the defaults */
 };
 /* Parses argv into o for command `cmd` (and reads the --profile's bandwidth, which it
  * must hold); returns 0, or the exit code (usage or error printed). */
