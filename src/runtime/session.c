@@ -324,6 +324,9 @@ static enum llmopt_status forward_sample(struct llmopt_session *s, int32_t n, co
                                          struct llmopt_err *err) {
     if (!samplers || !ids || !n_history)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward_sample: samplers, n_history and ids must be set");
+    if (n < 1 || n > s->n_batch || n_out < 1 || n_out > n) /* before the scratch is sized by n_out */
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward_sample: %d output rows for %d tokens (batch 1..%d)",
+                       n_out, n, s->n_batch);
     for (int32_t j = 0; j < n_out; j++)
         if (!samplers[j] || (n_history[j] && (!histories || !histories[j])))
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward_sample: row %d has no sampler or no history", j);

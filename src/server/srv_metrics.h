@@ -39,8 +39,8 @@ void srv_metrics_cancelled(struct srv_metrics *m);
 /* Where the scheduler thread's time goes, in wall seconds (see srv_sched.c). */
 enum srv_phase {
     SRV_PHASE_BATCH,   /* admitting, building the token batch */
-    SRV_PHASE_FORWARD, /* llmopt_session_forward */
-    SRV_PHASE_SAMPLE,  /* sampling, detokenizing, stop sequences, posting events */
+    SRV_PHASE_FORWARD, /* llmopt_session_forward, or _forward_sample (its sampling too) */
+    SRV_PHASE_SAMPLE,  /* sampling logits rows, detokenizing, stop sequences, posting events */
     SRV_PHASE_RETIRE,  /* freeing finished requests' slots, publishing gauges */
     SRV_PHASE_IDLE,    /* waiting for work or for readers to make room */
     SRV_PHASE_COUNT

@@ -1647,6 +1647,13 @@ static void test_sample_device(void) {
         }
         fprintf(stderr, "    whole-row draws, vocab %6lld: %d/%d equal to the host sampler\n", (long long)V, agree,
                 draws);
+        if (gpu) { /* no place for the answer: an error, not a crash */
+            int32_t tokens[1] = {0}, pos[1] = {0}, slot[1] = {0}, rows[1] = {0};
+            struct exec_batch eb = {1, tokens, pos, slot, 1, rows};
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 0, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 5, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 300, cands, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+        }
         free(work);
         free(cands);
         free(all);

@@ -2163,6 +2163,9 @@ static enum llmopt_status cuda_run_argmax(void *state, const struct exec_batch *
 static enum llmopt_status cuda_run_sample(void *state, const struct exec_batch *b, struct kv_cache *kv,
                                           const struct backend_row_sample *rows, int32_t k, struct backend_cand *cands,
                                           int32_t *draws, struct llmopt_err *err) {
+    if (k < 0 || (k && !cands) || (!k && !draws))
+        return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: run_sample with k %d needs %s", k,
+                       k ? "a place for the candidates" : "a place for the drawn ids");
     struct backend_out out = {};
     out.rows = rows;
     out.k = k;
