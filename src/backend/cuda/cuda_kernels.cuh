@@ -274,13 +274,11 @@ struct cu_penalty_row {
 /* x (rows, len) in place: x[row][id] = sampler_penalize(x[row][id], count), same bits. */
 cudaError_t cu_penalize_rows(cudaStream_t st, float *x, int64_t rows, int64_t len, const struct cu_penalty_row *hdr,
                              const int2 *pairs, int pair_stride);
-/* The best k (<= 2048) entries of each row of x (rows, len) in rank order (larger
- * sanitized logit, then lower index): out[row * k + i] = the i-th's argmax key (0: the
- * row has fewer than i + 1 entries); cu_key_decode reads it. scratch_a and scratch_b
- * hold rows * cu_top_k_scratch(len, k) keys each. */
-int64_t cu_top_k_scratch(int64_t len, int k);
-cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k,
-                          unsigned long long *scratch_a, unsigned long long *scratch_b, unsigned long long *out);
+/* The best k (a power of two, 2..256) entries of each row of x (rows, len) in rank
+ * order (larger sanitized logit, then lower index): out[row * k + i] = the i-th's argmax
+ * key (0: the row has fewer than i + 1 entries); cu_key_decode reads it. One block a
+ * row (a radix select, then a sort of the k). */
+cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k, unsigned long long *out);
 void cu_key_decode(unsigned long long key, int32_t *id, float *logit);
 /* A whole-row draw's parameters (runtime/sampler.h sampler_device_full). */
 struct cu_draw_row {

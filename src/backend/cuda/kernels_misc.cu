@@ -465,61 +465,158 @@ cudaError_t cu_penalize_rows(cudaStream_t st, float *x, int64_t rows, int64_t le
     return cudaGetLastError();
 }
 
-#define TOPK_SLICE 4096 /* keys a block sorts in shared memory (32 KiB) */
-#define TOPK_THREADS 512
+#define TOPK_THREADS 1024
+#define TOPK_SMEM_KEYS 4096 /* keys of the threshold's group held in shared memory once few enough */
+#define TOPK_OUT_MAX 256    /* = BACKEND_TOP_K_MAX */
 
-/* Block (b, row) sorts keys [b * TOPK_SLICE, +TOPK_SLICE) of its row (argmax_key of the
- * logits x when kin is NULL, else the keys kin), best first, by a bitonic network in
- * shared memory (entries past n_in are key 0, below every real one), and writes the
- * best k to kout[(row * gridDim.x + b) * k ..]: a row's best k are among the blocks'. */
+/* The keys of row entries base + 16 t' .. (t' = this thread's slot: 4 float4 loads, all
+ * in flight, coalesced across the block) as 16 keys; past len, valid is false. One
+ * thread reading one float at a time kept ~4 KiB in flight an SM. */
+#define TOPK_PER_THREAD 16
+#define TOPK_CHUNK (TOPK_PER_THREAD * TOPK_THREADS) /* entries a block reads a round */
+static __device__ __forceinline__ void topk_load(const float *row, int64_t len, int64_t base, bool vec,
+                                                 unsigned long long (&key)[TOPK_PER_THREAD],
+                                                 bool (&valid)[TOPK_PER_THREAD]) {
+    float v[TOPK_PER_THREAD];
+    int64_t idx[TOPK_PER_THREAD];
+#pragma unroll
+    for (int u = 0; u < TOPK_PER_THREAD / 4; u++) {
+        const int64_t i0 = base + 4 * ((int64_t)u * TOPK_THREADS + threadIdx.x); /* 4 consecutive entries */
+        if (vec && i0 + 3 < len) {
+            const float4 f = __ldg((const float4 *)(row + i0));
+            v[4 * u] = f.x, v[4 * u + 1] = f.y, v[4 * u + 2] = f.z, v[4 * u + 3] = f.w;
+        } else
+            for (int e = 0; e < 4; e++) v[4 * u + e] = i0 + e < len ? row[i0 + e] : 0.0f;
+        for (int e = 0; e < 4; e++) idx[4 * u + e] = i0 + e;
+    }
+#pragma unroll
+    for (int e = 0; e < TOPK_PER_THREAD; e++) {
+        valid[e] = idx[e] < len;
+        key[e] = argmax_key(v[e], (uint32_t)idx[e]);
+    }
+}
+
+/* Block row: the best k of row's argmax keys (argmax_key of the logits: the rank order),
+ * best first, into out[row * k ..] (0 past the row's length). An MSB-first radix select
+ * finds the k-th largest key T, 8 bits a pass over the keys that still share T's
+ * prefix (a histogram, then the digit where the count from the top reaches k): keys are
+ * unique (the index is in them), so exactly k keys are >= T. The passes read the row
+ * until the keys sharing the prefix fit in shared memory, then those alone; a last pass
+ * gathers the keys >= T, which a bitonic network sorts. A row pass keeps 16 entries a
+ * thread in flight (topk_load). On the H200 a 151936-entry row takes ~100 us (0.6B q8_0:
+ * a replayed decode step 632 us greedy, 732 with top-k 40), about what two levels of
+ * 4096-key bitonic sorts over 38 blocks took: one SM reads the row several times.
+ * Spreading the row passes over many blocks is the next step. Aggregating the
+ * histogram's adds a warp (__match_any_sync) was 14 us slower. */
 __global__ void __launch_bounds__(TOPK_THREADS)
-    topk_slice_kernel(const float *x, const unsigned long long *kin, int64_t n_in, int k, unsigned long long *kout) {
-    __shared__ unsigned long long key[TOPK_SLICE];
-    const int64_t row = blockIdx.y, base = (int64_t)blockIdx.x * TOPK_SLICE;
-    for (int i = threadIdx.x; i < TOPK_SLICE; i += TOPK_THREADS) {
-        const int64_t g = base + i;
-        unsigned long long v = 0;
-        if (g < n_in) v = kin ? kin[row * n_in + g] : argmax_key(x[row * n_in + g], (uint32_t)g);
-        key[i] = v;
+    topk_radix_kernel(const float *x, int64_t len, int k, unsigned long long *out) {
+    __shared__ unsigned int hist[256], wsum[8];
+    __shared__ unsigned long long group[TOPK_SMEM_KEYS], best[TOPK_OUT_MAX];
+    __shared__ unsigned long long prefix_s;
+    __shared__ unsigned int want_s, n_group, n_best;
+    const float *row = x + (int64_t)blockIdx.x * len;
+    const bool vec = ((uintptr_t)row % 16) == 0; /* float4 loads where the row allows */
+    const unsigned int tid = threadIdx.x, lane = tid % CU_WARP, warp = tid / CU_WARP;
+    unsigned long long prefix = 0, mask = 0; /* T's bits found so far */
+    unsigned int want = (unsigned int)k;    /* T's rank among the keys sharing prefix */
+    bool in_smem = false;
+    unsigned int n_in = 0;
+    if (len > k)
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            if (tid < 256) hist[tid] = 0;
+            __syncthreads();
+            if (in_smem)
+                for (unsigned int base = 0; base < n_in; base += TOPK_THREADS) {
+                    const unsigned int i = base + tid;
+                    const unsigned long long key = i < n_in ? group[i] : 0;
+                    if (i < n_in && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+                }
+            else
+                for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
+                    unsigned long long key[TOPK_PER_THREAD];
+                    bool valid[TOPK_PER_THREAD];
+                    topk_load(row, len, base, vec, key, valid);
+#pragma unroll
+                    for (int e = 0; e < TOPK_PER_THREAD; e++)
+                        if (valid[e] && (key[e] & mask) == prefix) atomicAdd(&hist[(key[e] >> shift) & 255u], 1u);
+                }
+            __syncthreads();
+            /* the digit d with (count above d) < want <= (count at or above d) */
+            unsigned int v = 0, suffix = 0;
+            if (tid < 256) {
+                v = suffix = hist[tid];
+                for (int o = 1; o < CU_WARP; o <<= 1) {
+                    const unsigned int t = __shfl_down_sync(0xffffffffu, suffix, o);
+                    if (lane + o < CU_WARP) suffix += t;
+                }
+                if (lane == 0) wsum[warp] = suffix;
+            }
+            __syncthreads();
+            if (tid < 256) {
+                for (unsigned int w = warp + 1; w < 8; w++) suffix += wsum[w];
+                if (suffix - v < want && suffix >= want) {
+                    prefix_s = prefix | ((unsigned long long)tid << shift);
+                    want_s = want - (suffix - v);
+                    n_group = v;
+                }
+            }
+            __syncthreads();
+            prefix = prefix_s;
+            want = want_s;
+            mask |= 255ull << shift;
+            const unsigned int group_size = n_group;
+            __syncthreads();
+            if (!in_smem && shift > 0 && group_size <= TOPK_SMEM_KEYS) { /* the group, once, into shared memory */
+                if (tid == 0) n_group = 0;
+                __syncthreads();
+                for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
+                    unsigned long long key[TOPK_PER_THREAD];
+                    bool valid[TOPK_PER_THREAD];
+                    topk_load(row, len, base, vec, key, valid);
+#pragma unroll
+                    for (int e = 0; e < TOPK_PER_THREAD; e++)
+                        if (valid[e] && (key[e] & mask) == prefix) group[atomicAdd(&n_group, 1u)] = key[e];
+                }
+                __syncthreads();
+                in_smem = true;
+                n_in = group_size;
+            }
+        }
+    /* prefix is T (0 when the row has at most k entries: all of them) */
+    if (tid == 0) n_best = 0;
+    if (tid < TOPK_OUT_MAX) best[tid] = 0;
+    __syncthreads();
+    for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
+        unsigned long long key[TOPK_PER_THREAD];
+        bool valid[TOPK_PER_THREAD];
+        topk_load(row, len, base, vec, key, valid);
+#pragma unroll
+        for (int e = 0; e < TOPK_PER_THREAD; e++)
+            if (valid[e] && key[e] >= prefix) best[atomicAdd(&n_best, 1u)] = key[e];
     }
     __syncthreads();
-    /* pairs (lo, lo + stride), lo with the stride bit clear; a run of `size` ends up
-     * best first where lo & size is 0, worst first elsewhere, so the last run (all of
-     * it) best first */
-    for (int size = 2; size <= TOPK_SLICE; size <<= 1)
+    /* bitonic sort of best[0, k), k a power of two, best first */
+    for (int size = 2; size <= k; size <<= 1)
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < TOPK_SLICE / 2; i += TOPK_THREADS) {
-                const int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
-                const unsigned long long a = key[lo], b = key[hi];
+            if (tid < (unsigned)k / 2) {
+                const int lo = 2 * stride * ((int)tid / stride) + (int)tid % stride, hi = lo + stride;
+                const unsigned long long a = best[lo], b = best[hi];
                 if ((a < b) == ((lo & size) == 0)) {
-                    key[lo] = b;
-                    key[hi] = a;
+                    best[lo] = b;
+                    best[hi] = a;
                 }
             }
             __syncthreads();
         }
-    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) kout[(row * gridDim.x + blockIdx.x) * k + i] = key[i];
+    if (tid < (unsigned)k) out[(int64_t)blockIdx.x * k + tid] = best[tid];
 }
 
-int64_t cu_top_k_scratch(int64_t len, int k) {
-    return (len + TOPK_SLICE - 1) / TOPK_SLICE * k;
-}
-
-cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k,
-                          unsigned long long *scratch_a, unsigned long long *scratch_b, unsigned long long *out) {
+cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k, unsigned long long *out) {
     if (rows <= 0) return cudaSuccess;
-    if (len <= 0 || len > 0x7fffffff || rows > 65535 || k < 1 || k > TOPK_SLICE / 2) return cudaErrorInvalidValue;
-    const unsigned long long *in = NULL;
-    int64_t n = len;
-    for (int level = 0;; level++) {
-        const int64_t blocks = (n + TOPK_SLICE - 1) / TOPK_SLICE;
-        unsigned long long *dst = blocks == 1 ? out : level % 2 ? scratch_b : scratch_a;
-        topk_slice_kernel<<<dim3((unsigned)blocks, (unsigned)rows), TOPK_THREADS, 0, st>>>(x, in, n, k, dst);
-        const cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess || blocks == 1) return e;
-        in = dst;
-        n = blocks * k; /* < n: k <= TOPK_SLICE / 2 */
-    }
+    if (len <= 0 || len > 0x7fffffff || rows > 0x7fffffff || k < 2 || k > TOPK_OUT_MAX || (k & (k - 1)))
+        return cudaErrorInvalidValue;
+    topk_radix_kernel<<<(unsigned)rows, TOPK_THREADS, 0, st>>>(x, len, k, out);
+    return cudaGetLastError();
 }
 
 /* ---- the whole-row draw (runtime/sampler.c's draw_blocks_*, the same operations) ----- */
