@@ -496,6 +496,19 @@ static __device__ __forceinline__ void topk_load(const float *row, int64_t len, 
     }
 }
 
+/* f(key) for every entry of row, TOPK_CHUNK entries a round (topk_load). */
+template <typename F>
+static __device__ __forceinline__ void topk_each_key(const float *row, int64_t len, bool vec, F f) {
+    for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
+        unsigned long long key[TOPK_PER_THREAD];
+        bool valid[TOPK_PER_THREAD];
+        topk_load(row, len, base, vec, key, valid);
+#pragma unroll
+        for (int e = 0; e < TOPK_PER_THREAD; e++)
+            if (valid[e]) f(key[e]);
+    }
+}
+
 /* Block row: the best k of row's argmax keys (argmax_key of the logits: the rank order),
  * best first, into out[row * k ..] (0 past the row's length). An MSB-first radix select
  * finds the k-th largest key T, 8 bits a pass over the keys that still share T's
@@ -532,14 +545,9 @@ __global__ void __launch_bounds__(TOPK_THREADS)
                     if (i < n_in && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
                 }
             else
-                for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
-                    unsigned long long key[TOPK_PER_THREAD];
-                    bool valid[TOPK_PER_THREAD];
-                    topk_load(row, len, base, vec, key, valid);
-#pragma unroll
-                    for (int e = 0; e < TOPK_PER_THREAD; e++)
-                        if (valid[e] && (key[e] & mask) == prefix) atomicAdd(&hist[(key[e] >> shift) & 255u], 1u);
-                }
+                topk_each_key(row, len, vec, [&](unsigned long long key) {
+                    if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+                });
             __syncthreads();
             /* the digit d with (count above d) < want <= (count at or above d) */
             unsigned int v = 0, suffix = 0;
@@ -569,14 +577,9 @@ __global__ void __launch_bounds__(TOPK_THREADS)
             if (!in_smem && shift > 0 && group_size <= TOPK_SMEM_KEYS) { /* the group, once, into shared memory */
                 if (tid == 0) n_group = 0;
                 __syncthreads();
-                for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
-                    unsigned long long key[TOPK_PER_THREAD];
-                    bool valid[TOPK_PER_THREAD];
-                    topk_load(row, len, base, vec, key, valid);
-#pragma unroll
-                    for (int e = 0; e < TOPK_PER_THREAD; e++)
-                        if (valid[e] && (key[e] & mask) == prefix) group[atomicAdd(&n_group, 1u)] = key[e];
-                }
+                topk_each_key(row, len, vec, [&](unsigned long long key) {
+                    if ((key & mask) == prefix) group[atomicAdd(&n_group, 1u)] = key;
+                });
                 __syncthreads();
                 in_smem = true;
                 n_in = group_size;
@@ -586,14 +589,9 @@ __global__ void __launch_bounds__(TOPK_THREADS)
     if (tid == 0) n_best = 0;
     if (tid < TOPK_OUT_MAX) best[tid] = 0;
     __syncthreads();
-    for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
-        unsigned long long key[TOPK_PER_THREAD];
-        bool valid[TOPK_PER_THREAD];
-        topk_load(row, len, base, vec, key, valid);
-#pragma unroll
-        for (int e = 0; e < TOPK_PER_THREAD; e++)
-            if (valid[e] && key[e] >= prefix) best[atomicAdd(&n_best, 1u)] = key[e];
-    }
+    topk_each_key(row, len, vec, [&](unsigned long long key) {
+        if (key >= prefix) best[atomicAdd(&n_best, 1u)] = key;
+    });
     __syncthreads();
     /* bitonic sort of best[0, k), k a power of two, best first */
     for (int size = 2; size <= k; size <<= 1)
