@@ -232,6 +232,7 @@ struct cuda_state {
     double *d_draw_sums;                 /* device (n_max, cu_draw_scratch) */
     int32_t *h_draw_ids, *d_draw_ids;    /* pinned / device (n_max) */
     unsigned long long *d_topk, *h_topk; /* device / pinned (n_max, BACKEND_TOP_K_MAX) best keys */
+    unsigned long long *d_topk_blocks;   /* device (n_max, cu_top_k_scratch) the blocks' best keys */
     struct cu_penalty_row *h_pen_hdr, *d_pen_hdr; /* pinned / device (n_max) */
     int2 *h_pen_pairs, *d_pen_pairs;     /* pinned / device (n_max, BACKEND_PENALTY_MAX) (id, count) */
     void *xh;                     /* device: f16/bf16 activations for cuBLAS */
@@ -1903,8 +1904,8 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
                 CU_TRY(cudaMemcpyAsync(s->h_keys, s->d_keys, (size_t)rows * sizeof *s->h_keys,
                                        cudaMemcpyDeviceToHost, s->stream));
         } else {
-            CU_TRY(cu_top_k_rows(s->stream, lg, rows, len, tail.kb, s->d_topk));
-            s->step_extra_kernels++;
+            CU_TRY(cu_top_k_rows(s->stream, lg, rows, len, tail.kb, s->d_topk_blocks, s->d_topk));
+            s->step_extra_kernels += len > 4096 ? 2 : 1;
             if (rows)
                 CU_TRY(cudaMemcpyAsync(s->h_topk, s->d_topk, (size_t)rows * tail.kb * sizeof *s->h_topk,
                                        cudaMemcpyDeviceToHost, s->stream));
@@ -2028,6 +2029,8 @@ static enum llmopt_status sample_buffers(struct cuda_state *s, struct llmopt_err
     if (len < 1) return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: sampling needs a fixed row length");
     CU_TRY(cudaMalloc((void **)&s->d_topk, (size_t)n * BACKEND_TOP_K_MAX * sizeof *s->d_topk));
     CU_TRY(cudaMallocHost((void **)&s->h_topk, (size_t)n * BACKEND_TOP_K_MAX * sizeof *s->h_topk));
+    CU_TRY(cudaMalloc((void **)&s->d_topk_blocks,
+                      (size_t)(n * cu_top_k_scratch(len, BACKEND_TOP_K_MAX)) * sizeof *s->d_topk_blocks));
     CU_TRY(cudaMalloc((void **)&s->d_pen_hdr, (size_t)n * sizeof *s->d_pen_hdr));
     CU_TRY(cudaMallocHost((void **)&s->h_pen_hdr, (size_t)n * sizeof *s->h_pen_hdr));
     CU_TRY(cudaMalloc((void **)&s->d_pen_pairs, (size_t)n * BACKEND_PENALTY_MAX * sizeof *s->d_pen_pairs));
@@ -2207,6 +2210,7 @@ static void cuda_release(void *state) {
     cudaFreeHost(s->h_keys);
     cudaFree(s->d_topk);
     cudaFreeHost(s->h_topk);
+    cudaFree(s->d_topk_blocks);
     cudaFree(s->d_pen_hdr);
     cudaFreeHost(s->h_pen_hdr);
     cudaFree(s->d_pen_pairs);

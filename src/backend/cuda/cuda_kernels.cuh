@@ -276,9 +276,12 @@ cudaError_t cu_penalize_rows(cudaStream_t st, float *x, int64_t rows, int64_t le
                              const int2 *pairs, int pair_stride);
 /* The best k (a power of two, 2..256) entries of each row of x (rows, len) in rank
  * order (larger sanitized logit, then lower index): out[row * k + i] = the i-th's argmax
- * key (0: the row has fewer than i + 1 entries); cu_key_decode reads it. One block a
- * row (a radix select, then a sort of the k). */
-cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k, unsigned long long *out);
+ * key (0: the row has fewer than i + 1 entries); cu_key_decode reads it. Radix selects
+ * in blocks of 4096 entries, then one block a row over their best (scratch: rows *
+ * cu_top_k_scratch(len, k) keys; unused for rows of up to 4096). */
+int64_t cu_top_k_scratch(int64_t len, int k);
+cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k,
+                          unsigned long long *scratch, unsigned long long *out);
 void cu_key_decode(unsigned long long key, int32_t *id, float *logit);
 /* A whole-row draw's parameters (runtime/sampler.h sampler_device_full). */
 struct cu_draw_row {

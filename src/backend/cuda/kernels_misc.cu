@@ -469,83 +469,99 @@ cudaError_t cu_penalize_rows(cudaStream_t st, float *x, int64_t rows, int64_t le
 #define TOPK_SMEM_KEYS 4096 /* keys of the threshold's group held in shared memory once few enough */
 #define TOPK_OUT_MAX 256    /* = BACKEND_TOP_K_MAX */
 
-/* The keys of row entries base + 16 t' .. (t' = this thread's slot: 4 float4 loads, all
- * in flight, coalesced across the block) as 16 keys; past len, valid is false. One
- * thread reading one float at a time kept ~4 KiB in flight an SM. */
+/* What a top-k block selects from: n entries, keys made from logits (index i0 + i) or
+ * keys as they are. */
+struct topk_src {
+    const float *logits; /* or NULL: keys */
+    const unsigned long long *keys;
+    int64_t n, i0;
+    bool vec; /* logits 16-byte aligned: float4 loads */
+};
+
+/* The keys of entries base + 4 (u * TOPK_THREADS + t) + e (t this thread, u < 4, e < 4):
+ * 16 a thread, all loads in flight, coalesced across the block; valid false past n. */
 #define TOPK_PER_THREAD 16
 #define TOPK_CHUNK (TOPK_PER_THREAD * TOPK_THREADS) /* entries a block reads a round */
-static __device__ __forceinline__ void topk_load(const float *row, int64_t len, int64_t base, bool vec,
+static __device__ __forceinline__ void topk_load(const struct topk_src &src, int64_t base,
                                                  unsigned long long (&key)[TOPK_PER_THREAD],
                                                  bool (&valid)[TOPK_PER_THREAD]) {
-    float v[TOPK_PER_THREAD];
-    int64_t idx[TOPK_PER_THREAD];
 #pragma unroll
     for (int u = 0; u < TOPK_PER_THREAD / 4; u++) {
         const int64_t i0 = base + 4 * ((int64_t)u * TOPK_THREADS + threadIdx.x); /* 4 consecutive entries */
-        if (vec && i0 + 3 < len) {
-            const float4 f = __ldg((const float4 *)(row + i0));
-            v[4 * u] = f.x, v[4 * u + 1] = f.y, v[4 * u + 2] = f.z, v[4 * u + 3] = f.w;
+        if (src.logits) {
+            float v[4];
+            if (src.vec && i0 + 3 < src.n) {
+                const float4 f = __ldg((const float4 *)(src.logits + i0));
+                v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+            } else
+                for (int e = 0; e < 4; e++) v[e] = i0 + e < src.n ? src.logits[i0 + e] : 0.0f;
+            for (int e = 0; e < 4; e++) key[4 * u + e] = argmax_key(v[e], (uint32_t)(src.i0 + i0 + e));
         } else
-            for (int e = 0; e < 4; e++) v[4 * u + e] = i0 + e < len ? row[i0 + e] : 0.0f;
-        for (int e = 0; e < 4; e++) idx[4 * u + e] = i0 + e;
-    }
-#pragma unroll
-    for (int e = 0; e < TOPK_PER_THREAD; e++) {
-        valid[e] = idx[e] < len;
-        key[e] = argmax_key(v[e], (uint32_t)idx[e]);
+            for (int e = 0; e < 4; e++) key[4 * u + e] = i0 + e < src.n ? src.keys[i0 + e] : 0;
+        for (int e = 0; e < 4; e++) valid[4 * u + e] = i0 + e < src.n;
     }
 }
 
-/* f(key) for every entry of row, TOPK_CHUNK entries a round (topk_load). */
+/* f(key) for every entry of src, TOPK_CHUNK entries a round (topk_load). */
 template <typename F>
-static __device__ __forceinline__ void topk_each_key(const float *row, int64_t len, bool vec, F f) {
-    for (int64_t base = 0; base < len; base += TOPK_CHUNK) {
+static __device__ __forceinline__ void topk_each_key(const struct topk_src &src, F f) {
+    for (int64_t base = 0; base < src.n; base += TOPK_CHUNK) {
         unsigned long long key[TOPK_PER_THREAD];
         bool valid[TOPK_PER_THREAD];
-        topk_load(row, len, base, vec, key, valid);
+        topk_load(src, base, key, valid);
 #pragma unroll
         for (int e = 0; e < TOPK_PER_THREAD; e++)
             if (valid[e]) f(key[e]);
     }
 }
 
-/* Block row: the best k of row's argmax keys (argmax_key of the logits: the rank order),
- * best first, into out[row * k ..] (0 past the row's length). An MSB-first radix select
- * finds the k-th largest key T, 8 bits a pass over the keys that still share T's
- * prefix (a histogram, then the digit where the count from the top reaches k): keys are
- * unique (the index is in them), so exactly k keys are >= T. The passes read the row
- * until the keys sharing the prefix fit in shared memory, then those alone; a last pass
- * gathers the keys >= T, which a bitonic network sorts. A row pass keeps 16 entries a
- * thread in flight (topk_load). On the H200 a 151936-entry row takes ~100 us (0.6B q8_0:
- * a replayed decode step 632 us greedy, 732 with top-k 40), about what two levels of
- * 4096-key bitonic sorts over 38 blocks took: one SM reads the row several times.
- * Spreading the row passes over many blocks is the next step. Aggregating the
- * histogram's adds a warp (__match_any_sync) was 14 us slower. */
+/* Block (b, r): the best k of entries [b * slice, +slice) of row r (row_len entries a
+ * row: logits x, made into argmax keys, the rank order, or keys kin), best first, into
+ * out[(r * gridDim.x + b) * k ..] (0 past the slice). An MSB-first radix select finds
+ * the k-th largest key T, 8 bits a pass over the keys that still share T's prefix (a
+ * histogram, then the digit where the count from the top reaches k): keys are unique
+ * (the index is in them), so exactly k keys are >= T. A slice of up to TOPK_SMEM_KEYS
+ * entries is read once into shared memory; a longer one is read a pass at a time until
+ * the keys sharing the prefix fit there. The keys >= T are then gathered and sorted by
+ * a bitonic network. cu_top_k_rows runs it on slices of 4096 (many blocks, each from
+ * shared memory), then on their keys: ~45 us a 151936 row on the H200, against ~100 us
+ * for one block over the whole row (one SM reading it several times) or for bitonic
+ * sorts of 4096-key blocks in levels (bench/results/cuda-sample-2026-12-01.md). */
 __global__ void __launch_bounds__(TOPK_THREADS)
-    topk_radix_kernel(const float *x, int64_t len, int k, unsigned long long *out) {
+    topk_radix_kernel(const float *x, const unsigned long long *kin, int64_t row_len, int64_t slice, int k,
+                      unsigned long long *out) {
     __shared__ unsigned int hist[256], wsum[8];
     __shared__ unsigned long long group[TOPK_SMEM_KEYS], best[TOPK_OUT_MAX];
     __shared__ unsigned long long prefix_s;
     __shared__ unsigned int want_s, n_group, n_best;
-    const float *row = x + (int64_t)blockIdx.x * len;
-    const bool vec = ((uintptr_t)row % 16) == 0; /* float4 loads where the row allows */
+    const int64_t first = (int64_t)blockIdx.x * slice, row0 = (int64_t)blockIdx.y * row_len + first;
+    struct topk_src src = {x ? x + row0 : NULL, kin ? kin + row0 : NULL,
+                           row_len - first < slice ? row_len - first : slice, first, false};
+    src.vec = src.logits && ((uintptr_t)src.logits % 16) == 0;
     const unsigned int tid = threadIdx.x, lane = tid % CU_WARP, warp = tid / CU_WARP;
     unsigned long long prefix = 0, mask = 0; /* T's bits found so far */
     unsigned int want = (unsigned int)k;    /* T's rank among the keys sharing prefix */
-    bool in_smem = false;
+    const bool all_in_smem = src.n <= TOPK_SMEM_KEYS; /* group[] holds every entry */
+    bool in_smem = all_in_smem;                       /* group[] holds the keys sharing prefix */
     unsigned int n_in = 0;
-    if (len > k)
+    if (all_in_smem) {
+        if (tid == 0) n_group = 0;
+        __syncthreads();
+        topk_each_key(src, [&](unsigned long long key) { group[atomicAdd(&n_group, 1u)] = key; });
+        __syncthreads();
+        n_in = (unsigned int)src.n;
+    }
+    if (src.n > k)
         for (int shift = 56; shift >= 0; shift -= 8) {
             if (tid < 256) hist[tid] = 0;
             __syncthreads();
             if (in_smem)
-                for (unsigned int base = 0; base < n_in; base += TOPK_THREADS) {
-                    const unsigned int i = base + tid;
-                    const unsigned long long key = i < n_in ? group[i] : 0;
-                    if (i < n_in && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+                for (unsigned int i = tid; i < n_in; i += TOPK_THREADS) {
+                    const unsigned long long key = group[i];
+                    if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
                 }
             else
-                topk_each_key(row, len, vec, [&](unsigned long long key) {
+                topk_each_key(src, [&](unsigned long long key) {
                     if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
                 });
             __syncthreads();
@@ -577,7 +593,7 @@ __global__ void __launch_bounds__(TOPK_THREADS)
             if (!in_smem && shift > 0 && group_size <= TOPK_SMEM_KEYS) { /* the group, once, into shared memory */
                 if (tid == 0) n_group = 0;
                 __syncthreads();
-                topk_each_key(row, len, vec, [&](unsigned long long key) {
+                topk_each_key(src, [&](unsigned long long key) {
                     if ((key & mask) == prefix) group[atomicAdd(&n_group, 1u)] = key;
                 });
                 __syncthreads();
@@ -585,13 +601,17 @@ __global__ void __launch_bounds__(TOPK_THREADS)
                 n_in = group_size;
             }
         }
-    /* prefix is T (0 when the row has at most k entries: all of them) */
+    /* prefix is T (0 when the slice has at most k entries: all of them) */
     if (tid == 0) n_best = 0;
     if (tid < TOPK_OUT_MAX) best[tid] = 0;
     __syncthreads();
-    topk_each_key(row, len, vec, [&](unsigned long long key) {
-        if (key >= prefix) best[atomicAdd(&n_best, 1u)] = key;
-    });
+    if (all_in_smem) {
+        for (unsigned int i = tid; i < n_in; i += TOPK_THREADS)
+            if (group[i] >= prefix) best[atomicAdd(&n_best, 1u)] = group[i];
+    } else
+        topk_each_key(src, [&](unsigned long long key) {
+            if (key >= prefix) best[atomicAdd(&n_best, 1u)] = key;
+        });
     __syncthreads();
     /* bitonic sort of best[0, k), k a power of two, best first */
     for (int size = 2; size <= k; size <<= 1)
@@ -606,14 +626,30 @@ __global__ void __launch_bounds__(TOPK_THREADS)
             }
             __syncthreads();
         }
-    if (tid < (unsigned)k) out[(int64_t)blockIdx.x * k + tid] = best[tid];
+    if (tid < (unsigned)k) out[((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k + tid] = best[tid];
 }
 
-cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k, unsigned long long *out) {
+int64_t cu_top_k_scratch(int64_t len, int k) {
+    return (len + TOPK_SMEM_KEYS - 1) / TOPK_SMEM_KEYS * k;
+}
+
+cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, int k,
+                          unsigned long long *scratch, unsigned long long *out) {
     if (rows <= 0) return cudaSuccess;
-    if (len <= 0 || len > 0x7fffffff || rows > 0x7fffffff || k < 2 || k > TOPK_OUT_MAX || (k & (k - 1)))
+    if (len <= 0 || len > 0x7fffffff || rows > 65535 || k < 2 || k > TOPK_OUT_MAX || (k & (k - 1)))
         return cudaErrorInvalidValue;
-    topk_radix_kernel<<<(unsigned)rows, TOPK_THREADS, 0, st>>>(x, len, k, out);
+    const int64_t nb = (len + TOPK_SMEM_KEYS - 1) / TOPK_SMEM_KEYS;
+    if (nb == 1) {
+        topk_radix_kernel<<<dim3(1, (unsigned)rows), TOPK_THREADS, 0, st>>>(x, NULL, len, len, k, out);
+        return cudaGetLastError();
+    }
+    /* each slice of TOPK_SMEM_KEYS entries its best k (from shared memory, many blocks),
+     * then one block a row over those nb * k keys */
+    topk_radix_kernel<<<dim3((unsigned)nb, (unsigned)rows), TOPK_THREADS, 0, st>>>(x, NULL, len, TOPK_SMEM_KEYS, k,
+                                                                                    scratch);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    topk_radix_kernel<<<dim3(1, (unsigned)rows), TOPK_THREADS, 0, st>>>(NULL, scratch, nb * k, nb * k, k, out);
     return cudaGetLastError();
 }
 
