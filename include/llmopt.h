@@ -218,7 +218,7 @@ enum llmopt_status llmopt_session_append_greedy(struct llmopt_session *s, int32_
  * (the draw runs on the host on the same bits; greedy without penalties: the id), or,
  * when every row draws from the whole vocabulary (top-k and top-p off, as the OpenAI
  * API's defaults), draw on the device with the host's arithmetic and copy back the id.
- * Otherwise, and for vocabularies under 32768 ids (where copying the row back is
+ * Otherwise, and for vocabularies under 16384 ids (where copying the row back is
  * cheaper), the logits come back and each row is sampled whole.
  * $LLMOPT_DEVICE_SAMPLING=0|1 at session creation: never / always on the device. */
 struct llmopt_sampler;

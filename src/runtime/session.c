@@ -30,12 +30,14 @@
 #define SESSION_BYTES_PER_THREAD (16ull << 20)
 #define SESSION_MAX_CTX (1 << 20)
 /* Sampling on the device (backend run_sample) from this vocabulary size up: its
- * kernels cost ~40 us a step, while copying a short row back and sampling it on the
- * host costs less (stories260K, 512 ids, H200: 8,723 tok/s with the logits back
- * against 6,484 sampled on the device; Qwen3's 151936 ids: 768 against 1,206 with
- * top-k 40, 372 against 1,342 drawing from the whole row). Sizes between were not
- * measured. */
-#define SESSION_DEVICE_SAMPLE_MIN_VOCAB 32768
+ * kernels cost ~30-45 us a step, while copying a short row back and sampling it on the
+ * host costs less. H200, decode tok/s, logits back against the device: stories260K
+ * (512 ids) 8,723 against 6,484 with top-k 40; llama-2-tiny-random (32000 ids) 7,052
+ * against 10,960 with top-k 40, 4,224 against 13,412 drawing from the whole row;
+ * Qwen3-0.6B-shaped (151936) 765 against 1,393 and 410 against 1,405. The crossover
+ * lies between 512 and 32000 and was not measured; the host's cost grows ~3-6 us a
+ * 1000 ids, so it is put here. */
+#define SESSION_DEVICE_SAMPLE_MIN_VOCAB 16384
 
 struct llmopt_session {
     const struct llmopt_model *model;
