@@ -1497,11 +1497,12 @@ static int ranked_cmp(const void *a, const void *b) {
 
 /* run_sample against the host: each row of an embedding table (ties, NaN, +-inf, a row
  * with 3 finite entries) penalized by sampler_penalize, over vocabularies of one level
- * of the device's selection (100, 4096) and of two or three (5000, 151936). Top-k: the
- * row ranked, k from 1 to 256, with and without penalties; each case twice (capture,
- * then a CUDA graph replay with other penalties), alternating with plain runs on the
- * same state. Whole-row draws: sampler_sample on the penalized row with the same
- * uniform (temperatures 0.05 to 2, min-p), 24 draws a row. */
+ * of the device's selection (100, 4096) and of two (5000, 151936; at k 256 the second
+ * level's 9728 keys are read from global memory). Top-k: the row ranked, k from 1 to
+ * 256, with and without penalties; each case twice (capture, then a CUDA graph replay
+ * with other penalties), alternating with plain runs on the same state. Whole-row
+ * draws: sampler_sample on the penalized row with the same uniform (temperatures 0.05
+ * to 2, min-p), 24 draws a row. */
 static void test_sample_device(void) {
     const int64_t vocabs[] = {100, 4096, 5000, 151936};
     const int32_t ks[] = {1, 40, 64, 100, 256};
