@@ -51,13 +51,14 @@ out=$("$LLMOPT" profile $S/stories260K-F32.gguf -p 24 -r 1 -t 1 --prefill 2>&1)
 echo "$out" | grep -q "^prefill   a 24-token prompt in 1 forward" && ok "profile --prefill text" || { bad "profile --prefill text"; echo "$out" | head -3; }
 "$LLMOPT" bench $S/stories260K-F32.gguf --prefill -p 8 > /dev/null 2>&1 && bad "bench refuses --prefill" || ok "bench refuses --prefill"
 # 1c. Bench with sampling: decode draws (greedy without a sampling option); bad values refused.
-out=$("$LLMOPT" bench $S/stories260K-F32.gguf -p 8 -n 8 -r 1 -t 1 --temp 0.7 --top-k 20 --repeat-penalty 1.1 2>&1)
-echo "$out" | grep -q "^sampling        temperature 0.7, top-k 20, top-p 0.95, min-p 0.05, repeat penalty 1.1, seed 0" &&
-  echo "$out" | grep -q "^decode          8 tokens" && ok "bench with sampling" || { bad "bench with sampling"; echo "$out" | head -5; }
-"$LLMOPT" bench $S/stories260K-F32.gguf -p 8 -n 8 -r 1 -t 1 --json | grep -q '"sampling": "greedy"' &&
-  ok "bench greedy by default" || bad "bench greedy by default"
+# (here-strings, not pipes: under pipefail a grep -q that exits early can fail the pipe)
+out=$("$LLMOPT" bench $S/stories260K-F32.gguf -p 8 -n 8 -r 1 -t 1 --temp 0.7 --top-k 20 --repeat-penalty 1.1 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "^sampling        temperature 0.7, top-k 20, top-p 0.95, min-p 0.05, repeat penalty 1.1, seed 0" <<< "$out" &&
+  grep -q "^decode          8 tokens" <<< "$out" && ok "bench with sampling" || { bad "bench with sampling (rc $rc)"; echo "$out"; }
+out=$("$LLMOPT" bench $S/stories260K-F32.gguf -p 8 -n 8 -r 1 -t 1 --json 2>&1)
+grep -q '"sampling": "greedy"' <<< "$out" && ok "bench greedy by default" || { bad "bench greedy by default"; echo "$out"; }
 out=$("$LLMOPT" bench $S/stories260K-F32.gguf -p 8 -n 8 -r 1 --top-p 2 2>&1) && bad "bench refuses top-p 2" ||
-  { echo "$out" | grep -q "top_p" && ok "bench refuses top-p 2" || { bad "bench refuses top-p 2 (message)"; echo "$out" | head -3; }; }
+  { grep -q "top_p" <<< "$out" && ok "bench refuses top-p 2" || { bad "bench refuses top-p 2 (message)"; echo "$out"; }; }
 
 # 2. Profile bytes: a decode step of stories260K F32 reads every weight once, one
 #    embedding row, and K/V rows of every position seen (5 layers, 4 KV heads x 8, at
