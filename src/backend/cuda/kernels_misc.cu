@@ -655,11 +655,18 @@ cudaError_t cu_top_k_rows(cudaStream_t st, const float *x, int64_t rows, int64_t
 
 /* ---- the whole-row draw (runtime/sampler.c's draw_blocks_*, the same operations) ----- */
 
-/* The logit an argmax key holds (the row's largest, sanitized; -inf for a row with
- * nothing finite). */
-static __device__ __forceinline__ float key_logit(unsigned long long key) {
+/* The (sanitized) logit an argmax key holds: argmax_key's order mapping undone (for a
+ * row's largest key, -inf when the row has nothing finite). */
+static __host__ __device__ __forceinline__ float key_logit(unsigned long long key) {
     const uint32_t hi = (uint32_t)(key >> 32);
-    return __uint_as_float((hi & 0x80000000u) ? hi & 0x7fffffffu : ~hi);
+    const uint32_t u = (hi & 0x80000000u) ? hi & 0x7fffffffu : ~hi;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
 }
 
 /* Entry id's probability as the sampler computes it, 0 where it is not kept (not
@@ -742,20 +749,20 @@ __global__ void __launch_bounds__(SAMPLE_DRAW_BLOCK)
     ids[row] = (int32_t)(id0 + (pick >= 0 ? pick : last));
 }
 
+int64_t cu_draw_scratch(int64_t len) {
+    return (len + SAMPLE_DRAW_BLOCK - 1) / SAMPLE_DRAW_BLOCK; /* the draw's blocks a row */
+}
+
 cudaError_t cu_draw_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, const unsigned long long *keys,
                          const struct cu_draw_row *params, double *sums, int32_t *ids) {
     if (rows <= 0) return cudaSuccess;
     if (len <= 0 || len > 0x7fffffff || rows > 65535) return cudaErrorInvalidValue;
-    const int nb = (int)((len + SAMPLE_DRAW_BLOCK - 1) / SAMPLE_DRAW_BLOCK);
+    const int nb = (int)cu_draw_scratch(len);
     draw_sums_kernel<<<dim3((unsigned)nb, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     draw_pick_kernel<<<dim3(1, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums, nb, ids);
     return cudaGetLastError();
-}
-
-int64_t cu_draw_scratch(int64_t len) {
-    return (len + SAMPLE_DRAW_BLOCK - 1) / SAMPLE_DRAW_BLOCK;
 }
 
 void cu_key_decode(unsigned long long key, int32_t *id, float *logit) {
@@ -764,12 +771,8 @@ void cu_key_decode(unsigned long long key, int32_t *id, float *logit) {
         *logit = -INFINITY;
         return;
     }
-    const uint32_t hi = (uint32_t)(key >> 32);
-    const uint32_t u = (hi & 0x80000000u) ? hi & 0x7fffffffu : ~hi;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    *id = (int32_t)~(uint32_t)key;
-    *logit = f;
+    *id = cu_argmax_key_index(key);
+    *logit = key_logit(key);
 }
 
 /* ---- rms_norm + permute + rope (decode fusion) ----------------------------------- */
