@@ -10,6 +10,8 @@
 #   1. tests/unit/test_cuda.c: every op against the CPU reference, stories260K greedy,
 #      the torch goldens, on CUDA;
 #   2. the CLI: `llmopt run --backend cuda` on stories260K equals expected_greedy.json;
+#      then `llmopt serve --backend cuda` (tests/server/gpu_server_check.py): batched
+#      greedy requests equal it too, and device sampling equals host sampling;
 #   3. the kernel lab (bench/cuda_kernels.cu): copy bandwidth, matvec GB/s;
 #   4. decode tok/s of `llmopt run --backend cuda` on models made here by `llmopt synth`
 #      (never committed): Qwen3-0.6B-shaped Q8_0 and BF16 (8B-shaped with GPU_BENCH_8B=1),
@@ -94,6 +96,14 @@ if [ "$got" = "$want" ]; then add "llmopt run --backend cuda stories260K" "ok" "
     add "llmopt run --backend cuda stories260K" "FAIL" "$(head -c 120 "$LOGS/stories_cli.err")"; fi
 "$LLMOPT" run "$M/stories260K-F32.gguf" -n 256 --temp 0 --backend cuda >/dev/null 2>"$LOGS/stories_cli_speed.err"
 add "  stories260K decode (CLI)" "info" "$(grep -o 'generated.*tok/s)' "$LOGS/stories_cli_speed.err")"
+
+# ---- 2b. the server on CUDA ------------------------------------------------------------------
+start=$(date +%s)
+timeout 300 python3 tests/server/gpu_server_check.py "$LLMOPT" "$SHARED" >"$LOGS/server_cuda.log" 2>&1
+rc=$?
+cat "$LOGS/server_cuda.log"
+add "llmopt serve --backend cuda" "$([ $rc = 0 ] && echo ok || echo FAIL)" \
+    "$(grep -c '^ok' "$LOGS/server_cuda.log") ok, $(grep -c '^FAIL' "$LOGS/server_cuda.log") failed, $(($(date +%s) - start)) s"
 
 # ---- 3. kernel lab ------------------------------------------------------------------------
 timeout 180 "$BIN/bench_cuda_kernels" $([ $QUICK = 1 ] && echo --quick) >"$LOGS/bench_kernels.log" 2>&1

@@ -27,12 +27,13 @@ const char cli_usage_text[] =
     "      print the prompt the chat template renders, exactly (docs/templates.md)\n"
     "  chat MODEL [--system TEXT] [--chat-template FILE] [--extra JSON|@FILE] [-n N] [--temp T]\n"
     "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--ctx N]\n"
-    "       [--kv-type f16|q8_0|f32] [-v]\n"
+    "       [--kv-type f16|q8_0|f32] [--backend cpu|cpu-ref|cuda] [-v]\n"
     "      interactive chat (or one message per line from a pipe); /reset, /system TEXT, /exit\n"
     "  inspect FILE.gguf                  print metadata and the tensor table\n"
     "  serve MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel N] [--ctx TOKENS]\n"
     "        [--chat-template FILE] [--max-body BYTES] [--queue N] [--prefill-chunk N] [-t N]\n"
-    "        [--engines N] [--kv-type f16|q8_0|f32] [--stream-batch N] [--no-prefix-cache] [-v]\n"
+    "        [--engines N] [--kv-type f16|q8_0|f32] [--stream-batch N] [--no-prefix-cache]\n"
+    "        [--backend cpu|cpu-ref|cuda] [-v]\n"
     "      OpenAI-compatible HTTP server with continuous batching (docs/server.md)\n"
     "  compile MODEL [-o ENGINE_DIR] [--batch N] [--profile P] [--kv-type T] [--dump-ir] [--no-passes]\n"
     "      bind the stock program, run the passes, plan memory, write ENGINE_DIR/model.llmopt\n"
@@ -59,7 +60,7 @@ const char cli_usage_text[] =
     "\n"
     "common options: --programs DIR (stock programs; default: the build's programs/)\n"
     "KV cache: --kv-type f16 (default; a Model Program's recorded type wins), q8_0 (blocks of 32\n"
-    "          int8, head size a multiple of 32) or f32; CUDA's device cache is always f32\n";
+    "          int8, head size a multiple of 32) or f32; CUDA's device cache is f16 (q8_0 is held as f16) or f32\n";
 
 int usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "llmopt: ");

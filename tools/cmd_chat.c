@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 struct chat_args {
-    const char *model, *system, *template_path, *programs, *extra;
+    const char *model, *system, *template_path, *programs, *extra, *backend;
     long long n_predict, n_ctx;
     enum llmopt_kv_type kv_type;
     struct llmopt_sampling sampling;
@@ -40,8 +40,7 @@ struct chat {
     char *extra;        /* extra template variables (a JSON object) or NULL */
     char *end_of_turn;  /* the template's end-of-turn string, or NULL */
     int32_t *kv_ids;    /* (n_ctx) ids the session's sequence holds */
-    int32_t n_kv, n_ctx, n_vocab;
-    float *logits;      /* (n_vocab) copy the sampler may modify */
+    int32_t n_kv, n_ctx;
     bool tty;
 };
 
@@ -168,16 +167,19 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
         llmopt_session_reset(c->sess, 0);
         keep = 0;
     }
-    const float *logits = NULL;
+    /* The sampler sees the whole sequence as its penalty history; the session samples
+     * on the device where the backend can (llmopt_session_append_sample). */
+    memcpy(c->kv_ids, p_ids, n_ids * sizeof *p_ids);
+    int32_t id = 0;
     double t0 = clock_now_s();
-    st = llmopt_session_append(c->sess, 0, p_ids + keep, (int32_t)n_ids - keep, &logits, err);
+    st = llmopt_session_append_sample(c->sess, 0, p_ids + keep, (int32_t)n_ids - keep, c->sampler, c->kv_ids,
+                                      n_ids, &id, err);
     if (st) {
         c->n_kv = 0;
         llmopt_session_reset(c->sess, 0);
         free(ids);
         return st;
     }
-    memcpy(c->kv_ids, p_ids, n_ids * sizeof *p_ids);
     c->n_kv = (int32_t)n_ids;
     int32_t n_fed = (int32_t)n_ids - keep;
     free(ids);
@@ -188,8 +190,6 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
     int32_t n_gen = 0;
     const char *why = "length";
     for (;;) {
-        memcpy(c->logits, logits, (size_t)c->n_vocab * sizeof *c->logits);
-        int32_t id = llmopt_sampler_sample(c->sampler, c->logits, c->kv_ids, (size_t)c->n_kv, NULL);
         if (llmopt_token_is_eog(c->model, id)) {
             why = "end of generation token";
             break;
@@ -215,8 +215,13 @@ static enum llmopt_status chat_turn(struct chat *c, const struct chat_args *a, s
             if (c->n_kv + 1 >= c->n_ctx) why = "context full";
             break;
         }
-        if ((st = llmopt_session_append(c->sess, 0, &id, 1, &logits, err))) break;
-        c->kv_ids[c->n_kv++] = id;
+        c->kv_ids[c->n_kv] = id;
+        int32_t next = 0;
+        if ((st = llmopt_session_append_sample(c->sess, 0, &c->kv_ids[c->n_kv], 1, c->sampler, c->kv_ids,
+                                               (size_t)c->n_kv + 1, &next, err)))
+            break;
+        c->n_kv++;
+        id = next;
     }
     if (!st && !reply_add(&r, llmopt_detok_flush(detok))) st = err->status = LLMOPT_ERR_NOMEM;
     llmopt_detok_free(detok);
@@ -257,6 +262,7 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(arg, "--chat-template")) a.template_path = v;
         else if (!strcmp(arg, "--extra")) a.extra = v;
         else if (!strcmp(arg, "--programs")) a.programs = v;
+        else if (!strcmp(arg, "--backend")) a.backend = v;
         else if (!strcmp(arg, "--kv-type")) {
             if (!llmopt_kv_type_parse(v, &a.kv_type)) return usage_error("chat: --kv-type needs f16, q8_0 or f32, got '%s'", v);
         }
@@ -294,16 +300,14 @@ int cmd_chat(int argc, char **argv) {
         }
     }
     c.end_of_turn = probe_end_of_turn(c.tpl);
-    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .kv_type = a.kv_type};
+    struct llmopt_session_opts so = {.n_ctx = (int32_t)a.n_ctx, .kv_type = a.kv_type, .backend = a.backend};
     if (llmopt_session_create(c.model, &so, &c.sess, &err)) goto done;
     c.n_ctx = llmopt_session_n_ctx(c.sess);
-    c.n_vocab = llmopt_model_n_vocab(c.model);
-    if (llmopt_sampler_create(&a.sampling, c.n_vocab, &c.sampler, &err)) goto done;
+    if (llmopt_sampler_create(&a.sampling, llmopt_model_n_vocab(c.model), &c.sampler, &err)) goto done;
     c.kv_ids = malloc((size_t)c.n_ctx * sizeof *c.kv_ids);
-    c.logits = malloc((size_t)c.n_vocab * sizeof *c.logits);
     c.messages = json_array();
     set_system(&c, a.system);
-    if (!c.kv_ids || !c.logits || !c.messages || !reset_conversation(&c)) {
+    if (!c.kv_ids || !c.messages || !reset_conversation(&c)) {
         err.status = LLMOPT_ERR_NOMEM;
         goto done;
     }
@@ -360,7 +364,6 @@ done:
     free(line);
     free(tpl_text);
     free(c.kv_ids);
-    free(c.logits);
     free(c.system);
     free(c.end_of_turn);
     free(c.extra);

@@ -83,6 +83,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(arg, "--kv-type")) {
             if (!llmopt_kv_type_parse(v, &o.kv_type))
                 return usage_error("serve: --kv-type needs f16, q8_0 or f32, got '%s'", v);
+        } else if (!strcmp(arg, "--backend")) {
+            o.backend = v;
         } else if (!strcmp(arg, "--programs")) {
             o.programs_dir = v;
         } else {

@@ -116,7 +116,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
                                 .n_threads = o->n_threads,
                                 .kv_type = o->kv_type,
                                 .prefix_cache = o->prefix_cache,
-                                .n_engines = o->n_engines};
+                                .n_engines = o->n_engines,
+                                .backend = o->backend};
     if ((st = srv_sched_create(model, &so, metrics, &sched, err))) goto done;
     model_id_of(o->model_path, model_id, sizeof model_id);
     struct srv_app_opts ao = {.model_id = model_id,
@@ -139,14 +140,20 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
     const struct llmopt_session *sess = srv_sched_session(sched, 0);
     uint64_t kv_bytes = 0;
     for (int32_t i = 0; i < n_eng; i++) kv_bytes += llmopt_session_kv_bytes(srv_sched_session(sched, i));
+    const int32_t n_thr = llmopt_session_n_threads(sess); /* 0 on a device backend */
+    char where[64];
+    if (n_thr)
+        snprintf(where, sizeof where, "%d engine%s x %d thread%s", n_eng, n_eng > 1 ? "s" : "", n_thr,
+                 n_thr > 1 ? "s" : "");
+    else
+        snprintf(where, sizeof where, "%d engine%s on %.32s", n_eng, n_eng > 1 ? "s" : "", o->backend ? o->backend : "cpu");
     fprintf(stderr,
             "llmopt serve: model %s (program %s, vocab %d); %d slots x %d positions = KV "
-            "capacity %lld tokens (%s, %.1f MiB); %d engine%s x %d thread%s; prefill chunk %d; queue %d; "
+            "capacity %lld tokens (%s, %.1f MiB); %s; prefill chunk %d; queue %d; "
             "prefix cache %s\n",
             model_id, llmopt_model_program(model), llmopt_model_n_vocab(model), o->n_slots, n_ctx,
             (long long)o->n_slots * n_ctx, llmopt_kv_type_name(llmopt_session_kv_type(sess)),
-            (double)kv_bytes / (1024.0 * 1024.0), n_eng, n_eng > 1 ? "s" : "",
-            llmopt_session_n_threads(sess), llmopt_session_n_threads(sess) > 1 ? "s" : "", o->prefill_chunk,
+            (double)kv_bytes / (1024.0 * 1024.0), where, o->prefill_chunk,
             o->queue_cap,
             llmopt_session_prefix_cache_on(sess) ? "on" : o->prefix_cache ? "off (state not per position)" : "off");
     if (!tmpl)

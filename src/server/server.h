@@ -28,6 +28,7 @@ struct srv_opts {
     int32_t stream_batch;           /* tokens per reader wake-up while streams share steps */
     int32_t n_threads;              /* CPU threads for each engine's kernels; 0: automatic */
     int32_t n_engines;              /* sessions with a scheduler thread each (--engines); 0: automatic */
+    const char *backend;            /* llmopt_session_opts.backend: NULL / "cpu", "cpu-ref" or "cuda" */
     enum llmopt_kv_type kv_type;    /* KV cache element type; DEFAULT: the model's / f16 */
     size_t max_body;                /* bytes of a request body */
     bool prefix_cache;              /* reuse the KV blocks of prompt prefixes seen before */

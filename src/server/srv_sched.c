@@ -782,7 +782,7 @@ static enum llmopt_status engine_create(const struct llmopt_model *m, const stru
     pthread_cond_init(&e->cv, NULL);
     struct llmopt_session_opts so = {
         .n_ctx = o->n_ctx, .n_batch = e->n_batch, .n_slots = o->n_slots, .n_threads = o->n_threads,
-        .kv_type = o->kv_type, .prefix_cache = o->prefix_cache};
+        .kv_type = o->kv_type, .prefix_cache = o->prefix_cache, .backend = o->backend};
     enum llmopt_status st = llmopt_session_create(m, &so, &e->session, err);
     if (st) {
         engine_free(e);
@@ -894,7 +894,12 @@ enum srv_submit srv_sched_submit(struct srv_sched *s, const struct srv_req_spec 
 /* Engines for o->n_engines = 0: a forward that uses fewer threads than this process has
  * CPUs (a small model; session.c's rule) leaves CPUs that only another engine can use,
  * as long as each engine keeps at least 8 slots to batch. */
+static bool backend_on_cpu(const char *backend) {
+    return !backend || !*backend || !strcmp(backend, "cpu") || !strcmp(backend, "cpu-ref");
+}
+
 static int32_t engines_auto(const struct llmopt_model *m, const struct srv_sched_opts *o) {
+    if (!backend_on_cpu(o->backend)) return 1;
     int32_t threads = o->n_threads ? o->n_threads : llmopt_model_cpu_threads(m);
     int32_t n = cpu_features_get()->usable_cpus / threads;
     if (n > o->n_slots / 8) n = o->n_slots / 8;
@@ -910,6 +915,14 @@ enum llmopt_status srv_sched_create(const struct llmopt_model *m, const struct s
         err->status = LLMOPT_ERR_INVALID_ARG;
         snprintf(err->msg, sizeof err->msg, "scheduler: %d engines for %d slots (1..%d, at most one a slot)",
                  o->n_engines, o->n_slots, SRV_MAX_ENGINES);
+        return err->status;
+    }
+    if (o->n_engines > 1 && !backend_on_cpu(o->backend)) {
+        err->status = LLMOPT_ERR_INVALID_ARG;
+        snprintf(err->msg, sizeof err->msg,
+                 "scheduler: %d engines on backend '%s': a device backend runs one engine (each would upload "
+                 "its own copy of the weights)",
+                 o->n_engines, o->backend);
         return err->status;
     }
     struct srv_sched *s = calloc(1, sizeof *s);

@@ -65,6 +65,10 @@ struct srv_sched_opts {
      * the queue places; n_threads is each engine's. 0: automatic, one engine per
      * llmopt_model_cpu_threads CPUs of the process, while each keeps >= 8 slots. */
     int32_t n_engines;
+    /* llmopt_session_opts.backend of every engine. A device backend ("cuda") runs one
+     * engine (automatic) and refuses more: each engine would hold its own copy of the
+     * weights on the one device. */
+    const char *backend;
 };
 #define SRV_MAX_ENGINES SRV_METRICS_MAX_ENGINES /* each engine has its gauges there */
 

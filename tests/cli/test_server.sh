@@ -28,6 +28,10 @@ out=$(timeout 20 "$LLMOPT" serve /nonexistent.gguf --port 0 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "/nonexistent.gguf" <<< "$out" && ok "serve a missing file" || bad "serve a missing file: $rc $out"
 out=$(timeout 20 "$LLMOPT" serve $M --port 0 --chat-template /nonexistent.jinja 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "nonexistent.jinja" <<< "$out" && ok "serve a missing chat template" || bad "serve a missing chat template: $rc $out"
+out=$(timeout 20 "$LLMOPT" serve $M --port 0 --backend nosuch 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "unknown backend 'nosuch'" <<< "$out" && ok "serve --backend with an unknown name" || bad "serve --backend nosuch: $rc $out"
+out=$(timeout 20 "$LLMOPT" serve $M --port 0 --backend cuda --engines 2 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "2 engines on backend 'cuda'" <<< "$out" && ok "serve refuses several engines on a device" || bad "serve --backend cuda --engines 2: $rc $out"
 
 # 2. The request parser's fuzz entry over the corpus and a few thousand mutations.
 if [ -x "$BUILD/fuzz_server_request" ]; then
