@@ -13,6 +13,7 @@
  * step's time goes).
  *
  *   bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS] [-P 1]
+ *                      [--backend cpu|cpu-ref|cuda]
  */
 #include "llmopt.h"
 
@@ -102,13 +103,16 @@ static int print_profile(struct llmopt_session *s, int32_t n_vocab, int32_t B, i
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS] [-P 1]\n");
+        fprintf(stderr, "usage: bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS] [-P 1]"
+                        " [--backend B]\n");
         return 2;
     }
     int32_t threads = 1, min_b = 1, max_b = 32, steps = 64, reps = 5, prof = 0;
+    const char *backend = NULL;
     for (int i = 2; i + 1 < argc; i += 2) {
         int32_t v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "-t")) threads = v;
+        if (!strcmp(argv[i], "--backend")) backend = argv[i + 1];
+        else if (!strcmp(argv[i], "-t")) threads = v;
         else if (!strcmp(argv[i], "-b")) max_b = v;
         else if (!strcmp(argv[i], "-m")) min_b = v;
         else if (!strcmp(argv[i], "-n")) steps = v;
@@ -131,7 +135,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     struct llmopt_session_opts so = {.n_ctx = 10 + steps + 1, .n_batch = max_b, .n_slots = max_b,
-                                     .n_threads = threads};
+                                     .n_threads = threads, .backend = backend};
     struct llmopt_session *s = NULL;
     if (llmopt_session_create(m, &so, &s, &err)) {
         fprintf(stderr, "bench_batch_decode: %s\n", err.msg);
@@ -139,8 +143,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     int32_t n_vocab = llmopt_model_n_vocab(m);
-    printf("%s: %d decode steps after a 10-token prompt, %d threads, best of %d\n", argv[1], steps,
-           threads, reps);
+    printf("%s: %d decode steps after a 10-token prompt, %s, %d threads, best of %d\n", argv[1], steps,
+           backend ? backend : "cpu", threads, reps);
     printf("%6s %14s %14s %13s %13s %13s %11s\n", "batch", "us/token wall", "us/token cpu", "speedup wall",
            "speedup cpu", "us/tok fwd cpu", "speedup fwd");
     double base = 0, base_cpu = 0, base_fwd = 0;

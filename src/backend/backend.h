@@ -51,13 +51,15 @@ struct backend_row_sample {
 
 /* What a forward hands back, one of: the logits (run), each output row's argmax
  * (run_argmax), or after rows' penalties its best k candidates (run_sample, k > 0:
- * cands) or its whole-row draw (run_sample, k == 0: draws). */
+ * cands, with sums: each row's top-p z too) or its whole-row draw (run_sample, k == 0:
+ * draws). */
 struct backend_out {
     const float **logits;
     int32_t *argmax;
     const struct backend_row_sample *rows;
     int32_t k;
     struct backend_cand *cands;
+    double *sums;
     int32_t *draws;
 };
 
@@ -95,13 +97,21 @@ struct backend_ops {
      * - k in [1, BACKEND_TOP_K_MAX]: hands back its best k entries in rank order
      *   (higher sanitized logit, then lower id), cands[j * k + i]; a sampler with top-k
      *   (runtime/sampler.h, sampler_sample_ranked) needs nothing else;
+     *   with sums (rows then required): also sums[j], the row's probabilities
+     *   sample_exp((logit - max) / rows[j].temperature) over every finite logit, summed
+     *   in sample_exp.h's draw blocks (top-p's z: sampler_sample_nucleus; a greedy
+     *   row's, temperature 0, is taken at 1);
      * - k == 0: draws draws[j] from the whole row as sampler_sample does with top-k and
      *   top-p off (sampler_device_full), with rows[j]'s temperature, min-p and u; -1
      *   when no logit is finite.
      * Either way the logits need not leave the device. */
     enum llmopt_status (*run_sample)(void *state, const struct exec_batch *batch, struct kv_cache *kv,
                                      const struct backend_row_sample *rows, int32_t k, struct backend_cand *cands,
-                                     int32_t *draws, struct llmopt_err *err);
+                                     double *sums, int32_t *draws, struct llmopt_err *err);
+    /* Optional (NULL where run_sample is): after run_sample, copies the step's output rows
+     * back as it left them, penalties applied: *logits points at (M, vocab) floats valid
+     * until the next run (for a row whose candidates were not enough). */
+    enum llmopt_status (*fetch_logits)(void *state, const float **logits, struct llmopt_err *err);
 };
 
 /* The CPU backend: fast kernels (SIMD chosen at run time) on a thread pool; with

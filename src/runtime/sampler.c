@@ -23,6 +23,9 @@ struct sampler {
     int32_t n_vocab;
     uint64_t rng[4];             /* xoshiro256** state */
     struct sampler_cand *cand;   /* (n_vocab) scratch for the filter chain */
+    struct sampler_cand *ranked; /* (SAMPLER_RANKED_MAX) top-p's best candidates, best first */
+    int32_t nucleus_wait;        /* draws from whole rows before sampler_device_nucleus says yes
+                                  * again: set when the candidates were not enough */
     int32_t *window_count;       /* (n_vocab) occurrences in the penalty window; all
                                   * zero between calls */
 };
@@ -126,16 +129,17 @@ enum llmopt_status sampler_create(const struct sampler_params *p, int32_t n_voca
     s->params = *p;
     s->n_vocab = n_vocab;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-    if (!s->cand) goto fail_cand;
+    s->ranked = malloc(SAMPLER_RANKED_MAX * sizeof *s->ranked);
     s->window_count = calloc((size_t)n_vocab, sizeof *s->window_count);
-    if (!s->window_count) goto fail_count;
+    if (!s->cand || !s->ranked || !s->window_count) goto fail_alloc;
     sampler_reset(s, p->seed);
     *out = s;
     return LLMOPT_OK;
 
-fail_count:
+fail_alloc:
+    free(s->window_count);
+    free(s->ranked);
     free(s->cand);
-fail_cand:
     free(s);
 fail_struct:
     return err_set(err, LLMOPT_ERR_NOMEM,
@@ -146,6 +150,7 @@ fail_struct:
 void sampler_free(struct sampler *s) {
     if (!s) return;
     free(s->window_count);
+    free(s->ranked);
     free(s->cand);
     free(s);
 }
@@ -272,9 +277,8 @@ static void heap_pop(struct sampler_cand *h, size_t n, bool best_on_top) {
     heap_sift_down(h, n - 1, 0, best_on_top);
 }
 
-/* Top-p without top-k: candidates are binned by log-probability so that only the
- * bin where the cut falls must be ranked; better bins are kept whole, worse ones
- * dropped. Bin width 1/8 nat; the last bin takes everything below e^-31.9. */
+/* Top-p over many candidates (top_p_large): they are binned by log-probability, bin
+ * width 1/8 nat; the last bin takes everything below e^-31.9. */
 #define TOP_P_BINS 256
 #define TOP_P_BINS_PER_NAT 8
 
@@ -364,8 +368,14 @@ static int32_t sampler_draw(struct sampler *s, size_t m, float max_logit, bool s
 int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
                        size_t n_history, float *prob_out) {
     LLMOPT_ASSERT(s && logits && (history || n_history == 0));
-    const struct sampler_params *p = &s->params;
     penalty_visit(s, history, n_history, logits, NULL, NULL, 0);
+    return sampler_sample_penalized(s, logits, prob_out);
+}
+
+int32_t sampler_sample_penalized(struct sampler *s, float *logits, float *prob_out) {
+    LLMOPT_ASSERT(s && logits);
+    const struct sampler_params *p = &s->params;
+    if (s->nucleus_wait > 0) s->nucleus_wait--;
     if (p->temperature <= 0.0f) return sampler_greedy(s, logits, prob_out);
 
     /* Gather candidates (finite logits). With top-k on, a worst-on-top heap of size k
@@ -472,8 +482,119 @@ static size_t draw_blocks_walk(const struct sampler_cand *keep, size_t n, double
     return n - 1;
 }
 
+/* Top-p over more than SAMPLER_RANKED_MAX candidates whose best SAMPLER_RANKED_MAX do
+ * not reach target: s->cand[0, kept) are binned by log-probability so that only the
+ * bin where the cut falls must be ranked; better bins are kept whole, worse ones
+ * dropped. Returns first, with the survivors as cand[first, first + *n_keep) (the cut
+ * bin's ranked part, then the better bins); kept (and *n_keep untouched) when no bin
+ * gets there (min-p took the mass): top-p removes nothing. */
+static size_t top_p_large(struct sampler *s, size_t kept, float max_logit, double target, size_t *n_keep) {
+    struct sampler_cand *cand = s->cand;
+    const float temperature = s->params.temperature;
+    double bin_mass[TOP_P_BINS] = {0};
+    for (size_t j = 0; j < kept; j++) bin_mass[top_p_bin(cand[j].logit, max_logit, temperature)] += cand[j].p;
+    size_t cut = TOP_P_BINS;
+    double above = 0.0; /* mass of the bins better than cut */
+    for (size_t b = 0; b < TOP_P_BINS; b++) {
+        if (above + bin_mass[b] >= target) {
+            cut = b;
+            break;
+        }
+        above += bin_mass[b];
+    }
+    if (cut == TOP_P_BINS) return kept;
+    /* Three-way partition: [cut bin | better bins | worse bins (dropped)]. */
+    size_t lo = 0, mid = 0, hi = kept;
+    while (mid < hi) {
+        size_t b = top_p_bin(cand[mid].logit, max_logit, temperature);
+        struct sampler_cand tmp = cand[mid];
+        if (b == cut) {
+            cand[mid++] = cand[lo];
+            cand[lo++] = tmp;
+        } else if (b < cut) {
+            mid++;
+        } else {
+            cand[mid] = cand[--hi];
+            cand[hi] = tmp;
+        }
+    }
+    /* Rank the cut bin with a best-on-top heap, popping only until the target is met;
+     * popped tokens collect at the bin's back, right before the better bins, so the set
+     * stays contiguous. */
+    const size_t n_cut = lo;
+    for (size_t j = n_cut / 2; j-- > 0;) heap_sift_down(cand, n_cut, j, true);
+    size_t heap_n = n_cut;
+    double cum = above;
+    while (heap_n > 0) {
+        heap_pop(cand, heap_n, true);
+        heap_n--;
+        cum += cand[heap_n].p;
+        if (cum >= target) break;
+    }
+    *n_keep = mid - heap_n;
+    return heap_n;
+}
+
+/* The best min(n, SAMPLER_RANKED_MAX) of cand[0, n) into s->ranked, best first: a
+ * worst-on-top heap of that size over the candidates, then popped worst to the back.
+ * Returns how many. */
+static size_t rank_best(struct sampler *s, const struct sampler_cand *cand, size_t n) {
+    struct sampler_cand *h = s->ranked;
+    size_t m = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (m < SAMPLER_RANKED_MAX) {
+            h[m] = cand[j];
+            heap_sift_up(h, m++, false);
+        } else if (cand_ranks_above(&cand[j], &h[0])) {
+            h[0] = cand[j];
+            heap_sift_down(h, m, 0, false);
+        }
+    }
+    for (size_t k = m; k > 1; k--) heap_pop(h, k, false);
+    return m;
+}
+
+/* The length of the shortest best-first prefix of r[0, n) whose probabilities, summed
+ * in that order, reach target; 0 when all n do not. */
+static size_t nucleus_prefix(const struct sampler_cand *r, size_t n, double target) {
+    double cum = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        cum += r[j].p;
+        if (cum >= target) return j + 1;
+    }
+    return 0;
+}
+
+/* Renormalizes over keep[0, n) and draws. id_order: keep is in id order and is summed
+ * and walked in sample_exp.h's blocks (the order a device reproduces); otherwise in
+ * its own order. */
+static int32_t draw_kept(struct sampler *s, const struct sampler_cand *keep, size_t n, bool id_order,
+                         float *prob_out) {
+    size_t pick = n - 1; /* if rounding leaves target >= the sum */
+    double z_keep;
+    if (id_order) {
+        z_keep = draw_blocks_sum(keep, n);
+        pick = draw_blocks_walk(keep, n, rng_uniform(s->rng) * z_keep);
+    } else {
+        z_keep = 0.0;
+        for (size_t j = 0; j < n; j++) z_keep += keep[j].p;
+        const double target = rng_uniform(s->rng) * z_keep;
+        double cum = 0.0;
+        for (size_t j = 0; j < n; j++) {
+            cum += keep[j].p;
+            if (target < cum) {
+                pick = j;
+                break;
+            }
+        }
+    }
+    if (prob_out) *prob_out = (float)(keep[pick].p / z_keep);
+    return keep[pick].id;
+}
+
 /* The chain after the candidates are gathered: s->cand[0, m) holds every finite
- * candidate (the best k, ranked best first, when sorted), max_logit the best logit. */
+ * candidate (the best k, ranked best first, when sorted; else every finite one in id
+ * order), max_logit the best logit. */
 static int32_t sampler_draw(struct sampler *s, size_t m, float max_logit, bool sorted, float *prob_out) {
     const struct sampler_params *p = &s->params;
     struct sampler_cand *cand = s->cand;
@@ -499,6 +620,10 @@ static int32_t sampler_draw(struct sampler *s, size_t m, float max_logit, bool s
         cand[j].p = sample_exp((cand[j].logit - max_logit) / temperature);
         z += cand[j].p;
     }
+    /* The whole row's mass for top-p: in the draw's blocks (the order a device sums a
+     * row in, so sampler_sample_nucleus can be handed it), unless the candidates are
+     * top-k's, which come ranked. */
+    if (!sorted && p->top_p < 1.0f) z = draw_blocks_sum(cand, m);
 
     /* min-p, before top-p: both keep a best-first prefix of the ranked candidates, so
      * applying them in either order keeps the shorter prefix, and filtering first
@@ -509,93 +634,116 @@ static int32_t sampler_draw(struct sampler *s, size_t m, float max_logit, bool s
         if (cand[j].p > 0.0f && cand[j].p >= p->min_p) cand[kept++] = cand[j];
 
     /* top-p, against the full softmax (z, before min-p): the smallest best-first set
-     * whose mass reaches top_p. The survivors end up as cand[first, first + n_keep). */
-    size_t first = 0, n_keep = kept;
-    bool id_order = !sorted; /* keep[] still in id order (no top-p partition) */
+     * whose mass, summed best first, reaches top_p * z. The survivors end up as
+     * keep[0, n_keep), drawn best first, or in id order when top-p removes nothing. */
+    const struct sampler_cand *keep = cand;
+    size_t n_keep = kept;
+    bool id_order = !sorted;
     if (p->top_p < 1.0f && kept > 1) {
         const double target = (double)p->top_p * z;
         if (sorted) {
-            double cum = 0.0;
-            for (size_t j = 0; j < kept; j++) {
-                cum += cand[j].p;
-                if (cum >= target) {
-                    n_keep = j + 1;
-                    break;
-                }
-            }
+            const size_t n = nucleus_prefix(cand, kept, target);
+            if (n) n_keep = n;
         } else {
-            /* Find the bin where the cumulative mass reaches the target. Bins are
-             * monotone in the logit, so every better bin is inside the set and every
-             * worse one outside. If no bin gets there (min-p took the mass), top-p
-             * removes nothing. */
-            double bin_mass[TOP_P_BINS] = {0};
-            for (size_t j = 0; j < kept; j++)
-                bin_mass[top_p_bin(cand[j].logit, max_logit, temperature)] += cand[j].p;
-            size_t cut = TOP_P_BINS;
-            double above = 0.0; /* mass of the bins better than cut */
-            for (size_t b = 0; b < TOP_P_BINS; b++) {
-                if (above + bin_mass[b] >= target) {
-                    cut = b;
-                    break;
-                }
-                above += bin_mass[b];
-            }
-            if (cut < TOP_P_BINS) {
-                /* Three-way partition: [cut bin | better bins | worse bins (dropped)]. */
-                size_t lo = 0, mid = 0, hi = kept;
-                while (mid < hi) {
-                    size_t b = top_p_bin(cand[mid].logit, max_logit, temperature);
-                    struct sampler_cand tmp = cand[mid];
-                    if (b == cut) {
-                        cand[mid++] = cand[lo];
-                        cand[lo++] = tmp;
-                    } else if (b < cut) {
-                        mid++;
-                    } else {
-                        cand[mid] = cand[--hi];
-                        cand[hi] = tmp;
-                    }
-                }
-                /* Rank the cut bin with a best-on-top heap, popping only until the
-                 * target is met; popped tokens collect at the bin's back, right
-                 * before the better bins, so the set stays contiguous. */
-                const size_t n_cut = lo;
-                for (size_t j = n_cut / 2; j-- > 0;) heap_sift_down(cand, n_cut, j, true);
-                size_t heap_n = n_cut;
-                double cum = above;
-                while (heap_n > 0) {
-                    heap_pop(cand, heap_n, true);
-                    heap_n--;
-                    cum += cand[heap_n].p;
-                    if (cum >= target) break;
-                }
-                first = heap_n;
-                n_keep = mid - heap_n;
+            /* The best SAMPLER_RANKED_MAX first: a real model's nucleus is mostly that
+             * small, and a device backend hands back as many (sampler_sample_nucleus). */
+            const size_t nr = rank_best(s, cand, kept);
+            const size_t n = nucleus_prefix(s->ranked, nr, target);
+            if (n) {
+                keep = s->ranked;
+                n_keep = n;
                 id_order = false;
+            } else if (kept > nr) {
+                const size_t first = top_p_large(s, kept, max_logit, target, &n_keep);
+                if (first < kept) {
+                    keep = cand + first;
+                    id_order = false;
+                }
             }
+            /* else every kept one is ranked and they do not reach top_p * z (min-p took
+             * the mass, or rounding): top-p removes nothing */
         }
     }
+    return draw_kept(s, keep, n_keep, id_order, prob_out);
+}
 
-    /* Renormalize over the survivors and draw. */
-    const struct sampler_cand *keep = cand + first;
-    size_t pick = n_keep - 1; /* if rounding leaves target >= the sum */
-    if (id_order) { /* sample_exp.h's block order, which a device reproduces */
-        const double z_keep = draw_blocks_sum(keep, n_keep);
-        pick = draw_blocks_walk(keep, n_keep, rng_uniform(s->rng) * z_keep);
-        if (prob_out) *prob_out = (float)(keep[pick].p / z_keep);
-        return keep[pick].id;
-    }
-    double z_keep = 0.0;
-    for (size_t j = 0; j < n_keep; j++) z_keep += keep[j].p;
-    const double target = rng_uniform(s->rng) * z_keep;
-    double cum = 0.0;
-    for (size_t j = 0; j < n_keep; j++) {
-        cum += keep[j].p;
-        if (target < cum) {
-            pick = j;
-            break;
+/* ---- sampling from candidates picked elsewhere: top-p without top-k ---- */
+
+static bool nucleus_params(const struct sampler *s) {
+    const struct sampler_params *p = &s->params;
+    return p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= s->n_vocab) && p->top_p < 1.0f;
+}
+
+/* A flat distribution (a random-weight model's, or a high temperature's) has sets of
+ * thousands; the candidates are then a wasted trip, so a sampler whose last ones were
+ * not enough draws this many times from whole rows before it asks again. Which way a
+ * draw goes changes no id. */
+#define NUCLEUS_RETRY 32
+
+bool sampler_device_nucleus(const struct sampler *s) { return nucleus_params(s) && s->nucleus_wait == 0; }
+
+/* Heap sort of c[0, n) by id (top-p's survivors when it removes nothing, for the id
+ * order draw); no allocation. */
+static void sort_by_id(struct sampler_cand *c, size_t n) {
+    for (size_t i = n / 2; i-- > 0;) {
+        for (size_t j = i;;) { /* sift down, larger id on top */
+            size_t k = 2 * j + 1;
+            if (k >= n) break;
+            if (k + 1 < n && c[k + 1].id > c[k].id) k++;
+            if (c[k].id <= c[j].id) break;
+            struct sampler_cand t = c[j];
+            c[j] = c[k];
+            c[k] = t;
+            j = k;
         }
     }
-    if (prob_out) *prob_out = (float)(keep[pick].p / z_keep);
-    return keep[pick].id;
+    for (size_t end = n; end > 1; end--) {
+        struct sampler_cand t = c[0];
+        c[0] = c[end - 1];
+        c[end - 1] = t;
+        for (size_t j = 0;;) {
+            size_t k = 2 * j + 1;
+            if (k >= end - 1) break;
+            if (k + 1 < end - 1 && c[k + 1].id > c[k].id) k++;
+            if (c[k].id <= c[j].id) break;
+            struct sampler_cand u = c[j];
+            c[j] = c[k];
+            c[k] = u;
+            j = k;
+        }
+    }
+}
+
+/* sample_exp is within 1.2 ulp of e^x (test_sampler), so a token ranked below one with
+ * probability p has at most p * (1 + 2.4 ulp): this margin (about 8 ulp) covers it. */
+#define NUCLEUS_MIN_P_MARGIN 1.000001f
+
+int32_t sampler_sample_nucleus(struct sampler *s, const int32_t *ids, const float *logits, int32_t n, double z) {
+    LLMOPT_ASSERT(s && (ids || n == 0) && (logits || n == 0) && nucleus_params(s));
+    const struct sampler_params *p = &s->params;
+    struct sampler_cand *r = s->ranked;
+    size_t m = 0, kept = 0;
+    float max_logit = -INFINITY, last_p = 1.0f;
+    for (int32_t j = 0; j < n && m < SAMPLER_RANKED_MAX; j++, m++) {
+        if (ids[j] < 0 || ids[j] >= s->n_vocab) break; /* past the row's candidates */
+        const float l = logit_sanitize(logits[j]);
+        if (l == -INFINITY) break; /* ranked: every later one is -inf too */
+        if (m == 0) max_logit = l;
+        last_p = sample_exp((l - max_logit) / p->temperature);
+        if (last_p > 0.0f && last_p >= p->min_p) r[kept++] = (struct sampler_cand){.id = ids[j], .logit = l, .p = last_p};
+    }
+    if (m == 0) return 0; /* nothing finite: sampler_sample's answer, and it draws nothing */
+    /* Every finite candidate is here (the row ended), or every later one fails min-p:
+     * then r[0, kept) is all that sampler_draw keeps. */
+    const bool complete = m < (size_t)n || m == (size_t)s->n_vocab || last_p * NUCLEUS_MIN_P_MARGIN < p->min_p;
+    if (kept > 1) { /* sampler_draw's top-p on its best SAMPLER_RANKED_MAX */
+        const size_t k = nucleus_prefix(r, kept, (double)p->top_p * z);
+        if (k) return draw_kept(s, r, k, false, NULL);
+    }
+    if (!complete) {
+        s->nucleus_wait = NUCLEUS_RETRY;
+        return -1;
+    }
+    sort_by_id(r, kept); /* top-p removes nothing: the id order draw */
+    return draw_kept(s, r, kept, true, NULL);
 }

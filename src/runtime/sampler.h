@@ -78,6 +78,10 @@ void sampler_reset(struct sampler *s, uint64_t seed);
 int32_t sampler_sample(struct sampler *s, float *logits, const int32_t *history,
                        size_t n_history, float *prob_out);
 
+/* sampler_sample on logits that already carry the penalties (a device backend applied
+ * them): the same id, probability and PRNG state as sampler_sample on the raw row. */
+int32_t sampler_sample_penalized(struct sampler *s, float *logits, float *prob_out);
+
 /* ---- sampling from candidates picked elsewhere (a device backend) ----
  *
  * A backend that holds the logits can apply the penalties and pick the best k
@@ -121,5 +125,24 @@ void sampler_take_uniform(struct sampler *s);
  * for that row and the same PRNG state (0 when there is no candidate).
  * sampler_device_k(s) must be > 0. */
 int32_t sampler_sample_ranked(struct sampler *s, const int32_t *ids, const float *logits, int32_t n);
+
+/* Top-p without top-k (temperature > 0, top-k off or at least n_vocab, top_p < 1).
+ * sampler_sample's top-p takes the smallest best-first set of the candidates kept by
+ * min-p whose probabilities, summed best first, reach top_p * z, z being every finite
+ * candidate's probability summed in sample_exp.h's draw blocks (before min-p), and
+ * draws from it best first; when the candidates do not reach that, top-p removes
+ * nothing and the draw is the whole-row one (id order, in blocks). It ranks only the
+ * best SAMPLER_RANKED_MAX unless the set is larger. True for such a sampler unless
+ * its candidates were not enough within its last 32 draws (a flat distribution: the
+ * whole row is then asked for directly). */
+bool sampler_device_nucleus(const struct sampler *s);
+
+/* sampler_sample from the n best candidates (ranked as for sampler_sample_ranked, n <=
+ * SAMPLER_RANKED_MAX: fewer finite logits end the list early) and z computed by the
+ * device: returns sampler_sample's id with its PRNG state, or -1, having drawn nothing,
+ * when that needs more candidates than these (the set is larger, or min-p may keep
+ * later ones): then sample the whole penalized row (sampler_sample_penalized). The
+ * sampler's parameters must be top-p's as sampler_device_nucleus says. */
+int32_t sampler_sample_nucleus(struct sampler *s, const int32_t *ids, const float *logits, int32_t n, double z);
 
 #endif

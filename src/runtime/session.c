@@ -58,6 +58,7 @@ struct llmopt_session {
     struct backend_row_sample *smp_rows_spec; /* (smp_rows) */
     int32_t *smp_pen_ids, *smp_pen_counts; /* (smp_rows, BACKEND_PENALTY_MAX) */
     struct backend_cand *smp_cands;   /* (smp_rows, BACKEND_TOP_K_MAX) */
+    double *smp_sums;                 /* (smp_rows) top-p's z of each row */
     int32_t *smp_cid;                 /* (BACKEND_TOP_K_MAX) one row's candidates, split */
     float *smp_clogit;
     float *smp_row;                   /* (n_vocab) a logits row the sampler may modify */
@@ -224,6 +225,7 @@ void llmopt_session_free(struct llmopt_session *s) {
     free(s->smp_pen_ids);
     free(s->smp_pen_counts);
     free(s->smp_cands);
+    free(s->smp_sums);
     free(s->smp_cid);
     free(s->smp_clogit);
     free(s->smp_row);
@@ -269,7 +271,7 @@ static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, c
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
     const double t0 = s->profile ? clock_now_s() : 0.0;
     enum llmopt_status st =
-        out.cands || out.draws ? s->backend->run_sample(s->plan, &b, s->kv, out.rows, out.k, out.cands, out.draws, err)
+        out.cands || out.draws ? s->backend->run_sample(s->plan, &b, s->kv, out.rows, out.k, out.cands, out.sums, out.draws, err)
         : out.argmax           ? s->backend->run_argmax(s->plan, &b, s->kv, out.argmax, err)
                                : s->backend->run(s->plan, &b, s->kv, out.logits, err);
     if (st) return st;
@@ -296,15 +298,17 @@ static enum llmopt_status sample_scratch(struct llmopt_session *s, int32_t rows,
     free(s->smp_pen_ids);
     free(s->smp_pen_counts);
     free(s->smp_cands);
+    free(s->smp_sums);
     s->smp_rows_spec = calloc((size_t)rows, sizeof *s->smp_rows_spec);
     s->smp_pen_ids = malloc((size_t)rows * BACKEND_PENALTY_MAX * sizeof *s->smp_pen_ids);
     s->smp_pen_counts = malloc((size_t)rows * BACKEND_PENALTY_MAX * sizeof *s->smp_pen_counts);
     s->smp_cands = malloc((size_t)rows * BACKEND_TOP_K_MAX * sizeof *s->smp_cands);
+    s->smp_sums = malloc((size_t)rows * sizeof *s->smp_sums);
     if (!s->smp_cid) s->smp_cid = malloc(BACKEND_TOP_K_MAX * sizeof *s->smp_cid);
     if (!s->smp_clogit) s->smp_clogit = malloc(BACKEND_TOP_K_MAX * sizeof *s->smp_clogit);
     if (!s->smp_row) s->smp_row = malloc((size_t)s->model->n_vocab * sizeof *s->smp_row);
     s->smp_rows = rows;
-    if (!s->smp_rows_spec || !s->smp_pen_ids || !s->smp_pen_counts || !s->smp_cands || !s->smp_cid || !s->smp_clogit ||
+    if (!s->smp_rows_spec || !s->smp_pen_ids || !s->smp_pen_counts || !s->smp_cands || !s->smp_sums || !s->smp_cid || !s->smp_clogit ||
         !s->smp_row) {
         s->smp_rows = 0;
         return err_set(err, LLMOPT_ERR_NOMEM, "sample: out of memory for %d rows of scratch", rows);
@@ -316,7 +320,9 @@ static enum llmopt_status sample_scratch(struct llmopt_session *s, int32_t rows,
  * contract). The backend samples where it can (run_sample), when every row's
  * penalty list fits and every sampler needs the same kind of help: the best
  * candidates (greedy, or 1 <= top_k <= BACKEND_TOP_K_MAX: sampler_device_k; greedy
- * rows without penalties only the argmax), or a whole-row draw (sampler_device_full:
+ * rows without penalties only the argmax; top-p without top-k: the best
+ * BACKEND_TOP_K_MAX and the row's z, sampler_sample_nucleus, and where those are not
+ * enough the penalized row fetched back), or a whole-row draw (sampler_device_full:
  * the next uniform goes down with the row and is taken once the id comes back).
  * Otherwise the logits come back and each row is sampled whole. */
 static enum llmopt_status forward_sample(struct llmopt_session *s, int32_t n, const int32_t *tokens,
@@ -334,17 +340,18 @@ static enum llmopt_status forward_sample(struct llmopt_session *s, int32_t n, co
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "forward_sample: row %d has no sampler or no history", j);
     enum llmopt_status st = sample_scratch(s, n_out, err);
     if (st) return st;
-    int32_t k = 0, n_full = 0;
-    bool device = s->device_sampling && s->backend->run_sample, any_pen = false;
+    int32_t k = 0, n_full = 0, n_nuc = 0;
+    bool device = s->device_sampling && s->backend->run_sample && s->backend->fetch_logits, any_pen = false;
     for (int32_t j = 0; j < n_out && device; j++) {
         struct sampler *smp = (struct sampler *)samplers[j];
         const int32_t kj = sampler_device_k(smp);
-        const bool full = !kj && sampler_device_full(smp);
+        const bool nuc = !kj && sampler_device_nucleus(smp);
+        const bool full = !kj && !nuc && sampler_device_full(smp);
         int32_t *pid = s->smp_pen_ids + (size_t)j * BACKEND_PENALTY_MAX;
         int32_t *pcount = s->smp_pen_counts + (size_t)j * BACKEND_PENALTY_MAX;
-        const int32_t n_pairs = kj || full ? sampler_penalty_list(smp, histories ? histories[j] : NULL, n_history[j],
-                                                                  pid, pcount, BACKEND_PENALTY_MAX)
-                                           : -1;
+        const int32_t n_pairs = kj || nuc || full ? sampler_penalty_list(smp, histories ? histories[j] : NULL,
+                                                                         n_history[j], pid, pcount, BACKEND_PENALTY_MAX)
+                                                  : -1;
         if (n_pairs < 0) {
             device = false;
             break;
@@ -356,8 +363,9 @@ static enum llmopt_status forward_sample(struct llmopt_session *s, int32_t n, co
             p->min_p,
             full ? sampler_peek_uniform(smp) : 0.0};
         any_pen = any_pen || n_pairs > 0;
-        k = kj > k ? kj : k;
+        k = nuc ? BACKEND_TOP_K_MAX : kj > k ? kj : k;
         n_full += full;
+        n_nuc += nuc;
     }
     device = device && (n_full == 0 || n_full == n_out); /* one kind of help a step */
     if (device && k == 1 && !any_pen && s->backend->run_argmax) /* greedy alone: the argmax is the pick */
@@ -377,16 +385,26 @@ static enum llmopt_status forward_sample(struct llmopt_session *s, int32_t n, co
     }
     if (device) {
         st = session_forward(s, n, tokens, positions, slots, n_out, out_rows,
-                             (struct backend_out){.rows = any_pen ? s->smp_rows_spec : NULL, .k = k,
-                                                  .cands = s->smp_cands},
+                             (struct backend_out){.rows = any_pen || n_nuc ? s->smp_rows_spec : NULL, .k = k,
+                                                  .cands = s->smp_cands, .sums = n_nuc ? s->smp_sums : NULL},
                              err);
         if (st) return st;
+        const float *rows_back = NULL; /* the penalized rows, fetched for the first row that needs its own */
         for (int32_t j = 0; j < n_out; j++) {
+            struct sampler *smp = (struct sampler *)samplers[j];
             for (int32_t i = 0; i < k; i++) {
                 s->smp_cid[i] = s->smp_cands[(size_t)j * k + i].id;
                 s->smp_clogit[i] = s->smp_cands[(size_t)j * k + i].logit;
             }
-            ids[j] = sampler_sample_ranked((struct sampler *)samplers[j], s->smp_cid, s->smp_clogit, k);
+            if (!sampler_device_nucleus(smp)) {
+                ids[j] = sampler_sample_ranked(smp, s->smp_cid, s->smp_clogit, k);
+                continue;
+            }
+            if ((ids[j] = sampler_sample_nucleus(smp, s->smp_cid, s->smp_clogit, k, s->smp_sums[j])) >= 0) continue;
+            if (!rows_back && (st = s->backend->fetch_logits(s->plan, &rows_back, err))) return st;
+            const int32_t n_vocab = s->model->n_vocab;
+            memcpy(s->smp_row, rows_back + (size_t)j * n_vocab, (size_t)n_vocab * sizeof *s->smp_row);
+            ids[j] = sampler_sample_penalized(smp, s->smp_row, NULL);
         }
         return LLMOPT_OK;
     }

@@ -19,6 +19,7 @@
 #include "format/quant_k.h"
 #include "llmopt.h"
 #include "runtime/sampler.h"
+#include "runtime/sample_exp.h"
 #include "golden_row.h"
 #include "test.h"
 
@@ -778,22 +779,25 @@ static void test_attention(void) {
     /* batches above 16 tokens take the tiled kernel (f32; head dims other than 64/96/128,
      * or LLMOPT_CUDA_ATT_MMA=0): sequences interleaved in a tile, partial tiles, windows,
      * head dims not a multiple of 32, then decode after it */
-    static const struct batch_spec tiled[] = {{40, 3, 3}, {1, 1, 1}, {37, 2, 2}, {100, 1, 1}, {3, 3, 3}, {17, 1, 1}};
-    attention_case("attention H8 Hkv2 Dh128 tiled prefill", 8, 2, 128, 0, tiled, 6, 512, TOL_F32);
-    attention_case("attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512, TOL_F32);
-    attention_case("attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512, TOL_F32);
-    attention_case("attention H4 Hkv2 Dh256 (beyond the tiled kernel)", 4, 2, 256, 0, tiled, 6, 512, TOL_F32);
+    /* (through the backend, {40, 3, 3} has no sequence of 17 tokens: the per-token
+     * kernels, as {64, 4, 4} below) */
+    static const struct batch_spec tiled[] = {{40, 3, 3}, {1, 1, 1}, {37, 2, 2}, {100, 1, 1}, {3, 3, 3},
+                                              {64, 4, 4}, {17, 1, 1}};
+    attention_case("attention H8 Hkv2 Dh128 tiled prefill", 8, 2, 128, 0, tiled, 7, 512, TOL_F32);
+    attention_case("attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 7, 512, TOL_F32);
+    attention_case("attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 7, 512, TOL_F32);
+    attention_case("attention H4 Hkv2 Dh256 (beyond the tiled kernel)", 4, 2, 256, 0, tiled, 7, 512, TOL_F32);
     unsetenv("LLMOPT_CUDA_ATT_MMA");
     /* head dims 64/96/128 take the tensor-core kernel (bf16 q/k/v/p, f32 sums): query
      * groups of 1 to 64 heads a KV head (3: 63 of a block's 64 rows used), sequences
      * interleaved, windows, 100-token chunks over earlier ones, a 600-position context */
-    attention_case("attention H8 Hkv2 Dh128 tensor cores", 8, 2, 128, 0, tiled, 6, 512, TOL_HALF);
-    attention_case("attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 6, 512, TOL_HALF);
-    attention_case("attention H6 Hkv2 Dh64 window 50 tensor cores", 6, 2, 64, 50, tiled, 6, 512, TOL_HALF);
+    attention_case("attention H8 Hkv2 Dh128 tensor cores", 8, 2, 128, 0, tiled, 7, 512, TOL_HALF);
+    attention_case("attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 7, 512, TOL_HALF);
+    attention_case("attention H6 Hkv2 Dh64 window 50 tensor cores", 6, 2, 64, 50, tiled, 7, 512, TOL_HALF);
     attention_case("attention H32 Hkv8 Dh128 300+ positions tensor cores", 32, 8, 128, 0, longer, 7, 1024, TOL_HALF);
     attention_case("attention H8 Hkv1 Dh64 window 100, 300+ positions tensor cores", 8, 1, 64, 100, longer, 7, 1024,
                    TOL_HALF);
-    attention_case("attention H64 Hkv1 Dh64 tensor cores", 64, 1, 64, 0, tiled, 6, 512, TOL_HALF);
+    attention_case("attention H64 Hkv1 Dh64 tensor cores", 64, 1, 64, 0, tiled, 7, 512, TOL_HALF);
     static const struct batch_spec long_ctx[] = {{300, 1, 1}, {300, 1, 1}, {1, 1, 1}, {40, 2, 2}, {1, 1, 1}};
     attention_case("attention H16 Hkv4 Dh128 600+ positions tensor cores", 16, 4, 128, 0, long_ctx, 5, 1024,
                    TOL_HALF);
@@ -846,8 +850,8 @@ static void test_attention(void) {
     test_kv = KV_DTYPE_F16;
     attention_case("f16 KV: attention H4 Hkv2 Dh16 prefill/mixed/decode", 4, 2, 16, 0, mixed, 7, 64, TOL_F32);
     attention_case("f16 KV: attention H4 Hkv2 Dh64 window 100, 300+ positions", 4, 2, 64, 100, longer, 7, 1024, TOL_F32);
-    attention_case("f16 KV: attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 6, 512, TOL_F32);
-    attention_case("f16 KV: attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 6, 512, TOL_F32);
+    attention_case("f16 KV: attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 7, 512, TOL_F32);
+    attention_case("f16 KV: attention H2 Hkv1 Dh8 window 50 tiled", 2, 1, 8, 50, tiled, 7, 512, TOL_F32);
     attention_case("f16 KV: attention H4 Hkv2 Dh6 (per-position kernel)", 4, 2, 6, 0, mixed, 7, 64, TOL_F32);
     attention_case("f16 KV: attention H16 Hkv8 Dh128 600+ positions (warp kernel)", 16, 8, 128, 0, long_ctx, 5, 1024,
                    TOL_F32);
@@ -861,11 +865,11 @@ static void test_attention(void) {
     attention_case("f16 KV: attention H4 Hkv2 Dh64 300+ positions, per-position", 4, 2, 64, 0, longer, 7, 1024, TOL_F32);
     unsetenv("LLMOPT_CUDA_ATT_WARP");
     unsetenv("LLMOPT_CUDA_ATT_MMA");
-    attention_case("f16 KV: attention H8 Hkv2 Dh128 tensor cores", 8, 2, 128, 0, tiled, 6, 512, TOL_HALF);
-    attention_case("f16 KV: attention H6 Hkv2 Dh64 window 50 tensor cores", 6, 2, 64, 50, tiled, 6, 512, TOL_HALF);
+    attention_case("f16 KV: attention H8 Hkv2 Dh128 tensor cores", 8, 2, 128, 0, tiled, 7, 512, TOL_HALF);
+    attention_case("f16 KV: attention H6 Hkv2 Dh64 window 50 tensor cores", 6, 2, 64, 50, tiled, 7, 512, TOL_HALF);
     attention_case("f16 KV: attention H16 Hkv4 Dh128 600+ positions tensor cores", 16, 4, 128, 0, long_ctx, 5, 1024,
                    TOL_HALF);
-    attention_case("f16 KV: attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 6, 512, TOL_HALF);
+    attention_case("f16 KV: attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 7, 512, TOL_HALF);
     test_kv = KV_DTYPE_F32;
 }
 
@@ -1362,6 +1366,82 @@ static void test_stories_greedy(void) {
     json_decref(root);
 }
 
+/* Batched decode as the server runs it: 24 sequences with prompts of 3-7 tokens (one
+ * 107-token prefill step), then decode steps of one token each (24 rows: products of
+ * more rows than the matvec takes, the per-token attention above 16 tokens) and of two
+ * tokens each for 12 of them, against the CPU backend on the same tokens: stories260K
+ * F32 (SGEMM, within 1e-4) and Q8_0 (W to bf16 + cuBLAS, within 3e-2 of the largest
+ * logit). */
+static void test_batch_decode(void) {
+    char path[600];
+    if (!stories_f32(path, sizeof path)) return;
+    const char *files[] = {"stories260K-F32.gguf", "stories260K-Q8_0.gguf"};
+    const double tols[] = {1e-4, 3e-2};
+    enum { S = 24, STEPS = 12 };
+    for (int f = 0; f < 2; f++) {
+        snprintf(path, sizeof path, "%s/%s", stories_dir(), files[f]);
+        struct llmopt_err err = {0};
+        struct llmopt_model *m = NULL;
+        if (llmopt_model_load(path, NULL, &m, &err) != LLMOPT_OK) {
+            fprintf(stderr, "  skip: %s: %s\n", path, err.msg);
+            continue;
+        }
+        struct llmopt_session *sc = NULL, *sg = NULL;
+        struct llmopt_session_opts so = {.n_ctx = 64, .n_batch = 128, .n_slots = S, .kv_type = LLMOPT_KV_F32};
+        CHECK_MSG(llmopt_session_create(m, &so, &sc, &err) == LLMOPT_OK, "%s", err.msg);
+        so.backend = "cuda";
+        CHECK_MSG(llmopt_session_create(m, &so, &sg, &err) == LLMOPT_OK, "%s", err.msg);
+        const int32_t n_vocab = llmopt_model_n_vocab(m);
+        int32_t tok[128], pos[128], slot[128], rows[128], len[S] = {0}, last[S], n = 0;
+        for (int q = 0; q < S; q++) /* the prompts, one step */
+            for (int i = 0; i < 3 + q % 5; i++, n++) {
+                tok[n] = i ? (int32_t)(2 + rng_u32() % (uint32_t)(n_vocab - 2)) : 1;
+                pos[n] = len[q]++;
+                slot[n] = q;
+            }
+        double worst = 0;
+        int steps = 0;
+        for (int step = 0; step <= STEPS && sc && sg; step++) {
+            if (step) { /* decode: the CPU's greedy ids, one token a sequence, or two for 12 */
+                const bool two = step % 4 == 3;
+                n = 0;
+                for (int q = 0; q < (two ? S / 2 : S); q++)
+                    for (int i = 0; i < (two ? 2 : 1); i++, n++) {
+                        tok[n] = i ? (int32_t)(2 + rng_u32() % (uint32_t)(n_vocab - 2)) : last[q];
+                        pos[n] = len[q]++;
+                        slot[n] = q;
+                    }
+            }
+            int32_t m_rows = 0; /* each sequence's last token of the step */
+            for (int t = 0; t < n; t++)
+                if (t + 1 == n || slot[t + 1] != slot[t]) rows[m_rows++] = t;
+            const float *lc = NULL, *lg = NULL;
+            if (llmopt_session_forward(sc, n, tok, pos, slot, m_rows, rows, &lc, &err) != LLMOPT_OK ||
+                llmopt_session_forward(sg, n, tok, pos, slot, m_rows, rows, &lg, &err) != LLMOPT_OK) {
+                CHECK_MSG(0, "%s step %d: %s", files[f], step, err.msg);
+                break;
+            }
+            bool nan;
+            const double r = rel_err(lg, lc, (int64_t)m_rows * n_vocab, &nan);
+            worst = r > worst ? r : worst;
+            CHECK_MSG(!nan && r <= tols[f], "%s step %d (%d tokens, %d rows): relative error %.3g", files[f], step, n,
+                      m_rows, r);
+            for (int j = 0; j < m_rows; j++) {
+                int32_t best = 0;
+                for (int32_t v = 1; v < n_vocab; v++)
+                    if (lc[(size_t)j * n_vocab + v] > lc[(size_t)j * n_vocab + best]) best = v;
+                last[slot[rows[j]]] = best;
+            }
+            steps++;
+        }
+        fprintf(stderr, "    %s: %d steps of up to %d sequences on CUDA against the CPU, worst relative error %.2e\n",
+                files[f], steps, S, worst);
+        llmopt_session_free(sc);
+        llmopt_session_free(sg);
+        llmopt_model_free(m);
+    }
+}
+
 static int read_ints(const json_t *arr, int32_t *out, int cap) {
     int n = (int)json_array_size(arr);
     if (n > cap) return -1;
@@ -1495,6 +1575,27 @@ static int ranked_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* Output row j's sampling spec for a sampling test's step: n penalty pairs on distinct
+ * ids (131 is prime to every V here) with counts 1, 2, 1, ..., penalties (1.2, 0.1,
+ * 0.05), the sampler's temperature, min-p and u. */
+static struct backend_row_sample draw_row_spec(int64_t V, int32_t token, int n, int32_t *ids, int32_t *counts,
+                                               float temperature, float min_p, double u) {
+    for (int i = 0; i < n; i++) {
+        ids[i] = (int32_t)(((int64_t)token * 13 + 5 + (int64_t)i * 131) % V);
+        counts[i] = 1 + i % 2;
+    }
+    return (struct backend_row_sample){{1.2f, 0.1f, 0.05f, n, ids, counts}, temperature, min_p, u};
+}
+
+/* The host's copy of a table row with draw_row_spec's penalties applied. */
+static void draw_row_penalized(const float *row, int64_t V, const struct backend_row_sample *spec, float *work) {
+    memcpy(work, row, (size_t)V * sizeof *work);
+    const struct sampler_params pp = {.repeat_penalty = spec->pen.repeat, .presence_penalty = spec->pen.presence,
+                                      .frequency_penalty = spec->pen.frequency};
+    for (int i = 0; i < spec->pen.n; i++)
+        work[spec->pen.ids[i]] = sampler_penalize(&pp, row[spec->pen.ids[i]], spec->pen.counts[i]);
+}
+
 /* run_sample against the host: each row of an embedding table (ties, NaN, +-inf, a row
  * with 3 finite entries) penalized by sampler_penalize, over vocabularies of one level
  * of the device's selection (100, 4096) and of two (5000, 151936; at k 256 the second
@@ -1558,7 +1659,7 @@ static void test_sample_device(void) {
                 struct exec_batch eb = {4, tokens, pos, slot, 4, rows};
                 const float *lg = NULL;
                 if (cuda_backend_ops.run(gpu, &eb, NULL, &lg, &err) != LLMOPT_OK ||
-                    cuda_backend_ops.run_sample(gpu, &eb, NULL, rep < 2 ? NULL : spec, k, cands, NULL, &err) !=
+                    cuda_backend_ops.run_sample(gpu, &eb, NULL, rep < 2 ? NULL : spec, k, cands, NULL, NULL, &err) !=
                         LLMOPT_OK) {
                     CHECK_MSG(0, "V %lld k %d: %s", (long long)V, k, err.msg);
                     bad = 1;
@@ -1612,28 +1713,17 @@ static void test_sample_device(void) {
                 int32_t tokens[4] = {(rep + c) % 8, (rep + 3) % 8, 7, (rep * 5) % 8}, pos[4] = {0, 1, 2, 3},
                         slot[4] = {0}, rows[4] = {0, 1, 2, 3}, got[4];
                 struct backend_row_sample spec[4];
-                for (int j = 0; j < 4; j++) {
-                    const int n = rep % 3 ? 6 + j : 0;
-                    for (int i = 0; i < n; i++) {
-                        pen_ids[j][i] = (int32_t)(((int64_t)tokens[j] * 13 + 5 + (int64_t)i * 131) % V);
-                        pen_counts[j][i] = 1 + i % 2;
-                    }
-                    spec[j] = (struct backend_row_sample){{1.2f, 0.1f, 0.05f, n, pen_ids[j], pen_counts[j]},
-                                                          sp.temperature, sp.min_p, sampler_peek_uniform(hs[j])};
-                }
+                for (int j = 0; j < 4; j++)
+                    spec[j] = draw_row_spec(V, tokens[j], rep % 3 ? 6 + j : 0, pen_ids[j], pen_counts[j],
+                                            sp.temperature, sp.min_p, sampler_peek_uniform(hs[j]));
                 struct exec_batch eb = {4, tokens, pos, slot, 4, rows};
-                if (cuda_backend_ops.run_sample(gpu, &eb, NULL, spec, 0, NULL, got, &err) != LLMOPT_OK) {
+                if (cuda_backend_ops.run_sample(gpu, &eb, NULL, spec, 0, NULL, NULL, got, &err) != LLMOPT_OK) {
                     CHECK_MSG(0, "V %lld draw: %s", (long long)V, err.msg);
                     bad = 1;
                     break;
                 }
                 for (int j = 0; j < 4; j++) {
-                    const float *row = t + (int64_t)tokens[j] * V;
-                    memcpy(work, row, (size_t)V * sizeof *work);
-                    const struct sampler_params pp = {.repeat_penalty = 1.2f, .presence_penalty = 0.1f,
-                                                      .frequency_penalty = 0.05f};
-                    for (int i = 0; i < spec[j].pen.n; i++)
-                        work[pen_ids[j][i]] = sampler_penalize(&pp, row[pen_ids[j][i]], pen_counts[j][i]);
+                    draw_row_penalized(t + (int64_t)tokens[j] * V, V, &spec[j], work);
                     const int32_t want = sampler_sample(hs[j], work, NULL, 0, NULL); /* takes the uniform */
                     draws++;
                     agree += got[j] == want;
@@ -1648,12 +1738,106 @@ static void test_sample_device(void) {
         }
         fprintf(stderr, "    whole-row draws, vocab %6lld: %d/%d equal to the host sampler\n", (long long)V, agree,
                 draws);
+        /* top-p without top-k: the best 256 and z back, the row itself where they are not
+         * enough (fetch_logits), against sampler_sample on the penalized row */
+        const struct {
+            float temperature, top_p, min_p;
+        } nuc_cases[] = {{0.05f, 0.9f, 0.0f}, {0.3f, 0.5f, 0.02f}, {1.0f, 0.99f, 0.0f}, {0.2f, 0.95f, 0.3f}};
+        int n_direct = 0, n_fetched = 0, n_agree = 0, n_draws = 0, z_equal = 0;
+        for (size_t c = 0; c < sizeof nuc_cases / sizeof nuc_cases[0] && gpu && !bad; c++) {
+            struct sampler_params sp;
+            sampler_params_default(&sp);
+            sp.temperature = nuc_cases[c].temperature;
+            sp.top_k = 0;
+            sp.top_p = nuc_cases[c].top_p;
+            sp.min_p = nuc_cases[c].min_p;
+            sp.seed = 71 + (uint64_t)c;
+            struct sampler *hs[4] = {NULL}, *ds[4] = {NULL};
+            for (int j = 0; j < 4; j++)
+                CHECK(sampler_create(&sp, (int32_t)V, &hs[j], &err) == LLMOPT_OK &&
+                      sampler_create(&sp, (int32_t)V, &ds[j], &err) == LLMOPT_OK);
+            for (int rep = 0; rep < 12 && !bad; rep++) {
+                int32_t tokens[4] = {(rep + (int)c) % 8, (rep + 3) % 8, 7, (rep * 5) % 8}, pos[4] = {0, 1, 2, 3},
+                        slot[4] = {0}, rows[4] = {0, 1, 2, 3};
+                struct backend_row_sample spec[4];
+                double z[4];
+                for (int j = 0; j < 4; j++)
+                    spec[j] = draw_row_spec(V, tokens[j], rep % 3 ? 6 + j : 0, pen_ids[j], pen_counts[j],
+                                            sp.temperature, sp.min_p, 0.0);
+                struct exec_batch eb = {4, tokens, pos, slot, 4, rows};
+                if (cuda_backend_ops.run_sample(gpu, &eb, NULL, spec, BACKEND_TOP_K_MAX, cands, z, NULL, &err) !=
+                    LLMOPT_OK) {
+                    CHECK_MSG(0, "V %lld top-p: %s", (long long)V, err.msg);
+                    bad = 1;
+                    break;
+                }
+                const float *back = NULL;
+                for (int j = 0; j < 4 && !bad; j++) {
+                    draw_row_penalized(t + (int64_t)tokens[j] * V, V, &spec[j], work);
+                    /* z on the host: sample_exp.h's blocks over every finite entry */
+                    float max = -INFINITY;
+                    for (int64_t i = 0; i < V; i++) {
+                        const float l = isnan(work[i]) ? -INFINITY : work[i] == INFINITY ? FLT_MAX : work[i];
+                        max = l > max ? l : max;
+                    }
+                    double zh = 0.0;
+                    for (int64_t b0 = 0; b0 < V; b0 += SAMPLE_DRAW_BLOCK) {
+                        double sb = 0.0;
+                        for (int64_t i = b0; i < V && i < b0 + SAMPLE_DRAW_BLOCK; i++) {
+                            const float l = isnan(work[i]) ? -INFINITY : work[i] == INFINITY ? FLT_MAX : work[i];
+                            if (l != -INFINITY) sb += sample_exp((l - max) / sp.temperature);
+                        }
+                        zh += sb;
+                    }
+                    z_equal += z[j] == zh;
+                    int32_t cid[BACKEND_TOP_K_MAX];
+                    float cl[BACKEND_TOP_K_MAX];
+                    for (int i = 0; i < BACKEND_TOP_K_MAX; i++) {
+                        cid[i] = cands[j * BACKEND_TOP_K_MAX + i].id;
+                        cl[i] = cands[j * BACKEND_TOP_K_MAX + i].logit;
+                    }
+                    int32_t got = sampler_sample_nucleus(ds[j], cid, cl, BACKEND_TOP_K_MAX, z[j]);
+                    if (got < 0) {
+                        if (!back && cuda_backend_ops.fetch_logits(gpu, &back, &err) != LLMOPT_OK) {
+                            CHECK_MSG(0, "fetch_logits: %s", err.msg);
+                            bad = 1;
+                            break;
+                        }
+                        float *mine = malloc((size_t)V * sizeof *mine);
+                        memcpy(mine, back + (int64_t)j * V, (size_t)V * sizeof *mine);
+                        got = sampler_sample_penalized(ds[j], mine, NULL);
+                        free(mine);
+                        n_fetched++;
+                    } else
+                        n_direct++;
+                    const int32_t want = sampler_sample(hs[j], work, NULL, 0, NULL);
+                    n_draws++;
+                    n_agree += got == want;
+                    if (got != want && !bad) {
+                        CHECK_MSG(0, "V %lld top-p case %zu rep %d row %d: device path %d, host %d", (long long)V, c,
+                                  rep, j, got, want);
+                        bad = 1;
+                    }
+                }
+            }
+            for (int j = 0; j < 4; j++) {
+                sampler_free(hs[j]);
+                sampler_free(ds[j]);
+            }
+        }
+        fprintf(stderr,
+                "    top-p draws, vocab %6lld: %d/%d equal to the host sampler (%d from the candidates, %d from the "
+                "fetched row); z bit-equal %d/%d\n",
+                (long long)V, n_agree, n_draws, n_direct, n_fetched, z_equal, n_draws);
+        CHECK(z_equal == n_draws);
         if (gpu) { /* no place for the answer: an error, not a crash */
             int32_t tokens[1] = {0}, pos[1] = {0}, slot[1] = {0}, rows[1] = {0};
             struct exec_batch eb = {1, tokens, pos, slot, 1, rows};
-            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 0, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
-            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 5, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
-            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 300, cands, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 0, NULL, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 5, NULL, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 300, cands, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            double z1[1];
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 256, cands, z1, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
         }
         free(work);
         free(cands);
@@ -1664,7 +1848,7 @@ static void test_sample_device(void) {
 }
 
 /* A session's sampled generation (top-k with penalties, greedy with penalties, top-k
- * 200, the whole vocabulary) equals the same session settings with the logits copied
+ * 200, the whole vocabulary, top-p without top-k at 0.9 and 0.6) equals the same session settings with the logits copied
  * back ($LLMOPT_DEVICE_SAMPLING=0), and two-sequence steps (the server's) the same. */
 static void test_sample_session(void) {
     char path[600];
@@ -1673,7 +1857,7 @@ static void test_sample_session(void) {
     struct llmopt_model *m = NULL;
     CHECK_MSG(llmopt_model_load(path, NULL, &m, &err) == LLMOPT_OK, "%s", err.msg);
     if (!m) return;
-    struct llmopt_sampling modes[4];
+    struct llmopt_sampling modes[6];
     llmopt_sampling_default(&modes[0]); /* temperature 0.8, top-k 40, top-p 0.95, min-p 0.05 */
     modes[0].repeat_penalty = 1.1f;
     modes[0].presence_penalty = 0.3f;
@@ -1692,7 +1876,16 @@ static void test_sample_session(void) {
     modes[3].top_k = 0;
     modes[3].top_p = 1.0f;
     modes[3].min_p = 0.0f;
-    for (int md = 0; md < 4; md++) {
+    modes[4] = modes[0]; /* top-p without top-k: the best 256 and z, or the row fetched */
+    modes[4].temperature = 0.9f;
+    modes[4].top_k = 0;
+    modes[4].top_p = 0.9f;
+    modes[4].min_p = 0.02f;
+    modes[5] = modes[4]; /* a small set */
+    modes[5].temperature = 0.6f;
+    modes[5].top_p = 0.6f;
+    modes[5].min_p = 0.0f;
+    for (int md = 0; md < 6; md++) {
         struct ids_out got[2];
         double tps[2] = {0, 0};
         for (int dev = 1; dev >= 0; dev--) {
@@ -1717,9 +1910,10 @@ static void test_sample_session(void) {
         fprintf(stderr, "    stories260K sampled (mode %d): %d/%d ids equal; decode %.0f tok/s (device top-k) vs %.0f "
                         "(logits back)\n", md, same, got[1].n, tps[1], tps[0]);
     }
-    /* two sequences in one step, each with its own sampler: top-k rows, then whole-row draws */
-    const int pairs[2][2] = {{0, 2}, {3, 3}};
-    for (int pr = 0; pr < 2; pr++) {
+    /* two sequences in one step, each with its own sampler: top-k rows, whole-row draws,
+     * top-p rows with a greedy one and with another top-p one */
+    const int pairs[4][2] = {{0, 2}, {3, 3}, {4, 1}, {5, 4}};
+    for (int pr = 0; pr < 4; pr++) {
         int32_t ids[2][2][64];
         for (int dev = 1; dev >= 0; dev--) {
             setenv("LLMOPT_DEVICE_SAMPLING", dev ? "1" : "0", 1);
@@ -1781,11 +1975,11 @@ int main(void) {
     fprintf(stderr, "device: %s\n", desc);
     const test_fn fns[] = {test_errors, test_embedding_all_types, test_linear, test_linear_kquant, test_unary, test_binary_broadcast,
                            test_reductions_softmax, test_norms_rope, test_layout_ops, test_rope_table, test_attention,
-                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_matvec_tma, test_short_conv, test_stories_greedy, test_goldens, test_sample_device, test_sample_session};
+                           test_decode_fusion, test_linear_q8x, test_matvec_shapes, test_matvec_persist, test_matvec_tma, test_short_conv, test_stories_greedy, test_goldens, test_sample_device, test_sample_session, test_batch_decode};
     const char *names[] = {"errors", "embedding_all_types", "linear", "linear_kquant", "unary", "binary_broadcast",
                            "reductions_softmax", "norms_rope", "layout_ops", "rope_table", "attention", "decode_fusion", "linear_q8x", "matvec_shapes", "matvec_persist", "matvec_tma", "short_conv",
                            "stories_greedy",
-                           "goldens", "sample_device", "sample_session"};
+                           "goldens", "sample_device", "sample_session", "batch_decode"};
     const char *only = getenv("LLMOPT_CUDA_TEST_ONLY");
     int n = (int)(sizeof fns / sizeof fns[0]);
     if (only && *only) {

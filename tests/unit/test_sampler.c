@@ -1215,9 +1215,133 @@ static void test_full_draw_rule(void) {
     sampler_free(b);
 }
 
+/* z as a device computes it for sampler_sample_nucleus: every finite (sanitized)
+ * logit's sample_exp((l - max) / temperature), summed in id order within blocks of
+ * SAMPLE_DRAW_BLOCK ids, then the blocks' sums in order. */
+static double device_z(const float *row, int n, float temperature) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        float l = isnan(row[i]) ? -INFINITY : row[i] == INFINITY ? FLT_MAX : row[i];
+        max = l > max ? l : max;
+    }
+    double z = 0.0;
+    for (int b = 0; b < n; b += SAMPLE_DRAW_BLOCK) {
+        double sb = 0.0;
+        for (int i = b; i < n && i < b + SAMPLE_DRAW_BLOCK; i++) {
+            float l = isnan(row[i]) ? -INFINITY : row[i] == INFINITY ? FLT_MAX : row[i];
+            if (l != -INFINITY) sb += sample_exp((l - max) / temperature);
+        }
+        z += sb;
+    }
+    return z;
+}
+
+/* Top-p without top-k from the best SAMPLER_RANKED_MAX candidates and the device's z:
+ * sampler_sample_nucleus gives sampler_sample's id on the whole row, draw after draw,
+ * or -1 having drawn nothing, and then sampler_sample_penalized on the penalized row
+ * does. Peaked rows (small sets, answered from the candidates), flat ones (sets of
+ * thousands: -1), min-p that takes the mass (the whole-row draw from the candidates),
+ * rows with fewer finite logits than candidates, penalties, NaN and infinities, over
+ * one and several draw blocks. */
+static void test_nucleus_matches_sample(void) {
+    enum { VMAX = 40000, STEPS = 30 };
+    float *logits = malloc(VMAX * sizeof *logits), *work = malloc(VMAX * sizeof *work);
+    float *pen = malloc(VMAX * sizeof *pen);
+    float *cl = malloc(SAMPLER_RANKED_MAX * sizeof *cl);
+    int32_t *cid = malloc(SAMPLER_RANKED_MAX * sizeof *cid);
+    struct ranked_entry *all = malloc(VMAX * sizeof *all);
+    int32_t pen_ids[256], pen_counts[256], history[STEPS + 100];
+    const struct {
+        int vocab;
+        float scale, temperature, top_p, min_p, repeat;
+        int finite; /* 0: every logit finite, else only this many */
+    } cases[] = {
+        {3000, 6.0f, 0.8f, 0.9f, 0.0f, 1.0f, 0},    {40000, 8.0f, 1.0f, 0.95f, 0.05f, 1.1f, 0},
+        {40000, 5.0f, 0.7f, 0.5f, 0.0f, 1.3f, 0},   {40000, 0.3f, 1.0f, 0.9f, 0.0f, 1.0f, 0},
+        {3000, 1.0f, 1.5f, 0.99f, 0.0f, 1.0f, 0},   {40000, 2.0f, 1.0f, 0.99f, 0.3f, 1.0f, 0},
+        {40000, 1.0f, 0.9f, 0.95f, 0.0f, 1.2f, 100}, {700, 3.0f, 1.2f, 0.8f, 0.02f, 1.0f, 0},
+    };
+    int direct = 0, fallback = 0, id_order = 0;
+    for (size_t c = 0; c < LLMOPT_ARRAY_LEN(cases); c++) {
+        const int V = cases[c].vocab;
+        struct sampler_params p = params_plain(cases[c].temperature);
+        p.top_p = cases[c].top_p;
+        p.min_p = cases[c].min_p;
+        p.repeat_penalty = cases[c].repeat;
+        p.presence_penalty = cases[c].repeat != 1.0f ? 0.2f : 0.0f;
+        p.repeat_last_n = 64;
+        p.seed = 900 + c;
+        struct sampler *whole = make_sampler(&p, V), *nuc = make_sampler(&p, V);
+        CHECK(sampler_device_nucleus(nuc) && sampler_device_k(nuc) == 0 && !sampler_device_full(nuc));
+        int32_t n_hist = 0;
+        for (int i = 0; i < 60; i++) history[n_hist++] = (int32_t)(test_rng_next() % 40);
+        for (int step = 0; step < STEPS; step++) {
+            fill_logits(logits, V, cases[c].scale);
+            for (int i = 0; i < V; i += 97) logits[i] = logits[(i + 1) % V]; /* ties */
+            logits[(step * 13) % V] = NAN;
+            logits[(step * 17 + 5) % V] = -INFINITY;
+            if (step % 5 == 0) logits[(step * 19 + 7) % V] = INFINITY;
+            if (cases[c].finite)
+                for (int i = cases[c].finite; i < V; i++) logits[(i * 7919) % V] = -INFINITY;
+            const int32_t n_pairs = sampler_penalty_list(nuc, history, (size_t)n_hist, pen_ids, pen_counts, 256);
+            CHECK(n_pairs >= 0);
+            memcpy(pen, logits, (size_t)V * sizeof *pen);
+            for (int32_t j = 0; j < n_pairs; j++) pen[pen_ids[j]] = sampler_penalize(&p, pen[pen_ids[j]], pen_counts[j]);
+            const int n = rank_penalized(&p, logits, V, pen_ids, pen_counts, n_pairs, all, SAMPLER_RANKED_MAX, cid, cl);
+            int nf = 0; /* the device pads a row of fewer finite entries */
+            while (nf < n && cl[nf] != -INFINITY) nf++;
+            for (int j = nf; j < n; j++) cid[j] = -1;
+            memcpy(work, logits, (size_t)V * sizeof *work);
+            const int32_t want = sampler_sample(whole, work, history, (size_t)n_hist, NULL);
+            const double before = sampler_peek_uniform(nuc);
+            int32_t got = sampler_sample_nucleus(nuc, cid, cl, n, device_z(pen, V, p.temperature));
+            if (got < 0) {
+                CHECK(sampler_peek_uniform(nuc) == before); /* drew nothing */
+                CHECK(!sampler_device_nucleus(nuc));        /* the next draws ask for whole rows */
+                got = sampler_sample_penalized(nuc, pen, NULL);
+                fallback++;
+            } else {
+                direct++;
+                id_order += cases[c].min_p >= 0.3f;
+            }
+            if (got != want) {
+                CHECK_MSG(0, "case %zu step %d: nucleus %d, whole row %d", c, step, got, want);
+                break;
+            }
+            history[n_hist++] = got;
+        }
+        sampler_free(whole);
+        sampler_free(nuc);
+    }
+    fprintf(stderr, "    nucleus: %d draws from the candidates (%d with min-p 0.3), %d from the row\n", direct,
+            id_order, fallback);
+    CHECK(direct > 0 && fallback > 0 && id_order > 0);
+    /* after a miss, NUCLEUS_RETRY (32) whole-row draws, then the candidates again */
+    struct sampler_params p = params_plain(1.0f);
+    p.top_p = 0.9f;
+    struct sampler *s = make_sampler(&p, 1000);
+    fill_logits(logits, 1000, 0.1f); /* flat: a set of ~900 */
+    const int n = rank_penalized(&p, logits, 1000, NULL, NULL, 0, all, SAMPLER_RANKED_MAX, cid, cl);
+    CHECK(sampler_device_nucleus(s));
+    CHECK_EQ_INT(sampler_sample_nucleus(s, cid, cl, n, device_z(logits, 1000, 1.0f)), -1);
+    for (int i = 0; i < 32; i++) {
+        CHECK(!sampler_device_nucleus(s));
+        memcpy(work, logits, 1000 * sizeof *work);
+        sampler_sample(s, work, NULL, 0, NULL);
+    }
+    CHECK(sampler_device_nucleus(s));
+    sampler_free(s);
+    free(logits);
+    free(work);
+    free(pen);
+    free(cl);
+    free(cid);
+    free(all);
+}
+
 TEST_MAIN(test_defaults_and_validation, test_greedy_is_argmax, test_greedy_matches_reference, test_seed_determinism,
           test_prng_golden, test_top_k_one_is_greedy, test_top_k_stays_in_top_k, test_top_p, test_min_p,
           test_frequencies_match_softmax, test_temperature_scaling, test_repeat_penalty,
           test_presence_frequency, test_nan_and_inf, test_default_chain_large_vocab,
           test_top_p_large_vocab, test_ranked_matches_sample, test_sample_exp,
-          test_full_draw_rule)
+          test_full_draw_rule, test_nucleus_matches_sample)

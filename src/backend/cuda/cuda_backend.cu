@@ -18,7 +18,8 @@
  * step_tail): the logits rows copied back; each row's greedy argmax (run_argmax: 8
  * bytes a row back); or the sampler's penalties applied on the device, then each row's
  * best k entries (run_sample, k > 0: 8 bytes a candidate back, from which the
- * session's sampler draws on the host) or its whole-row draw (run_sample, k == 0: the
+ * session's sampler draws on the host; for top-p also the row's probability sums per
+ * block of 512 ids, 8 bytes a block) or its whole-row draw (run_sample, k == 0: the
  * host sampler's arithmetic, 4 bytes a row back). */
 extern "C" {
 #include "base/clock.h"
@@ -108,7 +109,11 @@ static_assert((int)IR_DTYPE_F32 == CU_F32 && (int)IR_DTYPE_F16 == CU_F16 &&
 #define CUDA_MATVEC_MAX_ROWS CU_MATVEC_MAX_ROWS
 #define CUDA_BLAS_WORKSPACE (32u << 20)
 #define CUDA_UPLOAD_STAGING (64u << 20)
-#define CUDA_DEQUANT_MIN_ROWS 64 /* block-quantized prefill via bf16 cuBLAS from this many rows */
+/* Block-quantized products of more rows than the matvec takes: W to bf16, then cuBLAS
+ * (the tiled kernel, f32 FMA on weights decoded one element at a time, took ~210 us a
+ * 0.6B product at 16-32 rows: batched decode steps of 42 ms, bench/results/
+ * cuda-batch-2026-12-01.md) */
+#define CUDA_DEQUANT_MIN_ROWS (CUDA_MATVEC_MAX_ROWS + 1)
 #define CUDA_ATT_DEC_WARPS 8 /* the cluster decode kernel's warps a block when $LLMOPT_CUDA_ATT_DEC names none */
 
 /* ---- errors ------------------------------------------------------------------------ */
@@ -154,6 +159,7 @@ struct step_tail {
     enum tail_mode mode;
     int32_t kb;  /* TAIL_TOP_K: keys a row, a bucket of run_sample's k (1, 64, 256) */
     bool pen;    /* TAIL_TOP_K, TAIL_DRAW: the penalties of h_pen_* are applied first */
+    bool sums;   /* TAIL_TOP_K: each row's top-p z too, as per-block sums (h_draw_sums) */
 };
 
 struct cuda_graph_entry {
@@ -229,7 +235,7 @@ struct cuda_state {
     /* run_sample's buffers, made on its first call (so graphs captured later hold them) */
     bool sample_ready;
     struct cu_draw_row *h_draw_rows, *d_draw_rows; /* pinned / device (n_max) */
-    double *d_draw_sums;                 /* device (n_max, cu_draw_scratch) */
+    double *d_draw_sums, *h_draw_sums;   /* device / pinned (n_max, cu_draw_scratch) */
     int32_t *h_draw_ids, *d_draw_ids;    /* pinned / device (n_max) */
     unsigned long long *d_topk, *h_topk; /* device / pinned (n_max, BACKEND_TOP_K_MAX) best keys */
     unsigned long long *d_topk_blocks;   /* device (n_max, cu_top_k_scratch) the blocks' best keys */
@@ -245,6 +251,11 @@ struct cuda_state {
     float *att_part;              /* device: split-attention partials */
     unsigned *att_counters;       /* device (CU_ATT_COUNTERS): split merge counters, zero between launches */
     bool att_per_position;        /* $LLMOPT_CUDA_ATT_WARP=0: decode attention without the warp kernel */
+    /* this step: no sequence has CU_ATT_TILED_MIN_TOKENS tokens in the batch (the
+     * server's decode steps), so attention takes the per-token kernels whatever the
+     * batch's size (check_batch; slot_tokens: its per-slot counts, n_slot_tokens long) */
+    bool step_per_token;
+    int32_t *slot_tokens, n_slot_tokens;
     bool att_late_kv;             /* $LLMOPT_CUDA_ATT_EARLY=0: no K/V loads before the PDL wait */
     int att_dec_splits, att_dec_warps; /* $LLMOPT_CUDA_ATT_DEC: one-token cluster kernel shape (0: the warp kernel) */
     int att_warp_warps;                /* $LLMOPT_CUDA_ATT_WARPS: the warp kernel's warps a block (0: default) */
@@ -626,6 +637,7 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.part = s->att_part;
     a.counters = s->att_counters;
     a.per_position = s->att_per_position;
+    a.per_token = s->step_per_token;
     a.tiled_f32 = s->att_tiled_f32;
     a.dec_splits = s->att_dec_splits;
     a.dec_warps = s->att_dec_warps;
@@ -1832,6 +1844,22 @@ static enum llmopt_status check_batch(struct cuda_state *s, const struct exec_ba
         }
     }
     if (!g->n_kv_layers && !g->n_conv_layers) return LLMOPT_OK;
+    if (s->n_slot_tokens < kv->n_slots) {
+        free(s->slot_tokens);
+        if (!(s->slot_tokens = (int32_t *)calloc((size_t)kv->n_slots, sizeof *s->slot_tokens))) {
+            s->n_slot_tokens = 0;
+            return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory for %d slots", kv->n_slots);
+        }
+        s->n_slot_tokens = kv->n_slots;
+    }
+    int32_t longest = 0; /* tokens of one sequence in the batch */
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const int32_t slot = b->seq_slots[t];
+        if (slot >= 0 && slot < kv->n_slots && ++s->slot_tokens[slot] > longest) longest = s->slot_tokens[slot];
+    }
+    for (int32_t t = 0; t < b->n_tokens; t++)
+        if (b->seq_slots[t] >= 0 && b->seq_slots[t] < kv->n_slots) s->slot_tokens[b->seq_slots[t]] = 0;
+    s->step_per_token = longest < CU_ATT_TILED_MIN_TOKENS;
     for (int32_t t = 0; t < b->n_tokens; t++) {
         int32_t slot = b->seq_slots[t], pos = b->positions[t];
         if (slot < 0 || slot >= kv->n_slots || pos < 0 ||
@@ -1910,6 +1938,17 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
                 CU_TRY(cudaMemcpyAsync(s->h_topk, s->d_topk, (size_t)rows * tail.kb * sizeof *s->h_topk,
                                        cudaMemcpyDeviceToHost, s->stream));
         }
+        if (tail.sums && rows) { /* top-p's z: the draw's block sums with min-p 0 (h_draw_rows) */
+            const bool one = tail.mode == TAIL_ARGMAX || tail.kb == 1; /* the best key is each row's first */
+            CU_TRY(cudaMemcpyAsync(s->d_draw_rows, s->h_draw_rows, (size_t)rows * sizeof *s->h_draw_rows,
+                                   cudaMemcpyHostToDevice, s->stream));
+            CU_TRY(cu_draw_block_sums(s->stream, lg, rows, len, one ? s->d_keys : s->d_topk, one ? 1 : tail.kb,
+                                      s->d_draw_rows, s->d_draw_sums));
+            s->step_extra_kernels++;
+            CU_TRY(cudaMemcpyAsync(s->h_draw_sums, s->d_draw_sums,
+                                   (size_t)(rows * cu_draw_scratch(len)) * sizeof *s->h_draw_sums,
+                                   cudaMemcpyDeviceToHost, s->stream));
+        }
     } else if (out_bytes)
         CU_TRY(cudaMemcpyAsync(s->h_out, node_ptr(s, g->output), out_bytes, cudaMemcpyDeviceToHost, s->stream));
     return LLMOPT_OK;
@@ -1941,7 +1980,7 @@ static enum llmopt_status launch_step(struct cuda_state *s, const struct exec_ba
     for (int k = 0; k < CUDA_GRAPH_CACHE; k++) {
         struct cuda_graph_entry *ge = &s->graphs[k];
         if (ge->exec && ge->n == b->n_tokens && ge->m == b->n_out && ge->tail.mode == tail.mode &&
-            ge->tail.kb == tail.kb && ge->tail.pen == tail.pen)
+            ge->tail.kb == tail.kb && ge->tail.pen == tail.pen && ge->tail.sums == tail.sums)
             hit = ge;
         if (!ge->exec || (victim->exec && ge->last_used < victim->last_used)) victim = ge;
     }
@@ -2038,6 +2077,7 @@ static enum llmopt_status sample_buffers(struct cuda_state *s, struct llmopt_err
     CU_TRY(cudaMalloc((void **)&s->d_draw_rows, (size_t)n * sizeof *s->d_draw_rows));
     CU_TRY(cudaMallocHost((void **)&s->h_draw_rows, (size_t)n * sizeof *s->h_draw_rows));
     CU_TRY(cudaMalloc((void **)&s->d_draw_sums, (size_t)(n * cu_draw_scratch(len)) * sizeof *s->d_draw_sums));
+    CU_TRY(cudaMallocHost((void **)&s->h_draw_sums, (size_t)(n * cu_draw_scratch(len)) * sizeof *s->h_draw_sums));
     CU_TRY(cudaMalloc((void **)&s->d_draw_ids, (size_t)n * sizeof *s->d_draw_ids));
     CU_TRY(cudaMallocHost((void **)&s->h_draw_ids, (size_t)n * sizeof *s->h_draw_ids));
     s->sample_ready = true;
@@ -2058,12 +2098,12 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     if ((g->n_kv_layers || g->n_conv_layers) && (st = ensure_kv(s, kv, err))) return st;
     if ((st = check_batch(s, b, kv, err))) return st;
     struct step_tail tail = {out.argmax ? TAIL_ARGMAX : out.cands ? TAIL_TOP_K : out.draws ? TAIL_DRAW : TAIL_LOGITS, 0,
-                             false};
+                             false, out.cands && out.sums};
     if (tail.mode == TAIL_TOP_K || tail.mode == TAIL_DRAW) {
         if (tail.mode == TAIL_TOP_K && (out.k < 1 || out.k > BACKEND_TOP_K_MAX))
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: top-k of %d (1..%d)", out.k, BACKEND_TOP_K_MAX);
-        if (tail.mode == TAIL_DRAW && !out.rows)
-            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: a whole-row draw needs each row's parameters");
+        if ((tail.mode == TAIL_DRAW || tail.sums) && !out.rows)
+            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: a whole-row draw or top-p sums need each row's parameters");
         if ((st = sample_buffers(s, err))) return st;
         tail.kb = tail.mode == TAIL_DRAW ? 0 : out.k == 1 ? 1 : out.k <= 64 ? 64 : BACKEND_TOP_K_MAX;
         for (int32_t j = 0; out.rows && j < b->n_out; j++) {
@@ -2077,10 +2117,16 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
                 return err_set(err, LLMOPT_ERR_INVALID_ARG,
                                "cuda: row %d draws with temperature %g, min_p %g, u %g (want > 0, [0, 1], [0, 1))", j,
                                (double)r->temperature, (double)r->min_p, r->u);
+            if (tail.sums && !(r->temperature >= 0.0f && isfinite(r->temperature)))
+                return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: row %d sums at temperature %g (want finite, >= 0)",
+                               j, (double)r->temperature);
             s->h_pen_hdr[j] = (struct cu_penalty_row){p->repeat, p->presence, p->frequency, p->n};
             for (int32_t i = 0; i < p->n; i++)
                 s->h_pen_pairs[(size_t)j * BACKEND_PENALTY_MAX + i] = make_int2(p->ids[i], p->counts[i]);
-            s->h_draw_rows[j] = (struct cu_draw_row){r->temperature, r->min_p, r->u};
+            /* top-p's z is over every finite entry: min-p 0; a greedy row's (temperature 0)
+             * is taken at 1 and read by nobody */
+            s->h_draw_rows[j] = tail.sums ? (struct cu_draw_row){r->temperature > 0.0f ? r->temperature : 1.0f, 0.0f, 0.0}
+                                          : (struct cu_draw_row){r->temperature, r->min_p, r->u};
             tail.pen = tail.pen || p->n > 0;
         }
     }
@@ -2135,11 +2181,19 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
     else if (out.draws)
         memcpy(out.draws, s->h_draw_ids, (size_t)b->n_out * sizeof *out.draws);
     else if (out.cands)
-        for (int32_t j = 0; j < b->n_out; j++)
+        for (int32_t j = 0; j < b->n_out; j++) {
             for (int32_t i = 0; i < out.k; i++) {
                 struct backend_cand *c = &out.cands[(size_t)j * out.k + i];
                 cu_key_decode(tail.kb == 1 ? s->h_keys[j] : s->h_topk[(size_t)j * tail.kb + i], &c->id, &c->logit);
             }
+            if (tail.sums) { /* the blocks' sums in order: sampler.c's draw_blocks_sum */
+                const struct ir_extent *eo = &s->extent[g->output];
+                const int64_t nb = cu_draw_scratch(eo->dims[eo->rank - 1]);
+                double z = 0.0;
+                for (int64_t q = 0; q < nb; q++) z += s->h_draw_sums[j * nb + q];
+                out.sums[j] = z;
+            }
+        }
     else
         *out.logits = s->h_out;
     return LLMOPT_OK;
@@ -2161,7 +2215,7 @@ static enum llmopt_status cuda_run_argmax(void *state, const struct exec_batch *
 
 static enum llmopt_status cuda_run_sample(void *state, const struct exec_batch *b, struct kv_cache *kv,
                                           const struct backend_row_sample *rows, int32_t k, struct backend_cand *cands,
-                                          int32_t *draws, struct llmopt_err *err) {
+                                          double *sums, int32_t *draws, struct llmopt_err *err) {
     if (k < 0 || (k && !cands) || (!k && !draws))
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: run_sample with k %d needs %s", k,
                        k ? "a place for the candidates" : "a place for the drawn ids");
@@ -2169,8 +2223,20 @@ static enum llmopt_status cuda_run_sample(void *state, const struct exec_batch *
     out.rows = rows;
     out.k = k;
     out.cands = k ? cands : NULL;
+    out.sums = k ? sums : NULL;
     out.draws = k ? NULL : draws;
     return cuda_step(state, b, kv, out, err);
+}
+
+/* The last step's output rows as its tail left them (penalized), copied back. */
+static enum llmopt_status cuda_fetch_logits(void *state, const float **logits, struct llmopt_err *err) {
+    struct cuda_state *s = (struct cuda_state *)state;
+    const size_t bytes = (size_t)ir_extent_numel(&s->extent[s->g->output]) * 4;
+    if (bytes)
+        CU_TRY(cudaMemcpyAsync(s->h_out, node_ptr(s, s->g->output), bytes, cudaMemcpyDeviceToHost, s->stream));
+    CU_TRY(cudaStreamSynchronize(s->stream));
+    *logits = s->h_out;
+    return LLMOPT_OK;
 }
 
 static void cuda_stats(void *state, struct backend_stats *out) { *out = ((struct cuda_state *)state)->stats; }
@@ -2218,6 +2284,7 @@ static void cuda_release(void *state) {
     cudaFreeHost(s->h_draw_rows);
     cudaFree(s->d_draw_rows);
     cudaFree(s->d_draw_sums);
+    cudaFreeHost(s->h_draw_sums);
     cudaFree(s->d_draw_ids);
     cudaFreeHost(s->h_draw_ids);
     if (s->blas) cublasDestroy(s->blas);
@@ -2225,6 +2292,7 @@ static void cuda_release(void *state) {
     if (s->stream) cudaStreamDestroy(s->stream);
     cudaGetLastError();
     free(s->extent);
+    free(s->slot_tokens);
     free(s->norm_into_matvec);
     free(s->fuse);
     free(s->priv);
@@ -2244,4 +2312,5 @@ extern "C" const struct backend_ops cuda_backend_ops = {
     "cuda", cuda_prepare, cuda_run, cuda_run_argmax, cuda_stats, cuda_arena_bytes, cuda_release,
     NULL, /* set_node_timing: no per-node timing on CUDA yet (llmopt profile says so) */
     cuda_run_sample,
+    cuda_fetch_logits,
 };

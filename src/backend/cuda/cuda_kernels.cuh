@@ -295,6 +295,13 @@ struct cu_draw_row {
 int64_t cu_draw_scratch(int64_t len);
 cudaError_t cu_draw_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, const unsigned long long *keys,
                          const struct cu_draw_row *params, double *sums, int32_t *ids);
+/* cu_draw_rows' first half alone: sums[row * cu_draw_scratch(len) + b] = block b's kept
+ * probabilities (params[row]: its temperature and min-p) summed in id order, the row's
+ * largest key being keys[row * key_stride] (cu_argmax_rows' or cu_top_k_rows' first).
+ * With min-p 0, the blocks' sums added in order are top-p's z (sampler_sample_nucleus). */
+cudaError_t cu_draw_block_sums(cudaStream_t st, const float *x, int64_t rows, int64_t len,
+                               const unsigned long long *keys, int key_stride, const struct cu_draw_row *params,
+                               double *sums);
 
 /* ---- attention over the paged KV cache (kernels_attention.cu) ---- */
 
@@ -316,6 +323,11 @@ struct cu_attention {
                          * where the warp kernel applies (head dim % 4 == 0, <= 128) */
     bool tiled_f32;     /* prefill: the f32 tiled kernel even where the tensor-core one
                          * applies (head dim 64/96/128) */
+    bool per_token;     /* no sequence has CU_ATT_TILED_MIN_TOKENS tokens in the batch (a
+                         * server's decode step of many sequences): the per-token kernels
+                         * whatever n_tok, since a tile of queries from many sequences
+                         * walks each one's keys (172 us a 0.6B layer at 32 sequences
+                         * of one token, against 11 us for 16 per token) */
     bool k_tok_major, v_tok_major; /* k / v given as [1, N, Hkv, Dh] (the source of a
                                     * permute that did not run) */
     /* One token through the warp kernel only (cu_attention_rope_ok): */
@@ -360,8 +372,9 @@ int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16);
  * 8 (f16, 8B shape: 23.3 against 20.1 us): bench/results/cuda-attsum-2026-11-30.md. */
 int cu_attention_warps(int64_t max_ctx, int splits);
 int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int splits);
-/* Batches of at least this many tokens (head dim <= 128, a multiple of 4) take the
- * tiled kernel: K/V chunks in shared memory for 16 queries at a time (prefill). */
+/* Batches of at least this many tokens (head dim <= 128, a multiple of 4; not
+ * per_token) take the tiled kernel: K/V chunks in shared memory for 16 queries at a
+ * time (prefill). */
 #define CU_ATT_TILED_MIN_TOKENS 17
 bool cu_attention_tiled_ok(const struct cu_attention *a);
 /* Prefill batches (as above) with head dim 64, 96 or 128 and at most 64 query heads a KV

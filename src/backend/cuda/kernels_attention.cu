@@ -1257,7 +1257,7 @@ int64_t cu_attention_part_floats(int n_tok, int n_heads, int head_dim, int split
 }
 
 bool cu_attention_tiled_ok(const struct cu_attention *a) {
-    return a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->head_dim <= ATT_TDH && a->head_dim % 4 == 0;
+    return !a->per_token && a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->head_dim <= ATT_TDH && a->head_dim % 4 == 0;
 }
 
 template <int DH, typename KV>
@@ -1277,7 +1277,7 @@ bool cu_attention_rope_ok(const struct cu_attention *a) {
 }
 
 bool cu_attention_mma_ok(const struct cu_attention *a) {
-    return !a->tiled_f32 && a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->n_kv_heads > 0 &&
+    return !a->tiled_f32 && !a->per_token && a->n_tok >= CU_ATT_TILED_MIN_TOKENS && a->n_kv_heads > 0 &&
            a->n_heads / a->n_kv_heads <= FA_ROWS && (a->head_dim == 64 || a->head_dim == 96 || a->head_dim == 128);
 }
 

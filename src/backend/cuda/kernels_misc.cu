@@ -683,13 +683,14 @@ static __device__ __forceinline__ float draw_p(const float *row, int64_t id, int
 }
 
 /* Block (b, row): the sum, in id order, of the kept probabilities of ids [b * B, +B)
- * (B = SAMPLE_DRAW_BLOCK = the block's threads) into sums[row * gridDim.x + b]. */
+ * (B = SAMPLE_DRAW_BLOCK = the block's threads) into sums[row * gridDim.x + b]; the
+ * row's largest key is keys[row * key_stride]. */
 __global__ void __launch_bounds__(SAMPLE_DRAW_BLOCK)
-    draw_sums_kernel(const float *x, int64_t len, const unsigned long long *keys, const struct cu_draw_row *rows,
-                     double *sums) {
+    draw_sums_kernel(const float *x, int64_t len, const unsigned long long *keys, int key_stride,
+                     const struct cu_draw_row *rows, double *sums) {
     __shared__ float ps[SAMPLE_DRAW_BLOCK];
     const int64_t row = blockIdx.y;
-    const float max = key_logit(keys[row]);
+    const float max = key_logit(keys[row * key_stride]);
     const int64_t id = (int64_t)blockIdx.x * SAMPLE_DRAW_BLOCK + threadIdx.x;
     ps[threadIdx.x] = max == -INFINITY ? 0.0f : draw_p(x + row * len, id, len, max, rows[row]);
     __syncthreads();
@@ -758,10 +759,20 @@ cudaError_t cu_draw_rows(cudaStream_t st, const float *x, int64_t rows, int64_t 
     if (rows <= 0) return cudaSuccess;
     if (len <= 0 || len > 0x7fffffff || rows > 65535) return cudaErrorInvalidValue;
     const int nb = (int)cu_draw_scratch(len);
-    draw_sums_kernel<<<dim3((unsigned)nb, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums);
+    draw_sums_kernel<<<dim3((unsigned)nb, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, 1, params, sums);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     draw_pick_kernel<<<dim3(1, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums, nb, ids);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_draw_block_sums(cudaStream_t st, const float *x, int64_t rows, int64_t len,
+                               const unsigned long long *keys, int key_stride, const struct cu_draw_row *params,
+                               double *sums) {
+    if (rows <= 0) return cudaSuccess;
+    if (len <= 0 || len > 0x7fffffff || rows > 65535 || key_stride < 1) return cudaErrorInvalidValue;
+    draw_sums_kernel<<<dim3((unsigned)cu_draw_scratch(len), (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(
+        x, len, keys, key_stride, params, sums);
     return cudaGetLastError();
 }
 
