@@ -209,6 +209,10 @@ static __device__ __forceinline__ void cu_matvec_finish(float (&acc)[NR * (PAIR 
 static inline size_t mv_xq_smem(int64_t K) {
     return (size_t)K + (size_t)(K / 32) * sizeof(float);
 }
+/* ... and from one x row to the next where several are staged (16-byte aligned) */
+static __host__ __device__ inline size_t mv_xq_row_stride(int64_t K) {
+    return ((size_t)K + (size_t)(K / 32) * sizeof(float) + 15) & ~(size_t)15;
+}
 
 /* 4 values times id rounded half to even to int8, packed: adding 1.5 * 2^23 to the
  * rounded product (no fma) leaves the integer in the low mantissa byte (|v| <= 127.5). */

@@ -207,7 +207,8 @@ template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF, int XM = MV_X
 __global__ void __launch_bounds__(MV_THREADS)
     matvec_kernel(struct mv_job job, const float *__restrict__ x, int rows, int ksplit, int64_t n_bg) {
     constexpr int E = mv_traits<DT>::E;
-    static_assert(XM == MV_X_F32 || (DT == CU_Q8_0 && RMAX == 1), "int8 x: q8_0 weights, one x row");
+    static_assert(XM == MV_X_F32 || (DT == CU_Q8_0 && (RMAX == 1 || XM == MV_X_Q8)),
+                  "int8 x: q8_0 weights; several x rows by MV_X_Q8");
     static_assert(XM != MV_X_Q8R || NORM, "the register prologue is an rms_norm prologue");
     constexpr int NW = PAIR ? 2 * NR : NR;         /* weight rows a warp streams */
     constexpr int U = LIF / NW > 1 ? LIF / NW : 1; /* U * NW loads in flight per lane */
@@ -302,10 +303,42 @@ __global__ void __launch_bounds__(MV_THREADS)
         mv_norm_quantize_x_q8(x, nw_pre, job.seg[0].ep.norm_eps, K, red, (uint32_t *)xs_dyn,
                               (float *)((uint8_t *)xs_dyn + K));
         __syncthreads();
-    } else if constexpr (XM == MV_X_Q8) {
+    } else if constexpr (XM == MV_X_Q8 && RMAX == 1) {
         float sc = 1.0f;
         if constexpr (NORM) sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
         mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
+        __syncthreads();
+    } else if constexpr (XM == MV_X_Q8) { /* each x row to int8 + scales, mv_xq_row_stride(K) bytes apart */
+        if constexpr (NORM) { /* every row's sum of squares in one pass and one block reduction */
+            __shared__ float red_rows[MV_WARPS][RMAX];
+            float ss[RMAX];
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) ss[r] = 0.0f;
+            for (int64_t f = threadIdx.x; f < K / 4; f += MV_THREADS)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++)
+                    if (r < rows) {
+                        const float4 v = __ldg((const float4 *)(x + (size_t)r * K) + f);
+                        ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    }
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) {
+                const float v = cu_warp_sum(ss[r]);
+                if (threadIdx.x % CU_WARP == 0) red_rows[threadIdx.x / CU_WARP][r] = v;
+            }
+            __syncthreads();
+            if (threadIdx.x < RMAX) {
+                float t = 0.0f;
+                for (int w = 0; w < MV_WARPS; w++) t += red_rows[w][threadIdx.x];
+                inv_rms[threadIdx.x] = 1.0f / sqrtf(t / (float)K + job.seg[0].ep.norm_eps);
+            }
+            __syncthreads();
+        }
+        for (int r = 0; r < rows && r < RMAX; r++) {
+            uint8_t *qr = (uint8_t *)xs_dyn + (size_t)r * mv_xq_row_stride(K);
+            mv_quantize_x_q8(x + (size_t)r * K, NORM ? norm_w : NULL, NORM ? inv_rms[r] : 1.0f, K, MV_THREADS,
+                             (uint32_t *)qr, (float *)(qr + K));
+        }
         __syncthreads();
     } else if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
@@ -335,13 +368,18 @@ __global__ void __launch_bounds__(MV_THREADS)
                 for (int u = 0; u < U; u++) {
                     int64_t c = c0 + u * step;
                     if (c >= n_chunks) break;
-                    if constexpr (XM != MV_X_F32) { /* 16 int8 of x and its block's scale */
-                        const uint4 xv = ((const uint4 *)xs_dyn)[c];
-                        const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
-                        const float xd = ((const float *)((const uint8_t *)xs_dyn + K))[c / 2];
+                    if constexpr (XM != MV_X_F32) { /* 16 int8 of each x row and its block's scale */
 #pragma unroll
-                        for (int nr = 0; nr < NW; nr++)
-                            acc[nr][0] += (float)mv_dot16(raw[u][nr], xq) * (cu_f16(scl[u][nr]) * xd);
+                        for (int r = 0; r < RMAX; r++) {
+                            if (r >= rows) break;
+                            const uint8_t *qr = (const uint8_t *)xs_dyn + (size_t)r * mv_xq_row_stride(K);
+                            const uint4 xv = ((const uint4 *)qr)[c];
+                            const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
+                            const float xd = ((const float *)(qr + K))[c / 2];
+#pragma unroll
+                            for (int nr = 0; nr < NW; nr++)
+                                acc[nr][r] += (float)mv_dot16(raw[u][nr], xq) * (cu_f16(scl[u][nr]) * xd);
+                        }
                     } else if constexpr (RMAX == 1) {
                         float xr[E];
 #pragma unroll
@@ -554,7 +592,7 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
         groups += (job.seg[k].w.rows + NR - 1) / NR;
         job.g_end[k] = groups;
     }
-    const size_t smem = XM != MV_X_F32 ? mv_xq_smem(job.seg[0].w.cols)
+    const size_t smem = XM != MV_X_F32 ? (size_t)rows * mv_xq_row_stride(job.seg[0].w.cols)
                            : NORM && RMAX == 1 ? (size_t)job.seg[0].w.cols * sizeof(float) : 0;
     auto kern = matvec_kernel<DT, RMAX, NR, NORM, PAIR, LIF, XM>;
     /* persistent: as many blocks as the device holds at once, and K split only while
@@ -636,6 +674,10 @@ static void mv_launch_shape(cudaStream_t st, const struct mv_job &job, const flo
 template <int DT, bool NORM, bool PAIR>
 static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
     mv_tune_read();
+    if constexpr (DT == CU_Q8_0) /* several rows: int8 x rows side by side in shared memory, where they fit */
+        if (rows > 1 && mv_x_mode_read() != MV_X_F32 &&
+            (size_t)rows * mv_xq_row_stride(job.seg[0].w.cols) <= (48 << 10))
+            return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF, MV_X_Q8>(st, job, x, rows);
     if (rows > 1) return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF>(st, job, x, rows);
     int64_t streamed = 0;
     for (int k = 0; k < job.n_seg; k++) streamed += job.seg[k].w.rows;
