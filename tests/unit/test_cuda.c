@@ -1086,6 +1086,30 @@ static void q8x_vs_cpu(const struct linear_case *lc, bool norm, int steps) {
     ref_backend = &cpu_ref_backend_ops;
 }
 
+/* q8_0 products of 9-64 rows (cu_linear_q8_mma: int8 tensor cores) against the CPU's
+ * q8_0 kernels, which round x to int8 per 32 by the same rule: partial 16-row tiles,
+ * x rows past a multiple of 8, K of one block and of 128, the epilogue pass after it */
+static void mma_vs_cpu(const struct linear_case *lc) {
+    static const struct batch_spec steps[] = {{9, 9, 1}, {16, 16, 1}, {33, 33, 1}, {64, 64, 1}, {12, 12, 1}};
+    ref_backend = &cpu_backend_ops;
+    struct gb b;
+    gb_init(&b);
+    int32_t x = gb_source(&b, lc->k, 1.0f);
+    int32_t in[5] = {x, gb_param(&b, IR_DTYPE_Q8_0, lc->n_out, lc->k, 1.0f)};
+    int n_in = 2;
+    if (lc->flags & IR_LINEAR_BIAS) in[n_in++] = gb_param(&b, IR_DTYPE_F32, 0, lc->n_out, 1.0f);
+    if (lc->flags & IR_LINEAR_RESIDUAL) in[n_in++] = gb_source(&b, lc->n_out, 1.0f);
+    int32_t y = gb_add(&b, IR_OP_LINEAR, in, n_in);
+    if (b.ok) b.g.nodes[y].attrs.linear_flags = lc->flags;
+    gb_infer(&b, y);
+    char what[96];
+    snprintf(what, sizeof what, "linear q8_0 %lldx%lld fl%u 9-64 rows (mma) vs cpu", (long long)lc->n_out,
+             (long long)lc->k, lc->flags);
+    compare_graph(what, &b, y, steps, 5, 64, 1e-4);
+    gb_free(&b);
+    ref_backend = &cpu_ref_backend_ops;
+}
+
 static void test_linear_q8x(void) {
     struct linear_case cases[] = {
         {IR_DTYPE_Q8_0, 256, 48, 0, IR_OP_INPUT},
@@ -1109,6 +1133,11 @@ static void test_linear_q8x(void) {
         linear_small_tol = 0;
         for (int c = 0; c < 2 * n_cases; c++) /* each case plain, then after an rms_norm (the prologue) */
             q8x_vs_cpu(&cases[c % n_cases], c >= n_cases, 3);
+        const struct linear_case mma[] = {{IR_DTYPE_Q8_0, 32, 16, 0, IR_OP_INPUT},
+                                          {IR_DTYPE_Q8_0, 128, 40, IR_LINEAR_BIAS, IR_OP_INPUT},
+                                          {IR_DTYPE_Q8_0, 1024, 1000, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+                                          {IR_DTYPE_Q8_0, 4096, 300, 0, IR_OP_INPUT}};
+        for (size_t c = 0; c < sizeof mma / sizeof mma[0]; c++) mma_vs_cpu(&mma[c]);
         ref_backend = &cpu_backend_ops;
         fusion_tol = 2e-2;
         fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
@@ -1370,13 +1399,15 @@ static void test_stories_greedy(void) {
  * 107-token prefill step), then decode steps of one token each (24 rows: products of
  * more rows than the matvec takes, the per-token attention above 16 tokens) and of two
  * tokens each for 12 of them, against the CPU backend on the same tokens: stories260K
- * F32 (SGEMM, within 1e-4) and Q8_0 (W to bf16 + cuBLAS, within 3e-2 of the largest
- * logit). */
+ * F32 (SGEMM, within 1e-4) and Q8_0 (int8 tensor cores at 9-64 rows, W to bf16 +
+ * cuBLAS above: x rounded to 8 bits where the CPU rounds it its own way; within 6e-2 of
+ * the largest logit, measured 3.9e-2, where a wrong product is off by its whole size;
+ * linear_q8x checks the products themselves against the CPU's at 1e-4). */
 static void test_batch_decode(void) {
     char path[600];
     if (!stories_f32(path, sizeof path)) return;
     const char *files[] = {"stories260K-F32.gguf", "stories260K-Q8_0.gguf"};
-    const double tols[] = {1e-4, 3e-2};
+    const double tols[] = {1e-4, 6e-2};
     enum { S = 24, STEPS = 12 };
     for (int f = 0; f < 2; f++) {
         snprintf(path, sizeof path, "%s/%s", stories_dir(), files[f]);

@@ -256,6 +256,11 @@ struct cuda_state {
      * batch's size (check_batch; slot_tokens: its per-slot counts, n_slot_tokens long) */
     bool step_per_token;
     int32_t *slot_tokens, n_slot_tokens;
+    /* q8_0 products of 9..CU_MMA_MAX_ROWS rows on int8 tensor cores (cu_linear_q8_mma):
+     * its x scratch for up to mma_k columns; off with $LLMOPT_CUDA_Q8_MMA=0 */
+    void *mma_scratch;
+    int64_t mma_k;
+    bool mma_off;
     bool att_late_kv;             /* $LLMOPT_CUDA_ATT_EARLY=0: no K/V loads before the PDL wait */
     int att_dec_splits, att_dec_warps; /* $LLMOPT_CUDA_ATT_DEC: one-token cluster kernel shape (0: the warp kernel) */
     int att_warp_warps;                /* $LLMOPT_CUDA_ATT_WARPS: the warp kernel's warps a block (0: default) */
@@ -590,6 +595,15 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
                               w->data, t, (int)k, s->xh, t, (int)k, &zero, y, CUDA_R_32F, (int)w->rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return linear_finish(s, i, y, rows, w->rows, &ep, err);
+    }
+    if (w->dtype == CU_Q8_0 && rows <= CU_MMA_MAX_ROWS && s->mma_scratch && !s->mma_off && k <= s->mma_k &&
+        k % 32 == 0) {
+        const cudaError_t e = cu_linear_q8_mma(s->stream, w, x, rows, y, s->mma_scratch);
+        if (e != cudaErrorNotSupported) {
+            s->prof_tag = "linear.mma q8_0 (+epilogue)";
+            CU_TRY(e);
+            return linear_finish(s, i, y, rows, w->rows, &ep, err);
+        }
     }
     if (blas_ok && cu_dtype_blocked(w->dtype) && rows >= CUDA_DEQUANT_MIN_ROWS && s->wh &&
         (size_t)(w->rows * k) * 2 <= s->wh_bytes && (size_t)(rows * k) * 2 <= s->xh_bytes) {
@@ -1575,6 +1589,8 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
             const struct ir_node *wn = &g->nodes[n->in[1]];
             enum ir_dtype t = wn->weight.dtype;
             bool quant = cu_dtype_blocked((int)t);
+            if (t == IR_DTYPE_Q8_0 && s->n_max > CUDA_MATVEC_MAX_ROWS && wn->shape.dims[1].coef > s->mma_k)
+                s->mma_k = wn->shape.dims[1].coef;
             if (t != IR_DTYPE_F16 && t != IR_DTYPE_BF16 && !(quant && s->n_max >= CUDA_DEQUANT_MIN_ROWS)) continue;
             size_t need = mem_plan_node_bytes(&g->nodes[n->in[0]], s->n_max, s->n_max) / 2;
             if (need > s->xh_bytes) s->xh_bytes = need;
@@ -1592,6 +1608,9 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
         }
     }
     if (s->xh_bytes) CU_TRY(cudaMalloc(&s->xh, s->xh_bytes));
+    if (s->mma_k)
+        CU_TRY(cudaMalloc(&s->mma_scratch,
+                          cu_linear_q8_mma_scratch(s->n_max < CU_MMA_MAX_ROWS ? s->n_max : CU_MMA_MAX_ROWS, s->mma_k)));
     if (s->wh_bytes && cudaMalloc(&s->wh, s->wh_bytes) != cudaSuccess) {
         cudaGetLastError(); /* optional: without it quantized prefill takes the tiled kernel */
         s->wh = NULL;
@@ -1633,6 +1652,8 @@ static enum llmopt_status cuda_prepare_state(struct cuda_state *s, const struct 
     }
     e = getenv("LLMOPT_CUDA_ATT_WARP");
     s->att_per_position = e && !strcmp(e, "0");
+    e = getenv("LLMOPT_CUDA_Q8_MMA"); /* A/B: 0 sends q8_0 products of 9-64 rows to W -> bf16 + cuBLAS */
+    s->mma_off = e && !strcmp(e, "0");
     e = getenv("LLMOPT_CUDA_ATT_EARLY"); /* A/B: 0 loads the cached K/V rows after the PDL wait */
     s->att_late_kv = e && !strcmp(e, "0");
     /* "S[,W]": the cluster decode kernel (splits, warps a block) instead of the warp kernel */
@@ -2268,6 +2289,7 @@ static void cuda_release(void *state) {
     cudaFree(s->arena);
     cudaFree(s->xh);
     cudaFree(s->wh);
+    cudaFree(s->mma_scratch);
     cudaFree(s->att_part);
     cudaFree(s->att_counters);
     cudaFreeHost(s->h_inputs);

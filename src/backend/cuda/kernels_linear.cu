@@ -763,6 +763,111 @@ cudaError_t cu_matvec(cudaStream_t st, const struct cu_weight *w, const float *x
     return cu_matvec_multi(st, x, rows, &seg, 1, NULL);
 }
 
+/* ---- q8_0 products of a few rows on int8 tensor cores ---------------------------- */
+
+/* x rows to int8 per 32 with an f32 scale each (mv_quantize_x_q8: the matvec's int8 x
+ * rule), a block per row: xq (rows, K), xd (rows, K / 32). */
+__global__ void __launch_bounds__(256) q8_mma_quantize_kernel(const float *__restrict__ x, int64_t K, int8_t *xq,
+                                                              float *xd) {
+    const int64_t r = blockIdx.x;
+    mv_quantize_x_q8(x + r * K, NULL, 1.0f, K, blockDim.x, (uint32_t *)(xq + r * K), xd + r * (K / 32));
+}
+
+/* y (rows, n_out) = x W^T for q8_0 W (quants (n_out, K) int8, scales (n_out, K / 32)
+ * f16) and x as q8_mma_quantize_kernel left it, rows <= 8 NT. A block takes 16 output
+ * rows; its 8 warps split K (warp w the 32-element blocks w, w + 8, ...). Each block of
+ * 32 is one mma.m16n8k32 (s8 x s8 -> s32) per 8 x rows, its s32 result scaled by the
+ * weight row's and the x row's scales into f32 sums, then the warps' sums are added in
+ * shared memory. Fragments: within a block of 32 the k order is permuted alike for W
+ * and x (thread t of a quad holds bytes 8t..8t+7 of its row: the PTX layout's k 4t..4t+3
+ * in its low word, 16+4t..16+4t+3 in its high one), so every fragment is one 8-byte
+ * load of 32 contiguous bytes a row per quad. */
+template <int NT>
+__global__ void __launch_bounds__(256) q8_mma_kernel(const int8_t *__restrict__ wq, const uint16_t *__restrict__ ws,
+                                                     int64_t n_out, int64_t K, const int8_t *__restrict__ xq,
+                                                     const float *__restrict__ xd, int rows, float *__restrict__ y) {
+    __shared__ float red[8][NT * 4][CU_WARP];
+    const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, g = lane / 4, t = lane % 4;
+    const int64_t j0 = (int64_t)blockIdx.x * 16, nb = K / 32;
+    const int64_t ja = j0 + g < n_out ? j0 + g : n_out - 1, jb = j0 + g + 8 < n_out ? j0 + g + 8 : n_out - 1;
+    const int8_t *wa = wq + ja * K + 8 * t, *wb = wq + jb * K + 8 * t;
+    const uint16_t *sa = ws + ja * nb, *sb = ws + jb * nb;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
+#pragma unroll 2
+    for (int64_t kb = warp; kb < nb; kb += 8) {
+        const uint2 a_lo = __ldg((const uint2 *)(wa + kb * 32)), a_hi = __ldg((const uint2 *)(wb + kb * 32));
+        const float da = cu_f16(__ldg(sa + kb)), db = cu_f16(__ldg(sb + kb));
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int nB = nt * 8 + g < rows ? nt * 8 + g : rows - 1; /* this lane's B column */
+            const uint2 b = __ldg((const uint2 *)(xq + (int64_t)nB * K + kb * 32 + 8 * t));
+            int c0, c1, c2, c3;
+            asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                         "{%10,%10,%10,%10};"
+                         : "=r"(c0), "=r"(c1), "=r"(c2), "=r"(c3)
+                         : "r"(a_lo.x), "r"(a_hi.x), "r"(a_lo.y), "r"(a_hi.y), "r"(b.x), "r"(b.y), "r"(0));
+            const int n0 = nt * 8 + 2 * t; /* the C fragment's columns n0, n0 + 1 */
+            const float x0 = __ldg(xd + (int64_t)(n0 < rows ? n0 : rows - 1) * nb + kb);
+            const float x1 = __ldg(xd + (int64_t)(n0 + 1 < rows ? n0 + 1 : rows - 1) * nb + kb);
+            acc[nt][0] += (float)c0 * (da * x0);
+            acc[nt][1] += (float)c1 * (da * x1);
+            acc[nt][2] += (float)c2 * (db * x0);
+            acc[nt][3] += (float)c3 * (db * x1);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][nt * 4 + i][lane] = acc[nt][i];
+    __syncthreads();
+    for (int o = threadIdx.x; o < NT * 4 * CU_WARP; o += blockDim.x) {
+        const int q = o / CU_WARP, l = o % CU_WARP, nt = q / 4, i = q % 4;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) sum += red[w][q][l];
+        const int64_t j = j0 + l / 4 + (i >= 2 ? 8 : 0);
+        const int n = nt * 8 + 2 * (l % 4) + (i & 1);
+        if (j < n_out && n < rows) y[(int64_t)n * n_out + j] = sum;
+    }
+}
+
+size_t cu_linear_q8_mma_scratch(int64_t rows, int64_t K) {
+    return (size_t)(rows * K) + (size_t)(rows * (K / 32)) * sizeof(float) + 16;
+}
+
+cudaError_t cu_linear_q8_mma(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
+                             void *scratch) {
+    const int64_t K = w->cols;
+    /* f32 x asked for (tests), or a row longer than the matvec's int8 x takes: x is
+     * rounded to int8 by one rule per K whatever the batch */
+    if (mv_x_mode_read() == MV_X_F32 || mv_xq_smem(K) > (48 << 10)) return cudaErrorNotSupported;
+    if (w->dtype != CU_Q8_0 || rows < 1 || rows > CU_MMA_MAX_ROWS || K % 32 || w->rows < 1 ||
+        (int64_t)(w->rows + 15) / 16 > 0x7fffffff)
+        return cudaErrorInvalidValue;
+    int8_t *xq = (int8_t *)scratch;
+    float *xd = (float *)(((uintptr_t)(xq + rows * K) + 15) & ~(uintptr_t)15);
+    q8_mma_quantize_kernel<<<(unsigned)rows, 256, 0, st>>>(x, K, xq, xd);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const unsigned grid = (unsigned)((w->rows + 15) / 16);
+    const int8_t *wq = (const int8_t *)w->data;
+    switch ((rows + 7) / 8) {
+    case 1: q8_mma_kernel<1><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    case 2: q8_mma_kernel<2><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    case 3: q8_mma_kernel<3><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    case 4: q8_mma_kernel<4><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    case 5: q8_mma_kernel<5><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    case 6: q8_mma_kernel<6><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    case 7: q8_mma_kernel<7><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    default: q8_mma_kernel<8><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
+    }
+    return cudaGetLastError();
+}
+
 /* ---- tiled linear (any shape, any dtype) ---------------------------------------- */
 
 #define LT_M 64
