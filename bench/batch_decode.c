@@ -103,8 +103,9 @@ static int print_profile(struct llmopt_session *s, int32_t n_vocab, int32_t B, i
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS] [-P 1]"
-                        " [--backend B]\n");
+        fprintf(stderr,
+                "usage: bench_batch_decode MODEL.gguf [-t THREADS] [-m MIN_B] [-b MAX_B] [-n STEPS] [-r REPS] [-P 1]"
+                " [--backend B]\n");
         return 2;
     }
     int32_t threads = 1, min_b = 1, max_b = 32, steps = 64, reps = 5, prof = 0;

@@ -730,7 +730,8 @@ int32_t sampler_sample_nucleus(struct sampler *s, const int32_t *ids, const floa
         if (l == -INFINITY) break; /* ranked: every later one is -inf too */
         if (m == 0) max_logit = l;
         last_p = sample_exp((l - max_logit) / p->temperature);
-        if (last_p > 0.0f && last_p >= p->min_p) r[kept++] = (struct sampler_cand){.id = ids[j], .logit = l, .p = last_p};
+        if (last_p > 0.0f && last_p >= p->min_p)
+            r[kept++] = (struct sampler_cand){.id = ids[j], .logit = l, .p = last_p};
     }
     if (m == 0) return 0; /* nothing finite: sampler_sample's answer, and it draws nothing */
     /* Every finite candidate is here (the row ended), or every later one fails min-p:

@@ -271,9 +271,10 @@ static enum llmopt_status session_forward(struct llmopt_session *s, int32_t n, c
     struct exec_batch b = {n, tokens, positions, slots, n_out, out_rows};
     const double t0 = s->profile ? clock_now_s() : 0.0;
     enum llmopt_status st =
-        out.cands || out.draws ? s->backend->run_sample(s->plan, &b, s->kv, out.rows, out.k, out.cands, out.sums, out.draws, err)
-        : out.argmax           ? s->backend->run_argmax(s->plan, &b, s->kv, out.argmax, err)
-                               : s->backend->run(s->plan, &b, s->kv, out.logits, err);
+        out.cands || out.draws
+            ? s->backend->run_sample(s->plan, &b, s->kv, out.rows, out.k, out.cands, out.sums, out.draws, err)
+        : out.argmax ? s->backend->run_argmax(s->plan, &b, s->kv, out.argmax, err)
+                     : s->backend->run(s->plan, &b, s->kv, out.logits, err);
     if (st) return st;
     if (s->profile) op_profile_add_forward(s->profile, &s->model->ir, &b, s->kv, clock_now_s() - t0);
     for (int32_t t = 0; t < n; t++) s->kv->slot_len[slots[t]] = s->next_pos[slots[t]];
@@ -308,8 +309,8 @@ static enum llmopt_status sample_scratch(struct llmopt_session *s, int32_t rows,
     if (!s->smp_clogit) s->smp_clogit = malloc(BACKEND_TOP_K_MAX * sizeof *s->smp_clogit);
     if (!s->smp_row) s->smp_row = malloc((size_t)s->model->n_vocab * sizeof *s->smp_row);
     s->smp_rows = rows;
-    if (!s->smp_rows_spec || !s->smp_pen_ids || !s->smp_pen_counts || !s->smp_cands || !s->smp_sums || !s->smp_cid || !s->smp_clogit ||
-        !s->smp_row) {
+    if (!s->smp_rows_spec || !s->smp_pen_ids || !s->smp_pen_counts || !s->smp_cands || !s->smp_sums || !s->smp_cid ||
+        !s->smp_clogit || !s->smp_row) {
         s->smp_rows = 0;
         return err_set(err, LLMOPT_ERR_NOMEM, "sample: out of memory for %d rows of scratch", rows);
     }

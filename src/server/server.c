@@ -146,7 +146,8 @@ enum llmopt_status srv_run(const struct srv_opts *o, struct llmopt_err *err) {
         snprintf(where, sizeof where, "%d engine%s x %d thread%s", n_eng, n_eng > 1 ? "s" : "", n_thr,
                  n_thr > 1 ? "s" : "");
     else
-        snprintf(where, sizeof where, "%d engine%s on %.32s", n_eng, n_eng > 1 ? "s" : "", o->backend ? o->backend : "cpu");
+        snprintf(where, sizeof where, "%d engine%s on %.32s", n_eng, n_eng > 1 ? "s" : "",
+                 o->backend ? o->backend : "cpu");
     fprintf(stderr,
             "llmopt serve: model %s (program %s, vocab %d); %d slots x %d positions = KV "
             "capacity %lld tokens (%s, %.1f MiB); %s; prefill chunk %d; queue %d; "

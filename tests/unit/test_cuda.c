@@ -1864,11 +1864,12 @@ static void test_sample_device(void) {
         if (gpu) { /* no place for the answer: an error, not a crash */
             int32_t tokens[1] = {0}, pos[1] = {0}, slot[1] = {0}, rows[1] = {0};
             struct exec_batch eb = {1, tokens, pos, slot, 1, rows};
-            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 0, NULL, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
-            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 5, NULL, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
-            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 300, cands, NULL, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            const enum llmopt_status bad_arg = LLMOPT_ERR_INVALID_ARG;
             double z1[1];
-            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 256, cands, z1, NULL, &err) == LLMOPT_ERR_INVALID_ARG);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 0, NULL, NULL, NULL, &err) == bad_arg);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 5, NULL, NULL, NULL, &err) == bad_arg);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 300, cands, NULL, NULL, &err) == bad_arg);
+            CHECK(cuda_backend_ops.run_sample(gpu, &eb, NULL, NULL, 256, cands, z1, NULL, &err) == bad_arg);
         }
         free(work);
         free(cands);

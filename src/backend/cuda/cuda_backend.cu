@@ -2124,7 +2124,8 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
         if (tail.mode == TAIL_TOP_K && (out.k < 1 || out.k > BACKEND_TOP_K_MAX))
             return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: top-k of %d (1..%d)", out.k, BACKEND_TOP_K_MAX);
         if ((tail.mode == TAIL_DRAW || tail.sums) && !out.rows)
-            return err_set(err, LLMOPT_ERR_INVALID_ARG, "cuda: a whole-row draw or top-p sums need each row's parameters");
+            return err_set(err, LLMOPT_ERR_INVALID_ARG,
+                           "cuda: a whole-row draw or top-p sums need each row's parameters");
         if ((st = sample_buffers(s, err))) return st;
         tail.kb = tail.mode == TAIL_DRAW ? 0 : out.k == 1 ? 1 : out.k <= 64 ? 64 : BACKEND_TOP_K_MAX;
         for (int32_t j = 0; out.rows && j < b->n_out; j++) {
@@ -2146,8 +2147,9 @@ static enum llmopt_status cuda_step(void *state, const struct exec_batch *b, str
                 s->h_pen_pairs[(size_t)j * BACKEND_PENALTY_MAX + i] = make_int2(p->ids[i], p->counts[i]);
             /* top-p's z is over every finite entry: min-p 0; a greedy row's (temperature 0)
              * is taken at 1 and read by nobody */
-            s->h_draw_rows[j] = tail.sums ? (struct cu_draw_row){r->temperature > 0.0f ? r->temperature : 1.0f, 0.0f, 0.0}
-                                          : (struct cu_draw_row){r->temperature, r->min_p, r->u};
+            s->h_draw_rows[j] = tail.sums
+                                    ? (struct cu_draw_row){r->temperature > 0.0f ? r->temperature : 1.0f, 0.0f, 0.0}
+                                    : (struct cu_draw_row){r->temperature, r->min_p, r->u};
             tail.pen = tail.pen || p->n > 0;
         }
     }

@@ -855,16 +855,11 @@ cudaError_t cu_linear_q8_mma(cudaStream_t st, const struct cu_weight *w, const f
     if (e != cudaSuccess) return e;
     const unsigned grid = (unsigned)((w->rows + 15) / 16);
     const int8_t *wq = (const int8_t *)w->data;
-    switch ((rows + 7) / 8) {
-    case 1: q8_mma_kernel<1><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    case 2: q8_mma_kernel<2><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    case 3: q8_mma_kernel<3><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    case 4: q8_mma_kernel<4><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    case 5: q8_mma_kernel<5><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    case 6: q8_mma_kernel<6><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    case 7: q8_mma_kernel<7><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    default: q8_mma_kernel<8><<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y); break;
-    }
+    using kernel_t = void (*)(const int8_t *, const uint16_t *, int64_t, int64_t, const int8_t *, const float *, int,
+                              float *);
+    static const kernel_t by_tiles[8] = {q8_mma_kernel<1>, q8_mma_kernel<2>, q8_mma_kernel<3>, q8_mma_kernel<4>,
+                                         q8_mma_kernel<5>, q8_mma_kernel<6>, q8_mma_kernel<7>, q8_mma_kernel<8>};
+    by_tiles[(rows + 7) / 8 - 1]<<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y);
     return cudaGetLastError();
 }
 
