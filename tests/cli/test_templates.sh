@@ -127,6 +127,14 @@ else
     out=$("$LLMOPT" chat "$STORIES" </dev/null 2>&1); rc=$?
     [ $rc -eq 1 ] && grep -q "no tokenizer.chat_template" <<< "$out" && grep -q -- "--chat-template" <<< "$out" \
         && ok "chat without a template says how to give one" || bad "chat without a template: $out"
+    out=$(echo Hi | "$LLMOPT" chat "$STORIES" --chat-template "$G/chatml.jinja" --backend nosuch 2>&1); rc=$?
+    [ $rc -eq 1 ] && grep -q "unknown backend 'nosuch'" <<< "$out" && ok "chat --backend with an unknown name" \
+        || bad "chat --backend nosuch: rc=$rc $out"
+    out=$(printf 'Hi\n' | "$LLMOPT" chat "$STORIES" --chat-template "$G/chatml.jinja" --backend cpu-ref -n 8 --temp 0 \
+          2>/dev/null); rc=$?
+    out2=$(printf 'Hi\n' | "$LLMOPT" chat "$STORIES" --chat-template "$G/chatml.jinja" -n 8 --temp 0 2>/dev/null)
+    [ $rc -eq 0 ] && [ -n "$out" ] && [ "$out" = "$out2" ] && ok "chat --backend cpu-ref answers as the default backend" \
+        || bad "chat --backend cpu-ref: rc=$rc '$out' vs '$out2'"
 fi
 
 # ---- (c) errors ----------------------------------------------------------------------------
