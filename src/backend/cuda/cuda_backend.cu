@@ -261,6 +261,7 @@ struct cuda_state {
     void *mma_scratch;
     int64_t mma_k;
     bool mma_off;
+    int32_t mma_x_node; /* the node whose x the scratch holds in this step (-1: none) */
     bool att_late_kv;             /* $LLMOPT_CUDA_ATT_EARLY=0: no K/V loads before the PDL wait */
     int att_dec_splits, att_dec_warps; /* $LLMOPT_CUDA_ATT_DEC: one-token cluster kernel shape (0: the warp kernel) */
     int att_warp_warps;                /* $LLMOPT_CUDA_ATT_WARPS: the warp kernel's warps a block (0: default) */
@@ -598,11 +599,16 @@ static enum llmopt_status run_linear(struct cuda_state *s, const struct ir_node 
     }
     if (w->dtype == CU_Q8_0 && rows <= CU_MMA_MAX_ROWS && s->mma_scratch && !s->mma_off && k <= s->mma_k &&
         k % 32 == 0) {
-        const cudaError_t e = cu_linear_q8_mma(s->stream, w, x, rows, y, s->mma_scratch);
+        /* q/k/v and gate/up share x: quantized once; the epilogue in the kernel unless
+         * the result goes to xh as f16/bf16 */
+        const bool half = half_out_now(s, i, rows);
+        const cudaError_t e = cu_linear_q8_mma(s->stream, w, x, rows, y, s->mma_scratch, s->mma_x_node == n->in[0],
+                                               half ? NULL : &ep);
         if (e != cudaErrorNotSupported) {
-            s->prof_tag = "linear.mma q8_0 (+epilogue)";
+            s->prof_tag = "linear.mma q8_0";
             CU_TRY(e);
-            return linear_finish(s, i, y, rows, w->rows, &ep, err);
+            s->mma_x_node = n->in[0];
+            return half ? linear_finish(s, i, y, rows, w->rows, &ep, err) : LLMOPT_OK;
         }
     }
     if (blas_ok && cu_dtype_blocked(w->dtype) && rows >= CUDA_DEQUANT_MIN_ROWS && s->wh &&
@@ -1908,6 +1914,7 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
     }
     s->prof_n_ev = 0;
     s->xh_node = -1;
+    s->mma_x_node = -1;
     if (s->profile) CU_TRY(cudaEventRecord(s->prof_ev[s->prof_n_ev++], s->stream));
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const struct ir_node *n = &g->nodes[i];

@@ -61,13 +61,14 @@ struct cu_epilogue {
 
 /* q8_0 products of up to CU_MMA_MAX_ROWS rows on int8 tensor cores: x rows quantized
  * to int8 per 32 (the matvec's int8 x rule) into scratch (cu_linear_q8_mma_scratch
- * bytes), then y (rows, w->rows) = x W^T, no epilogue. K % 32 == 0. Not supported
- * (cudaErrorNotSupported) while cu_matvec_q8_x forces f32 x, or where the matvec keeps
- * f32 x (int8 x rows over 48 KiB). */
+ * bytes; x_ready: scratch already holds this x, quantized by the previous call), then
+ * y (rows, w->rows) = x W^T with ep applied as cu_linear_epilogue does (ep NULL: none;
+ * no prologue). K % 32 == 0. Not supported (cudaErrorNotSupported) while
+ * cu_matvec_q8_x forces f32 x, or where the matvec keeps f32 x (int8 x rows over 48 KiB). */
 #define CU_MMA_MAX_ROWS 64
 size_t cu_linear_q8_mma_scratch(int64_t rows, int64_t K);
 cudaError_t cu_linear_q8_mma(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
-                             void *scratch);
+                             void *scratch, bool x_ready, const struct cu_epilogue *ep);
 
 /* Matrix-vector product for few rows (decode): W read once, 16-byte loads, dequantized
  * in registers, two output rows per warp. Needs cu_matvec_ok(). rows <= CU_MATVEC_MAX_ROWS. */

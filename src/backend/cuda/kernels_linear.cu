@@ -785,7 +785,8 @@ __global__ void __launch_bounds__(256) q8_mma_quantize_kernel(const float *__res
 template <int NT>
 __global__ void __launch_bounds__(256) q8_mma_kernel(const int8_t *__restrict__ wq, const uint16_t *__restrict__ ws,
                                                      int64_t n_out, int64_t K, const int8_t *__restrict__ xq,
-                                                     const float *__restrict__ xd, int rows, float *__restrict__ y) {
+                                                     const float *__restrict__ xd, int rows, float *__restrict__ y,
+                                                     struct cu_epilogue ep) {
     __shared__ float red[8][NT * 4][CU_WARP];
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, g = lane / 4, t = lane % 4;
     const int64_t j0 = (int64_t)blockIdx.x * 16, nb = K / 32;
@@ -831,7 +832,8 @@ __global__ void __launch_bounds__(256) q8_mma_kernel(const int8_t *__restrict__ 
         for (int w = 0; w < 8; w++) sum += red[w][q][l];
         const int64_t j = j0 + l / 4 + (i >= 2 ? 8 : 0);
         const int n = nt * 8 + 2 * (l % 4) + (i & 1);
-        if (j < n_out && n < rows) y[(int64_t)n * n_out + j] = sum;
+        if (j < n_out && n < rows) /* the epilogue pass's operations, in its order */
+            cu_matvec_put<false>(sum, 0.0f, cu_matvec_epi<false>(j, n, n_out, ep), j, n, n_out, rows, y, ep, 0);
     }
 }
 
@@ -840,7 +842,7 @@ size_t cu_linear_q8_mma_scratch(int64_t rows, int64_t K) {
 }
 
 cudaError_t cu_linear_q8_mma(cudaStream_t st, const struct cu_weight *w, const float *x, int64_t rows, float *y,
-                             void *scratch) {
+                             void *scratch, bool x_ready, const struct cu_epilogue *ep) {
     const int64_t K = w->cols;
     /* f32 x asked for (tests), or a row longer than the matvec's int8 x takes: x is
      * rounded to int8 by one rule per K whatever the batch */
@@ -850,16 +852,22 @@ cudaError_t cu_linear_q8_mma(cudaStream_t st, const struct cu_weight *w, const f
         return cudaErrorInvalidValue;
     int8_t *xq = (int8_t *)scratch;
     float *xd = (float *)(((uintptr_t)(xq + rows * K) + 15) & ~(uintptr_t)15);
-    q8_mma_quantize_kernel<<<(unsigned)rows, 256, 0, st>>>(x, K, xq, xd);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+    if (!x_ready) {
+        q8_mma_quantize_kernel<<<(unsigned)rows, 256, 0, st>>>(x, K, xq, xd);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    struct cu_epilogue none;
+    memset(&none, 0, sizeof none);
+    none.act = -1;
     const unsigned grid = (unsigned)((w->rows + 15) / 16);
     const int8_t *wq = (const int8_t *)w->data;
     using kernel_t = void (*)(const int8_t *, const uint16_t *, int64_t, int64_t, const int8_t *, const float *, int,
-                              float *);
+                              float *, struct cu_epilogue);
     static const kernel_t by_tiles[8] = {q8_mma_kernel<1>, q8_mma_kernel<2>, q8_mma_kernel<3>, q8_mma_kernel<4>,
                                          q8_mma_kernel<5>, q8_mma_kernel<6>, q8_mma_kernel<7>, q8_mma_kernel<8>};
-    by_tiles[(rows + 7) / 8 - 1]<<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y);
+    by_tiles[(rows + 7) / 8 - 1]<<<grid, 256, 0, st>>>(wq, w->scales, w->rows, K, xq, xd, (int)rows, y,
+                                                        ep ? *ep : none);
     return cudaGetLastError();
 }
 
