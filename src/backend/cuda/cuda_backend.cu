@@ -1944,11 +1944,11 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
             CU_TRY(cu_penalize_rows(s->stream, lg, rows, len, s->d_pen_hdr, s->d_pen_pairs, BACKEND_PENALTY_MAX));
             s->step_extra_kernels++;
         }
+        if ((tail.mode == TAIL_DRAW || tail.sums) && rows) /* each row's temperature, min-p and u */
+            CU_TRY(cudaMemcpyAsync(s->d_draw_rows, s->h_draw_rows, (size_t)rows * sizeof *s->h_draw_rows,
+                                   cudaMemcpyHostToDevice, s->stream));
         if (tail.mode == TAIL_DRAW) {
             CU_TRY(cu_argmax_rows(s->stream, lg, rows, len, s->d_keys));
-            if (rows)
-                CU_TRY(cudaMemcpyAsync(s->d_draw_rows, s->h_draw_rows, (size_t)rows * sizeof *s->h_draw_rows,
-                                       cudaMemcpyHostToDevice, s->stream));
             CU_TRY(cu_draw_rows(s->stream, lg, rows, len, s->d_keys, s->d_draw_rows, s->d_draw_sums, s->d_draw_ids));
             s->step_extra_kernels += 2;
             if (rows)
@@ -1966,10 +1966,8 @@ static enum llmopt_status enqueue_step(struct cuda_state *s, const struct exec_b
                 CU_TRY(cudaMemcpyAsync(s->h_topk, s->d_topk, (size_t)rows * tail.kb * sizeof *s->h_topk,
                                        cudaMemcpyDeviceToHost, s->stream));
         }
-        if (tail.sums && rows) { /* top-p's z: the draw's block sums with min-p 0 (h_draw_rows) */
+        if (tail.sums && rows) { /* top-p's z: the draw's block sums with min-p 0 (d_draw_rows) */
             const bool one = tail.mode == TAIL_ARGMAX || tail.kb == 1; /* the best key is each row's first */
-            CU_TRY(cudaMemcpyAsync(s->d_draw_rows, s->h_draw_rows, (size_t)rows * sizeof *s->h_draw_rows,
-                                   cudaMemcpyHostToDevice, s->stream));
             CU_TRY(cu_draw_block_sums(s->stream, lg, rows, len, one ? s->d_keys : s->d_topk, one ? 1 : tail.kb,
                                       s->d_draw_rows, s->d_draw_sums));
             s->step_extra_kernels++;

@@ -754,18 +754,6 @@ int64_t cu_draw_scratch(int64_t len) {
     return (len + SAMPLE_DRAW_BLOCK - 1) / SAMPLE_DRAW_BLOCK; /* the draw's blocks a row */
 }
 
-cudaError_t cu_draw_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, const unsigned long long *keys,
-                         const struct cu_draw_row *params, double *sums, int32_t *ids) {
-    if (rows <= 0) return cudaSuccess;
-    if (len <= 0 || len > 0x7fffffff || rows > 65535) return cudaErrorInvalidValue;
-    const int nb = (int)cu_draw_scratch(len);
-    draw_sums_kernel<<<dim3((unsigned)nb, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, 1, params, sums);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    draw_pick_kernel<<<dim3(1, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums, nb, ids);
-    return cudaGetLastError();
-}
-
 cudaError_t cu_draw_block_sums(cudaStream_t st, const float *x, int64_t rows, int64_t len,
                                const unsigned long long *keys, int key_stride, const struct cu_draw_row *params,
                                double *sums) {
@@ -773,6 +761,15 @@ cudaError_t cu_draw_block_sums(cudaStream_t st, const float *x, int64_t rows, in
     if (len <= 0 || len > 0x7fffffff || rows > 65535 || key_stride < 1) return cudaErrorInvalidValue;
     draw_sums_kernel<<<dim3((unsigned)cu_draw_scratch(len), (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(
         x, len, keys, key_stride, params, sums);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_draw_rows(cudaStream_t st, const float *x, int64_t rows, int64_t len, const unsigned long long *keys,
+                         const struct cu_draw_row *params, double *sums, int32_t *ids) {
+    cudaError_t e = cu_draw_block_sums(st, x, rows, len, keys, 1, params, sums);
+    if (e != cudaSuccess || rows <= 0) return e;
+    draw_pick_kernel<<<dim3(1, (unsigned)rows), SAMPLE_DRAW_BLOCK, 0, st>>>(x, len, keys, params, sums,
+                                                                            (int)cu_draw_scratch(len), ids);
     return cudaGetLastError();
 }
 
