@@ -342,6 +342,8 @@ static double linear_small_tol; /* up to 8 rows, when not 0 (a matvec that round
  * int8 (the default), 0 f32; the exact f32 checks below run q8_0 with 0 */
 void cu_matvec_q8_x(int mode);
 void cu_matvec_x_regs(int on);
+void cu_matvec_mma(int on);
+void cu_matvec_persist(int mode, int max_blocks);
 
 static void run_linear_case(const struct linear_case *lc, bool no_blas) {
     struct gb b;
@@ -1086,26 +1088,34 @@ static void q8x_vs_cpu(const struct linear_case *lc, bool norm, int steps) {
     ref_backend = &cpu_ref_backend_ops;
 }
 
-/* q8_0 products of 9-64 rows (cu_linear_q8_mma: int8 tensor cores) against the CPU's
- * q8_0 kernels, which round x to int8 per 32 by the same rule: partial 16-row tiles,
- * x rows past a multiple of 8, K of one block and of 128, the epilogue pass after it */
-static void mma_vs_cpu(const struct linear_case *lc) {
-    static const struct batch_spec steps[] = {{9, 9, 1}, {16, 16, 1}, {33, 33, 1}, {64, 64, 1}, {12, 12, 1}};
+/* q8_0 products of several rows on int8 tensor cores against the CPU's q8_0 kernels,
+ * which round x to int8 per 32 by the same rule: 9-64 rows (cu_linear_q8_mma; partial
+ * 16-row tiles, x rows past a multiple of 8, the epilogue pass after it) or 2-8 rows
+ * (mv_mma_kernel inside the decode fusion's matvec, with the rms_norm prologue when
+ * `norm`: 1e-3 as for one row, the prologue's f32 against the CPU's norm kernel) */
+static void q8_rows_vs_cpu(const struct linear_case *lc, bool norm, bool few) {
+    static const struct batch_spec many[] = {{9, 9, 1}, {16, 16, 1}, {33, 33, 1}, {64, 64, 1}, {12, 12, 1}};
+    static const struct batch_spec fewer[] = {{2, 2, 1}, {8, 8, 1}, {5, 5, 1}, {3, 3, 1}};
     ref_backend = &cpu_backend_ops;
     struct gb b;
     gb_init(&b);
     int32_t x = gb_source(&b, lc->k, 1.0f);
+    if (norm) x = gb_norm(&b, x, lc->k);
     int32_t in[5] = {x, gb_param(&b, IR_DTYPE_Q8_0, lc->n_out, lc->k, 1.0f)};
     int n_in = 2;
     if (lc->flags & IR_LINEAR_BIAS) in[n_in++] = gb_param(&b, IR_DTYPE_F32, 0, lc->n_out, 1.0f);
+    if (lc->flags & IR_LINEAR_GATE) in[n_in++] = gb_source(&b, lc->n_out, 1.0f);
     if (lc->flags & IR_LINEAR_RESIDUAL) in[n_in++] = gb_source(&b, lc->n_out, 1.0f);
     int32_t y = gb_add(&b, IR_OP_LINEAR, in, n_in);
-    if (b.ok) b.g.nodes[y].attrs.linear_flags = lc->flags;
+    if (b.ok) {
+        b.g.nodes[y].attrs.linear_flags = lc->flags;
+        b.g.nodes[y].attrs.linear_act = lc->act;
+    }
     gb_infer(&b, y);
-    char what[96];
-    snprintf(what, sizeof what, "linear q8_0 %lldx%lld fl%u 9-64 rows (mma) vs cpu", (long long)lc->n_out,
-             (long long)lc->k, lc->flags);
-    compare_graph(what, &b, y, steps, 5, 64, 1e-4);
+    char what[112];
+    snprintf(what, sizeof what, "linear q8_0 %lldx%lld fl%u%s %s rows (mma) vs cpu", (long long)lc->n_out,
+             (long long)lc->k, lc->flags, norm ? " +norm" : "", few ? "2-8" : "9-64");
+    compare_graph(what, &b, y, few ? fewer : many, few ? 4 : 5, 64, norm ? 1e-3 : 1e-4);
     gb_free(&b);
     ref_backend = &cpu_ref_backend_ops;
 }
@@ -1137,7 +1147,21 @@ static void test_linear_q8x(void) {
                                           {IR_DTYPE_Q8_0, 128, 40, IR_LINEAR_BIAS, IR_OP_INPUT},
                                           {IR_DTYPE_Q8_0, 1024, 1000, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
                                           {IR_DTYPE_Q8_0, 4096, 300, 0, IR_OP_INPUT}};
-        for (size_t c = 0; c < sizeof mma / sizeof mma[0]; c++) mma_vs_cpu(&mma[c]);
+        for (size_t c = 0; c < sizeof mma / sizeof mma[0]; c++) q8_rows_vs_cpu(&mma[c], false, false);
+        /* 2-8 rows: each case plain and after an rms_norm, on tensor cores (the default)
+         * and by the dp4a loop (cu_matvec_mma 0); then with 3 blocks, so each block takes
+         * many tiles in turn */
+        for (int on = 1; on >= 0; on--) {
+            cu_matvec_mma(on);
+            for (int c = 0; c < 2 * n_cases; c++) q8_rows_vs_cpu(&cases[c % n_cases], c >= n_cases, true);
+        }
+        cu_matvec_mma(1);
+        /* 8 staged rows of K = 12288 (110.6 KiB of shared memory: the large-carveout launch) */
+        const struct linear_case long_rows = {IR_DTYPE_Q8_0, 12288, 40, IR_LINEAR_RESIDUAL, IR_OP_INPUT};
+        q8_rows_vs_cpu(&long_rows, false, true);
+        cu_matvec_persist(-1, 3);
+        for (int c = 0; c < 3; c++) q8_rows_vs_cpu(&cases[c + 1], c == 1, true);
+        cu_matvec_persist(-1, 0);
         ref_backend = &cpu_backend_ops;
         fusion_tol = 2e-2;
         fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
@@ -1199,8 +1223,6 @@ static void test_matvec_shapes(void) {
 }
 
 /* kernels_linear.cu: persistent matvec launches (C linkage, cuda_kernels.cuh) */
-void cu_matvec_persist(int mode, int max_blocks);
-
 /* Persistent launches on every one-row matvec, on grids capped at 3 and 1 blocks (each
  * block takes many row groups: the prologue's shared memory reused), at 3 blocks with K
  * split for 16384 warps (cu_matvec_tune; the split-K partials reused too), and as large

@@ -98,6 +98,10 @@ extern "C" void cu_matvec_q8_x(int mode); /* C: tests/unit/test_cuda.c */
  * weight loaded before the PDL wait and x once into registers, 0 two passes over x
  * (the same bits). Until the first call: $LLMOPT_CUDA_MV_XREGS. */
 extern "C" void cu_matvec_x_regs(int on); /* C: tests/unit/test_cuda.c */
+/* q8_0 products of 2..8 x rows with int8 x: 1 (the default) on int8 tensor cores
+ * (mv_mma_kernel), 0 matvec_kernel's dp4a loop over the staged rows. Until the first
+ * call: $LLMOPT_CUDA_Q8_MMA (which also switches cu_linear_q8_mma, 9-64 rows). */
+extern "C" void cu_matvec_mma(int on); /* C: tests/unit/test_cuda.c */
 /* Persistent one-row matvec launches (f32/f16/bf16/q8_0/q4_0), process-wide: a grid of
  * as many blocks as the device holds at once, each block taking every gridDim-th group
  * of rows, so the per-block prologue (rms_norm, x to int8) runs once a block, and K is

@@ -181,6 +181,37 @@ struct mv_job {
     struct cu_weight up; /* data NULL: no pair */
 };
 
+/* Segment i of a job, read from the parameters where it is used (constant indices
+ * only: a dynamically indexed parameter would be copied to local memory; and only the
+ * index lives across a loop, not the segment's fields, which would take registers from
+ * the loads in flight). */
+static __device__ __forceinline__ struct cu_mv_seg mv_job_seg(const struct mv_job &job, int i) {
+    static_assert(CU_MV_MAX_SEGS == 3, "the segment choice below names each segment");
+    struct cu_mv_seg sg;
+    if (i == 2)
+        sg = job.seg[2];
+    else if (i == 1)
+        sg = job.seg[1];
+    else
+        sg = job.seg[0];
+    return sg;
+}
+
+/* The segment holding group (or tile) idx of a job whose g_end counts them: its index,
+ * and the first group of it in *base. */
+static __device__ __forceinline__ int mv_job_find(const struct mv_job &job, int64_t idx, int64_t *base) {
+    if (job.n_seg > 2 && idx >= job.g_end[1]) {
+        *base = job.g_end[1];
+        return 2;
+    }
+    if (job.n_seg > 1 && idx >= job.g_end[0]) {
+        *base = job.g_end[0];
+        return 1;
+    }
+    *base = 0;
+    return 0;
+}
+
 /* sum of squares of x[0..K) (K % 4 == 0, 16-byte aligned) by the whole block, every
  * thread gets it: float4 loads, up to 4 in flight a thread (K = 4096: one round trip) */
 static __device__ __forceinline__ float mv_sumsq(const float *__restrict__ x, int64_t K, float *red) {
@@ -192,6 +223,47 @@ static __device__ __forceinline__ float mv_sumsq(const float *__restrict__ x, in
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     return cu_block_sum(ss, red);
+}
+
+/* Several x rows (rows <= RMAX) to int8 + scales in shared memory, row r at
+ * mv_xq_row_stride(K) bytes from xs (MV_X_Q8 with several rows), by the whole block;
+ * with NORM each row times its 1 / rms (every row's sum of squares in one pass and one
+ * block reduction) and the norm weight first. Ends with a barrier. */
+template <int RMAX, bool NORM>
+static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restrict__ x, int rows, int64_t K,
+                                                          const float *__restrict__ norm_w, float eps, uint8_t *xs) {
+    __shared__ float inv_rms[RMAX];
+    if constexpr (NORM) {
+        __shared__ float red_rows[MV_WARPS][RMAX];
+        float ss[RMAX];
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) ss[r] = 0.0f;
+        for (int64_t f = threadIdx.x; f < K / 4; f += MV_THREADS)
+#pragma unroll
+            for (int r = 0; r < RMAX; r++)
+                if (r < rows) {
+                    const float4 v = __ldg((const float4 *)(x + (size_t)r * K) + f);
+                    ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                }
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) {
+            const float v = cu_warp_sum(ss[r]);
+            if (threadIdx.x % CU_WARP == 0) red_rows[threadIdx.x / CU_WARP][r] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < RMAX) {
+            float t = 0.0f;
+            for (int w = 0; w < MV_WARPS; w++) t += red_rows[w][threadIdx.x];
+            inv_rms[threadIdx.x] = 1.0f / sqrtf(t / (float)K + eps);
+        }
+        __syncthreads();
+    }
+    for (int r = 0; r < rows && r < RMAX; r++) {
+        uint8_t *qr = xs + (size_t)r * mv_xq_row_stride(K);
+        mv_quantize_x_q8(x + (size_t)r * K, NORM ? norm_w : NULL, NORM ? inv_rms[r] : 1.0f, K, MV_THREADS,
+                         (uint32_t *)qr, (float *)(qr + K));
+    }
+    __syncthreads();
 }
 
 /* Block: MV_WARPS warps; `ksplit` consecutive warps share NR consecutive output rows
@@ -224,21 +296,6 @@ __global__ void __launch_bounds__(MV_THREADS)
     constexpr int64_t bytes_den = DT == CU_F32 ? 1 : DT == CU_Q4_0 ? 2 : DT == CU_Q8_0 ? 2 : 2;
     constexpr bool SCALED = DT == CU_Q8_0 || DT == CU_Q4_0;
     constexpr int CPB = DT == CU_Q8_0 ? 2 : 1; /* 16-byte chunks a 32-element block */
-    static_assert(CU_MV_MAX_SEGS == 3, "the segment choice below names each segment");
-    /* segment i, read from the parameters where it is used (constant indices only: a
-     * dynamically indexed parameter would be copied to local memory; and only the
-     * index lives across the loop, not the segment's fields, which would take
-     * registers from the loads in flight) */
-    auto pick = [&](int i) {
-        struct cu_mv_seg sg;
-        if (i == 2)
-            sg = job.seg[2];
-        else if (i == 1)
-            sg = job.seg[1];
-        else
-            sg = job.seg[0];
-        return sg;
-    };
     int si;
     int64_t j0, n_out;
     const uint4 *wrow[NW];
@@ -246,17 +303,8 @@ __global__ void __launch_bounds__(MV_THREADS)
     auto setup = [&](int64_t bg) { /* this warp's segment, rows and row pointers in group bg */
         const int64_t gidx = bg * rows_per_block + warp / ksplit;
         int64_t g_base;
-        if (job.n_seg > 2 && gidx >= job.g_end[1]) {
-            si = 2;
-            g_base = job.g_end[1];
-        } else if (job.n_seg > 1 && gidx >= job.g_end[0]) {
-            si = 1;
-            g_base = job.g_end[0];
-        } else {
-            si = 0;
-            g_base = 0;
-        }
-        const struct cu_weight w = pick(si).w;
+        si = mv_job_find(job, gidx, &g_base);
+        const struct cu_weight w = mv_job_seg(job, si).w;
         j0 = (gidx - g_base) * NR;
         n_out = w.rows;
 #pragma unroll
@@ -308,38 +356,8 @@ __global__ void __launch_bounds__(MV_THREADS)
         if constexpr (NORM) sc = 1.0f / sqrtf(mv_sumsq(x, K, red) / (float)K + job.seg[0].ep.norm_eps);
         mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
         __syncthreads();
-    } else if constexpr (XM == MV_X_Q8) { /* each x row to int8 + scales, mv_xq_row_stride(K) bytes apart */
-        if constexpr (NORM) { /* every row's sum of squares in one pass and one block reduction */
-            __shared__ float red_rows[MV_WARPS][RMAX];
-            float ss[RMAX];
-#pragma unroll
-            for (int r = 0; r < RMAX; r++) ss[r] = 0.0f;
-            for (int64_t f = threadIdx.x; f < K / 4; f += MV_THREADS)
-#pragma unroll
-                for (int r = 0; r < RMAX; r++)
-                    if (r < rows) {
-                        const float4 v = __ldg((const float4 *)(x + (size_t)r * K) + f);
-                        ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                    }
-#pragma unroll
-            for (int r = 0; r < RMAX; r++) {
-                const float v = cu_warp_sum(ss[r]);
-                if (threadIdx.x % CU_WARP == 0) red_rows[threadIdx.x / CU_WARP][r] = v;
-            }
-            __syncthreads();
-            if (threadIdx.x < RMAX) {
-                float t = 0.0f;
-                for (int w = 0; w < MV_WARPS; w++) t += red_rows[w][threadIdx.x];
-                inv_rms[threadIdx.x] = 1.0f / sqrtf(t / (float)K + job.seg[0].ep.norm_eps);
-            }
-            __syncthreads();
-        }
-        for (int r = 0; r < rows && r < RMAX; r++) {
-            uint8_t *qr = (uint8_t *)xs_dyn + (size_t)r * mv_xq_row_stride(K);
-            mv_quantize_x_q8(x + (size_t)r * K, NORM ? norm_w : NULL, NORM ? inv_rms[r] : 1.0f, K, MV_THREADS,
-                             (uint32_t *)qr, (float *)(qr + K));
-        }
-        __syncthreads();
+    } else if constexpr (XM == MV_X_Q8) {
+        mv_stage_x_rows_q8<RMAX, NORM>(x, rows, K, norm_w, job.seg[0].ep.norm_eps, (uint8_t *)xs_dyn);
     } else if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
             const float ss = mv_sumsq(x + (size_t)r * K, K, red);
@@ -431,13 +449,162 @@ __global__ void __launch_bounds__(MV_THREADS)
                 }
             }
         }
-        const struct cu_mv_seg seg = pick(si);
+        const struct cu_mv_seg seg = mv_job_seg(job, si);
         cu_matvec_finish<NR, RMAX, PAIR>(acc, part, ksplit, j0, n_out, rows, seg.y, seg.ep, seg.head_dim);
         bg += gridDim.x;
         if (bg >= n_bg) break;
         if (ksplit > 1) __syncthreads(); /* part is written again */
         setup(bg);
         if (j0 < n_out) load(first);
+    }
+}
+
+/* q8_0 products of 2..CU_MATVEC_MAX_ROWS x rows on int8 tensor cores, in the decode
+ * fusion's job (segments sharing x, a SwiGLU pair, the rms_norm prologue, the epilogue).
+ * The dp4a loop of matvec_kernel with several x rows reads 20 bytes of shared memory
+ * per x row for every 16 weight bytes, more than shared memory delivers at the
+ * weights' streaming rate; here one mma.m16n8k32 (s8 x s8 -> s32) takes 16 weight rows
+ * and all 8 x rows of a 32-element block, with one 8-byte fragment of x per lane.
+ * Each block stages every x row as int8 (mv_stage_x_rows_q8: the matvec's int8 x
+ * rule) once, then takes tiles of 16 output rows in turn (a persistent launch); its 8
+ * warps split a tile's K (warp w the blocks w, w + 8, ...), each lane with the
+ * fragment layout of q8_mma_kernel (A: weight rows g and g + 8, bytes 8t..8t+7 of the
+ * block; B: x row g, the same bytes; C: output rows g, g + 8 by x rows 2t, 2t + 1).
+ * Loads: U blocks of 32 a warp in flight, the next U issued before the current ones
+ * are used; the first before the PDL wait. The warps' sums are added in shared memory
+ * in warp order and written through cu_matvec_put. */
+#define MV_MMA_TILE 16
+#define MV_MMA_SMEM_MAX (200 << 10) /* staged x rows: 8 of K = 12288 take 110.6 KiB */
+template <bool NORM, bool PAIR>
+__global__ void __launch_bounds__(MV_THREADS)
+    mv_mma_kernel(struct mv_job job, const float *__restrict__ x, int rows, int64_t n_tiles) {
+    constexpr int NP = PAIR ? 2 : 1;   /* weights a tile streams: gate and up, or one */
+    constexpr int U = PAIR ? 2 : 4;    /* blocks of 32 a warp loads at once */
+    __shared__ float red[MV_WARPS][NP * 4][CU_WARP];
+    cu_pdl_trigger();
+    CU_TRACE_END;
+    const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, g = lane / 4, t = lane % 4;
+    const int64_t K = job.seg[0].w.cols, nb = K / 32;
+    int si = 0;
+    int64_t j0 = 0, n_out = 0;
+    const int8_t *wr[NP][2];   /* rows g and g + 8 of each streamed weight, at byte 8t */
+    const uint16_t *sr[NP][2]; /* their block scales */
+    auto setup = [&](int64_t tile) {
+        int64_t base;
+        si = mv_job_find(job, tile, &base);
+        const struct cu_weight w = mv_job_seg(job, si).w;
+        j0 = (tile - base) * MV_MMA_TILE;
+        n_out = w.rows;
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const struct cu_weight &ws = PAIR && p == 1 ? job.up : w;
+                /* rows past the end repeat the last one; their sums are dropped */
+                const int64_t j = j0 + g + 8 * h < n_out ? j0 + g + 8 * h : n_out - 1;
+                wr[p][h] = (const int8_t *)ws.data + j * K + 8 * t;
+                sr[p][h] = ws.scales + j * nb;
+            }
+    };
+    uint2 wq[2][U][NP][2]; /* [buffer][block][weight][row half] */
+    uint16_t ws[2][U][NP][2];
+    auto load = [&](int b, int64_t kb0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t kb = kb0 + (int64_t)u * MV_WARPS;
+            if (kb < nb)
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        wq[b][u][p][h] = __ldg((const uint2 *)(wr[p][h] + kb * 32));
+                        ws[b][u][p][h] = __ldg(sr[p][h] + kb);
+                    }
+        }
+    };
+    int64_t tile = blockIdx.x;
+    if (tile >= n_tiles) return; /* (the grid is at most n_tiles) */
+    setup(tile);
+    load(0, warp); /* weights only: before the dependency wait */
+    cu_pdl_wait();
+    extern __shared__ float4 xs_dyn[];
+    const uint8_t *xs = (const uint8_t *)xs_dyn;
+    mv_stage_x_rows_q8<CU_MATVEC_MAX_ROWS, NORM>(x, rows, K, job.seg[0].ep.norm_w, job.seg[0].ep.norm_eps,
+                                                (uint8_t *)xs_dyn);
+    const size_t stride = mv_xq_row_stride(K);
+    /* this lane's B column (x row g) and its C columns (x rows 2t, 2t + 1); rows past
+     * the batch read its last one and are dropped */
+    const uint8_t *xb = xs + (size_t)(g < rows ? g : rows - 1) * stride + 8 * t;
+    const float *xd0 = (const float *)(xs + (size_t)(2 * t < rows ? 2 * t : rows - 1) * stride + K);
+    const float *xd1 = (const float *)(xs + (size_t)(2 * t + 1 < rows ? 2 * t + 1 : rows - 1) * stride + K);
+    for (;;) {
+        float acc[NP][4];
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[p][i] = 0.0f;
+        /* U blocks of 32 from buffer b, the first kb0 */
+        auto blocks = [&](int b, int64_t kb0) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t kb = kb0 + (int64_t)u * MV_WARPS;
+                if (kb >= nb) break;
+                const uint2 xv = *(const uint2 *)(xb + kb * 32);
+                const float x0 = xd0[kb], x1 = xd1[kb];
+#pragma unroll
+                for (int p = 0; p < NP; p++) {
+                    const uint2 a = wq[b][u][p][0], c = wq[b][u][p][1];
+                    int d0, d1, d2, d3;
+                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
+                                 "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+                                 : "r"(a.x), "r"(c.x), "r"(a.y), "r"(c.y), "r"(xv.x), "r"(xv.y), "r"(0));
+                    const float da = cu_f16(ws[b][u][p][0]), db = cu_f16(ws[b][u][p][1]);
+                    acc[p][0] += (float)d0 * (da * x0);
+                    acc[p][1] += (float)d1 * (da * x1);
+                    acc[p][2] += (float)d2 * (db * x0);
+                    acc[p][3] += (float)d3 * (db * x1);
+                }
+            }
+        };
+        /* two buffers, each with U blocks in flight while the other's are used (buffer
+         * indices constant after inlining: no local memory) */
+        constexpr int64_t SPAN = (int64_t)U * MV_WARPS;
+        for (int64_t kb0 = warp; kb0 < nb; kb0 += 2 * SPAN) {
+            load(1, kb0 + SPAN);
+            blocks(0, kb0);
+            if (kb0 + SPAN >= nb) break;
+            load(0, kb0 + 2 * SPAN);
+            blocks(1, kb0 + SPAN);
+        }
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp][p * 4 + i][lane] = acc[p][i];
+        const struct cu_mv_seg seg = mv_job_seg(job, si);
+        const int64_t jt = j0, nt = n_out;
+        tile += gridDim.x;
+        if (tile < n_tiles) { /* the next tile's first loads, under this one's sums */
+            setup(tile);
+            load(0, warp);
+        }
+        __syncthreads();
+        if (threadIdx.x < 4 * CU_WARP) {
+            const int i = threadIdx.x / CU_WARP, l = threadIdx.x % CU_WARP;
+            float sum = 0.0f, up = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MV_WARPS; w++) {
+                sum += red[w][i][l];
+                if constexpr (PAIR) up += red[w][4 + i][l];
+            }
+            const int64_t j = jt + l / 4 + (i >= 2 ? 8 : 0);
+            const int r = 2 * (l % 4) + (i & 1);
+            if (j < nt && r < rows)
+                cu_matvec_put<PAIR>(sum, up, cu_matvec_epi<PAIR>(j, r, nt, seg.ep), j, r, nt, rows, seg.y, seg.ep,
+                                    seg.head_dim);
+        }
+        if (tile >= n_tiles) break;
+        __syncthreads(); /* red is written again */
     }
 }
 
@@ -470,6 +637,15 @@ static struct {
     int nr, lif;
     int64_t warps;
 } mv_tune;
+
+/* An A/B switch, on unless $name is "0": *state -1 until read (or set by a setter). */
+static bool mv_switch_on(int *state, const char *name) {
+    if (*state < 0) {
+        const char *e = getenv(name);
+        *state = !(e && !strcmp(e, "0"));
+    }
+    return *state == 1;
+}
 
 static int mv_env(const char *name, long long lo, long long hi) {
     const char *e = getenv(name);
@@ -524,11 +700,7 @@ static bool mv_persistent(bool prologue) {
  * 1 row and 4 (prologue) or 8 (plain) loads as before (A/B, read once per process). */
 static int mv_short_state = -1;
 static bool mv_short_rows(void) {
-    if (mv_short_state < 0) {
-        const char *e = getenv("LLMOPT_CUDA_MV_SHORT");
-        mv_short_state = !(e && !strcmp(e, "0"));
-    }
-    return mv_short_state == 1;
+    return mv_switch_on(&mv_short_state, "LLMOPT_CUDA_MV_SHORT");
 }
 
 /* The int8-x rms_norm prologue from registers (MV_X_Q8R) where K <= 4096 below 4 rows;
@@ -539,11 +711,7 @@ extern "C" void cu_matvec_x_regs(int on) {
     mv_x_regs_state = on != 0;
 }
 static bool mv_x_regs_on(void) {
-    if (mv_x_regs_state < 0) {
-        const char *e = getenv("LLMOPT_CUDA_MV_XREGS");
-        mv_x_regs_state = !(e && !strcmp(e, "0"));
-    }
-    return mv_x_regs_state == 1;
+    return mv_switch_on(&mv_x_regs_state, "LLMOPT_CUDA_MV_XREGS");
 }
 
 /* Whether a one-row q8_0 launch over rows of K (`streamed` weight rows, prologue
@@ -583,6 +751,47 @@ static bool mv_q8_shape(int64_t K, int64_t streamed, bool norm, bool pair, int *
         *lif = 8;
     }
     return true;
+}
+
+/* q8_0 products of 2..8 x rows through mv_mma_kernel ($LLMOPT_CUDA_Q8_MMA=0, or
+ * cu_matvec_mma(0): matvec_kernel's dp4a loop over int8 x rows instead; read once). */
+static int mv_mma_state = -1;
+extern "C" void cu_matvec_mma(int on) {
+    mv_mma_state = on != 0;
+}
+static bool mv_mma_on(void) {
+    return mv_switch_on(&mv_mma_state, "LLMOPT_CUDA_Q8_MMA");
+}
+
+template <bool NORM, bool PAIR>
+static void mv_mma_launch(cudaStream_t st, struct mv_job job, const float *x, int rows) {
+    int64_t tiles = 0;
+    for (int k = 0; k < job.n_seg; k++) {
+        tiles += (job.seg[k].w.rows + MV_MMA_TILE - 1) / MV_MMA_TILE;
+        job.g_end[k] = tiles;
+    }
+    const size_t smem = (size_t)rows * mv_xq_row_stride(job.seg[0].w.cols);
+    auto kern = mv_mma_kernel<NORM, PAIR>;
+    static bool big_smem = false; /* (one flag per instantiation) */
+    if (smem > (48 << 10) && !big_smem) {
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MV_MMA_SMEM_MAX);
+        big_smem = true;
+    }
+    /* persistent: the blocks the device holds at once (each stages x once), or
+     * $LLMOPT_CUDA_MMA_BPS blocks an SM where fewer */
+    static size_t occ_smem = (size_t)-1;
+    static int occ = 1;
+    if (occ_smem != smem) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, MV_THREADS, smem) != cudaSuccess || n < 1) n = 1;
+        const char *e = getenv("LLMOPT_CUDA_MMA_BPS");
+        const int bps = e ? atoi(e) : 0;
+        occ = bps > 0 && bps < n ? bps : n;
+        occ_smem = smem;
+    }
+    int64_t cap = mv_persist_cap ? mv_persist_cap : (int64_t)occ * cu_sm_count();
+    const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
+    cu_launch_pdl(kern, dim3(grid), dim3(MV_THREADS), smem, st, job, x, rows, tiles);
 }
 
 template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF, int XM = MV_X_F32>
@@ -675,9 +884,13 @@ template <int DT, bool NORM, bool PAIR>
 static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
     mv_tune_read();
     if constexpr (DT == CU_Q8_0) /* several rows: int8 x rows side by side in shared memory, where they fit */
-        if (rows > 1 && mv_x_mode_read() != MV_X_F32 &&
-            (size_t)rows * mv_xq_row_stride(job.seg[0].w.cols) <= (48 << 10))
-            return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF, MV_X_Q8>(st, job, x, rows);
+        if (rows > 1 && mv_x_mode_read() != MV_X_F32) {
+            const size_t staged = (size_t)rows * mv_xq_row_stride(job.seg[0].w.cols);
+            if (mv_mma_on() && staged <= MV_MMA_SMEM_MAX && mv_xq_smem(job.seg[0].w.cols) <= (48 << 10))
+                return mv_mma_launch<NORM, PAIR>(st, job, x, rows);
+            if (staged <= (48 << 10))
+                return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF, MV_X_Q8>(st, job, x, rows);
+        }
     if (rows > 1) return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF>(st, job, x, rows);
     int64_t streamed = 0;
     for (int k = 0; k < job.n_seg; k++) streamed += job.seg[k].w.rows;
