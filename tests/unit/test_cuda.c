@@ -1156,9 +1156,12 @@ static void test_linear_q8x(void) {
             for (int c = 0; c < 2 * n_cases; c++) q8_rows_vs_cpu(&cases[c % n_cases], c >= n_cases, true);
         }
         cu_matvec_mma(1);
-        /* 8 staged rows of K = 12288 (110.6 KiB of shared memory: the large-carveout launch) */
+        /* 8 staged rows of K = 12288 (110.8 KiB of shared memory beside the rings) */
         const struct linear_case long_rows = {IR_DTYPE_Q8_0, 12288, 40, IR_LINEAR_RESIDUAL, IR_OP_INPUT};
         q8_rows_vs_cpu(&long_rows, false, true);
+        /* K = 416, not a multiple of 128: the dp4a loop */
+        const struct linear_case odd_k = {IR_DTYPE_Q8_0, 416, 50, IR_LINEAR_BIAS, IR_OP_INPUT};
+        q8_rows_vs_cpu(&odd_k, true, true);
         cu_matvec_persist(-1, 3);
         for (int c = 0; c < 3; c++) q8_rows_vs_cpu(&cases[c + 1], c == 1, true);
         cu_matvec_persist(-1, 0);

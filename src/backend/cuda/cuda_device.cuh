@@ -267,6 +267,25 @@ static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict_
     }
 }
 
+/* Asynchronous copies global -> shared (cp.async, sm_80+): 16 bytes bypassing L1, or 8;
+ * a commit closes this thread's group of copies, cu_cp_async_wait<N> waits until at
+ * most N of its groups are pending (then __syncwarp/__syncthreads before other threads
+ * read what it copied). Both addresses aligned to the size. */
+static __device__ __forceinline__ void cu_cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void cu_cp_async8(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void cu_cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void cu_cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 /* sum of 16 int8 products (a 16-byte chunk of q8_0 weights and of x) */
 static __device__ __forceinline__ int mv_dot16(uint4 w, const uint32_t xq[4]) {
     int dot = __dp4a((int)w.x, (int)xq[0], 0);

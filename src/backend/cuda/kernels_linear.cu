@@ -226,12 +226,13 @@ static __device__ __forceinline__ float mv_sumsq(const float *__restrict__ x, in
 }
 
 /* Several x rows (rows <= RMAX) to int8 + scales in shared memory, row r at
- * mv_xq_row_stride(K) bytes from xs (MV_X_Q8 with several rows), by the whole block;
+ * r * stride bytes from xs (MV_X_Q8 with several rows), by the whole block;
  * with NORM each row times its 1 / rms (every row's sum of squares in one pass and one
  * block reduction) and the norm weight first. Ends with a barrier. */
 template <int RMAX, bool NORM>
 static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restrict__ x, int rows, int64_t K,
-                                                          const float *__restrict__ norm_w, float eps, uint8_t *xs) {
+                                                          const float *__restrict__ norm_w, float eps, uint8_t *xs,
+                                                          size_t stride) {
     __shared__ float inv_rms[RMAX];
     if constexpr (NORM) {
         __shared__ float red_rows[MV_WARPS][RMAX];
@@ -259,7 +260,7 @@ static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restric
         __syncthreads();
     }
     for (int r = 0; r < rows && r < RMAX; r++) {
-        uint8_t *qr = xs + (size_t)r * mv_xq_row_stride(K);
+        uint8_t *qr = xs + (size_t)r * stride;
         mv_quantize_x_q8(x + (size_t)r * K, NORM ? norm_w : NULL, NORM ? inv_rms[r] : 1.0f, K, MV_THREADS,
                          (uint32_t *)qr, (float *)(qr + K));
     }
@@ -357,7 +358,8 @@ __global__ void __launch_bounds__(MV_THREADS)
         mv_quantize_x_q8(x, NORM ? norm_w : NULL, sc, K, MV_THREADS, (uint32_t *)xs_dyn, (float *)((uint8_t *)xs_dyn + K));
         __syncthreads();
     } else if constexpr (XM == MV_X_Q8) {
-        mv_stage_x_rows_q8<RMAX, NORM>(x, rows, K, norm_w, job.seg[0].ep.norm_eps, (uint8_t *)xs_dyn);
+        mv_stage_x_rows_q8<RMAX, NORM>(x, rows, K, norm_w, job.seg[0].ep.norm_eps, (uint8_t *)xs_dyn,
+                                       mv_xq_row_stride(K));
     } else if constexpr (NORM) {
         for (int r = 0; r < rows && r < RMAX; r++) {
             const float ss = mv_sumsq(x + (size_t)r * K, K, red);
@@ -464,132 +466,141 @@ __global__ void __launch_bounds__(MV_THREADS)
  * The dp4a loop of matvec_kernel with several x rows reads 20 bytes of shared memory
  * per x row for every 16 weight bytes, more than shared memory delivers at the
  * weights' streaming rate; here one mma.m16n8k32 (s8 x s8 -> s32) takes 16 weight rows
- * and all 8 x rows of a 32-element block, with one 8-byte fragment of x per lane.
- * Each block stages every x row as int8 (mv_stage_x_rows_q8: the matvec's int8 x
- * rule) once, then takes tiles of 16 output rows in turn (a persistent launch); its 8
- * warps split a tile's K (warp w the blocks w, w + 8, ...), each lane with the
- * fragment layout of q8_mma_kernel (A: weight rows g and g + 8, bytes 8t..8t+7 of the
- * block; B: x row g, the same bytes; C: output rows g, g + 8 by x rows 2t, 2t + 1).
- * Loads: U blocks of 32 a warp in flight, the next U issued before the current ones
- * are used; the first before the PDL wait. The warps' sums are added in shared memory
- * in warp order and written through cu_matvec_put. */
+ * and all 8 x rows of a 32-element block.
+ *
+ * Each block stages every x row as int8 (mv_stage_x_rows_q8: the matvec's int8 x rule)
+ * once, then takes tiles of 16 output rows in turn (a persistent launch). Its 8 warps
+ * split a tile's K in chunks of 128 bytes a row (4 blocks of 32; warp w the chunks w,
+ * w + 8, ...). Each warp streams its chunks through a ring of S stages in shared memory
+ * by cp.async: a stage is one chunk of the 16 rows (16-byte copies, 8 lanes a row: each
+ * copy instruction reads 4 whole 128-byte lines) and their 4 block scales, the ring
+ * running ahead across tiles, its first S - 1 stages issued before the PDL wait (8-byte
+ * loads straight into fragments touched 8 lines a load instruction and held L1 at ~75%
+ * busy with DRAM at 20-38%: ncu, 8B q8_0 at 2 rows). Fragments as q8_mma_kernel's (A:
+ * weight rows g and g + 8, bytes 8t..8t+7 of a block; B: x row g, the same bytes; C:
+ * output rows g, g + 8 by x rows 2t, 2t + 1), read from rows padded to 160 bytes and x
+ * rows to a stride of 32 mod 128 bytes, so that no two lanes of a half warp share a
+ * bank. The warps' sums are added in shared memory in warp order and written through
+ * cu_matvec_put. Needs K % 128 == 0. */
 #define MV_MMA_TILE 16
-#define MV_MMA_SMEM_MAX (200 << 10) /* staged x rows: 8 of K = 12288 take 110.6 KiB */
+#define MV_MMA_ROWB 160 /* a stage's row: 128 bytes of quants and 32 of padding */
+template <bool PAIR> struct mv_mma_cfg {
+    static constexpr int NP = PAIR ? 2 : 1;                        /* weights a tile streams */
+    static constexpr int S = PAIR ? 3 : 4;                         /* stages a warp's ring */
+    static constexpr int WB = MV_MMA_TILE * MV_MMA_ROWB;           /* quant bytes of a stage, one weight */
+    static constexpr int STAGE = NP * (WB + MV_MMA_TILE * 8);      /* quants and scales of a stage */
+    static constexpr size_t RING = (size_t)MV_WARPS * S * STAGE;   /* every warp's ring */
+};
+/* the staged x rows' stride: int8 row and scales, 16-byte aligned, 32 mod 128 bytes */
+static __host__ __device__ inline size_t mv_mma_x_stride(int64_t K) {
+    return ((mv_xq_row_stride(K) + 127) & ~(size_t)127) + 32;
+}
+
 template <bool NORM, bool PAIR>
 __global__ void __launch_bounds__(MV_THREADS)
     mv_mma_kernel(struct mv_job job, const float *__restrict__ x, int rows, int64_t n_tiles) {
-    constexpr int NP = PAIR ? 2 : 1;   /* weights a tile streams: gate and up, or one */
-    constexpr int U = PAIR ? 2 : 4;    /* blocks of 32 a warp loads at once */
+    using C = mv_mma_cfg<PAIR>;
+    constexpr int NP = C::NP, S = C::S;
     __shared__ float red[MV_WARPS][NP * 4][CU_WARP];
     cu_pdl_trigger();
     CU_TRACE_END;
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, g = lane / 4, t = lane % 4;
-    const int64_t K = job.seg[0].w.cols, nb = K / 32;
-    int si = 0;
-    int64_t j0 = 0, n_out = 0;
-    const int8_t *wr[NP][2];   /* rows g and g + 8 of each streamed weight, at byte 8t */
-    const uint16_t *sr[NP][2]; /* their block scales */
-    auto setup = [&](int64_t tile) {
-        int64_t base;
-        si = mv_job_find(job, tile, &base);
-        const struct cu_weight w = mv_job_seg(job, si).w;
-        j0 = (tile - base) * MV_MMA_TILE;
-        n_out = w.rows;
-#pragma unroll
-        for (int p = 0; p < NP; p++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const struct cu_weight &ws = PAIR && p == 1 ? job.up : w;
-                /* rows past the end repeat the last one; their sums are dropped */
-                const int64_t j = j0 + g + 8 * h < n_out ? j0 + g + 8 * h : n_out - 1;
-                wr[p][h] = (const int8_t *)ws.data + j * K + 8 * t;
-                sr[p][h] = ws.scales + j * nb;
-            }
-    };
-    uint2 wq[2][U][NP][2]; /* [buffer][block][weight][row half] */
-    uint16_t ws[2][U][NP][2];
-    auto load = [&](int b, int64_t kb0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t kb = kb0 + (int64_t)u * MV_WARPS;
-            if (kb < nb)
-#pragma unroll
-                for (int p = 0; p < NP; p++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        wq[b][u][p][h] = __ldg((const uint2 *)(wr[p][h] + kb * 32));
-                        ws[b][u][p][h] = __ldg(sr[p][h] + kb);
-                    }
-        }
-    };
-    int64_t tile = blockIdx.x;
-    if (tile >= n_tiles) return; /* (the grid is at most n_tiles) */
-    setup(tile);
-    load(0, warp); /* weights only: before the dependency wait */
-    cu_pdl_wait();
+    const int64_t K = job.seg[0].w.cols, nb = K / 32, nc = K / 128;
+    const size_t xstride = mv_mma_x_stride(K);
     extern __shared__ float4 xs_dyn[];
-    const uint8_t *xs = (const uint8_t *)xs_dyn;
-    mv_stage_x_rows_q8<CU_MATVEC_MAX_ROWS, NORM>(x, rows, K, job.seg[0].ep.norm_w, job.seg[0].ep.norm_eps,
-                                                (uint8_t *)xs_dyn);
-    const size_t stride = mv_xq_row_stride(K);
+    uint8_t *xs = (uint8_t *)xs_dyn;
+    uint8_t *ring = xs + (size_t)rows * xstride + (size_t)warp * S * C::STAGE;
+    /* the issue side: the (tile, chunk) that fills the next stage */
+    int64_t it = warp < nc ? (int64_t)blockIdx.x : n_tiles, ic = warp;
+    auto issue = [&](int s) {
+        if (it < n_tiles) {
+            int64_t base;
+            const int si = mv_job_find(job, it, &base);
+            const struct cu_weight w = mv_job_seg(job, si).w;
+            const int64_t j0 = (it - base) * MV_MMA_TILE;
+            uint8_t *st = ring + (size_t)s * C::STAGE;
+#pragma unroll
+            for (int p = 0; p < NP; p++) {
+                const struct cu_weight &ws = PAIR && p == 1 ? job.up : w;
+                uint8_t *sp = st + p * (C::WB + MV_MMA_TILE * 8);
+#pragma unroll
+                for (int i = 0; i < MV_MMA_TILE / 4; i++) {
+                    const int r = 4 * i + lane / 8; /* rows past the end repeat the last one */
+                    const int64_t j = j0 + r < w.rows ? j0 + r : w.rows - 1;
+                    cu_cp_async16(sp + r * MV_MMA_ROWB + 16 * (lane % 8),
+                                  (const uint8_t *)ws.data + j * K + ic * 128 + 16 * (lane % 8));
+                }
+                if (lane < MV_MMA_TILE) {
+                    const int64_t j = j0 + lane < w.rows ? j0 + lane : w.rows - 1;
+                    cu_cp_async8(sp + C::WB + lane * 8, ws.scales + j * nb + ic * 4);
+                }
+            }
+            ic += MV_WARPS;
+            if (ic >= nc) {
+                ic = warp;
+                it += gridDim.x;
+            }
+        }
+        cu_cp_async_commit(); /* (empty past the end: one group an iteration) */
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) issue(s); /* weights only: before the dependency wait */
+    cu_pdl_wait();
+    mv_stage_x_rows_q8<CU_MATVEC_MAX_ROWS, NORM>(x, rows, K, job.seg[0].ep.norm_w, job.seg[0].ep.norm_eps, xs,
+                                                 xstride);
     /* this lane's B column (x row g) and its C columns (x rows 2t, 2t + 1); rows past
      * the batch read its last one and are dropped */
-    const uint8_t *xb = xs + (size_t)(g < rows ? g : rows - 1) * stride + 8 * t;
-    const float *xd0 = (const float *)(xs + (size_t)(2 * t < rows ? 2 * t : rows - 1) * stride + K);
-    const float *xd1 = (const float *)(xs + (size_t)(2 * t + 1 < rows ? 2 * t + 1 : rows - 1) * stride + K);
-    for (;;) {
+    const uint8_t *xb = xs + (size_t)(g < rows ? g : rows - 1) * xstride + 8 * t;
+    const float *xd0 = (const float *)(xs + (size_t)(2 * t < rows ? 2 * t : rows - 1) * xstride + K);
+    const float *xd1 = (const float *)(xs + (size_t)(2 * t + 1 < rows ? 2 * t + 1 : rows - 1) * xstride + K);
+    int s_issue = S - 1, s_use = 0;
+    for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
         float acc[NP][4];
 #pragma unroll
         for (int p = 0; p < NP; p++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[p][i] = 0.0f;
-        /* U blocks of 32 from buffer b, the first kb0 */
-        auto blocks = [&](int b, int64_t kb0) {
+        for (int64_t c = warp; c < nc; c += MV_WARPS) {
+            issue(s_issue);
+            s_issue = s_issue + 1 == S ? 0 : s_issue + 1;
+            cu_cp_async_wait<S - 1>(); /* this chunk's stage has landed */
+            __syncwarp();
+            const uint8_t *st = ring + (size_t)s_use * C::STAGE;
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int64_t kb = kb0 + (int64_t)u * MV_WARPS;
-                if (kb >= nb) break;
+            for (int q = 0; q < 4; q++) {
+                const int64_t kb = c * 4 + q;
                 const uint2 xv = *(const uint2 *)(xb + kb * 32);
                 const float x0 = xd0[kb], x1 = xd1[kb];
 #pragma unroll
                 for (int p = 0; p < NP; p++) {
-                    const uint2 a = wq[b][u][p][0], c = wq[b][u][p][1];
+                    const uint8_t *sp = st + p * (C::WB + MV_MMA_TILE * 8);
+                    const uint2 a = *(const uint2 *)(sp + g * MV_MMA_ROWB + 32 * q + 8 * t);
+                    const uint2 b = *(const uint2 *)(sp + (g + 8) * MV_MMA_ROWB + 32 * q + 8 * t);
+                    const float da = cu_f16(*(const uint16_t *)(sp + C::WB + g * 8 + 2 * q));
+                    const float db = cu_f16(*(const uint16_t *)(sp + C::WB + (g + 8) * 8 + 2 * q));
                     int d0, d1, d2, d3;
                     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
                                  "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
                                  : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-                                 : "r"(a.x), "r"(c.x), "r"(a.y), "r"(c.y), "r"(xv.x), "r"(xv.y), "r"(0));
-                    const float da = cu_f16(ws[b][u][p][0]), db = cu_f16(ws[b][u][p][1]);
+                                 : "r"(a.x), "r"(b.x), "r"(a.y), "r"(b.y), "r"(xv.x), "r"(xv.y), "r"(0));
                     acc[p][0] += (float)d0 * (da * x0);
                     acc[p][1] += (float)d1 * (da * x1);
                     acc[p][2] += (float)d2 * (db * x0);
                     acc[p][3] += (float)d3 * (db * x1);
                 }
             }
-        };
-        /* two buffers, each with U blocks in flight while the other's are used (buffer
-         * indices constant after inlining: no local memory) */
-        constexpr int64_t SPAN = (int64_t)U * MV_WARPS;
-        for (int64_t kb0 = warp; kb0 < nb; kb0 += 2 * SPAN) {
-            load(1, kb0 + SPAN);
-            blocks(0, kb0);
-            if (kb0 + SPAN >= nb) break;
-            load(0, kb0 + 2 * SPAN);
-            blocks(1, kb0 + SPAN);
+            __syncwarp(); /* the stage is read: the next issue may refill it */
+            s_use = s_use + 1 == S ? 0 : s_use + 1;
         }
 #pragma unroll
         for (int p = 0; p < NP; p++)
 #pragma unroll
             for (int i = 0; i < 4; i++) red[warp][p * 4 + i][lane] = acc[p][i];
-        const struct cu_mv_seg seg = mv_job_seg(job, si);
-        const int64_t jt = j0, nt = n_out;
-        tile += gridDim.x;
-        if (tile < n_tiles) { /* the next tile's first loads, under this one's sums */
-            setup(tile);
-            load(0, warp);
-        }
         __syncthreads();
         if (threadIdx.x < 4 * CU_WARP) {
+            int64_t base;
+            const struct cu_mv_seg seg = mv_job_seg(job, mv_job_find(job, tile, &base));
+            const int64_t j0 = (tile - base) * MV_MMA_TILE, n_out = seg.w.rows;
             const int i = threadIdx.x / CU_WARP, l = threadIdx.x % CU_WARP;
             float sum = 0.0f, up = 0.0f;
 #pragma unroll
@@ -597,15 +608,15 @@ __global__ void __launch_bounds__(MV_THREADS)
                 sum += red[w][i][l];
                 if constexpr (PAIR) up += red[w][4 + i][l];
             }
-            const int64_t j = jt + l / 4 + (i >= 2 ? 8 : 0);
+            const int64_t j = j0 + l / 4 + (i >= 2 ? 8 : 0);
             const int r = 2 * (l % 4) + (i & 1);
-            if (j < nt && r < rows)
-                cu_matvec_put<PAIR>(sum, up, cu_matvec_epi<PAIR>(j, r, nt, seg.ep), j, r, nt, rows, seg.y, seg.ep,
-                                    seg.head_dim);
+            if (j < n_out && r < rows)
+                cu_matvec_put<PAIR>(sum, up, cu_matvec_epi<PAIR>(j, r, n_out, seg.ep), j, r, n_out, rows, seg.y,
+                                    seg.ep, seg.head_dim);
         }
-        if (tile >= n_tiles) break;
         __syncthreads(); /* red is written again */
     }
+    cu_cp_async_wait<0>(); /* (only empty groups are left) */
 }
 
 static int mv_elems(int dtype) {
@@ -763,6 +774,12 @@ static bool mv_mma_on(void) {
     return mv_switch_on(&mv_mma_state, "LLMOPT_CUDA_Q8_MMA");
 }
 
+/* Shared memory of an mv_mma_kernel launch: the staged x rows and the warps' rings */
+template <bool PAIR> static size_t mv_mma_smem(int rows, int64_t K) {
+    return (size_t)rows * mv_mma_x_stride(K) + mv_mma_cfg<PAIR>::RING;
+}
+#define MV_MMA_SMEM_MAX (216 << 10) /* dynamic: an H100/H200 block's most (227 KiB) less the static (<= 8.3 KiB) */
+
 template <bool NORM, bool PAIR>
 static void mv_mma_launch(cudaStream_t st, struct mv_job job, const float *x, int rows) {
     int64_t tiles = 0;
@@ -770,18 +787,15 @@ static void mv_mma_launch(cudaStream_t st, struct mv_job job, const float *x, in
         tiles += (job.seg[k].w.rows + MV_MMA_TILE - 1) / MV_MMA_TILE;
         job.g_end[k] = tiles;
     }
-    const size_t smem = (size_t)rows * mv_xq_row_stride(job.seg[0].w.cols);
+    const size_t smem = mv_mma_smem<PAIR>(rows, job.seg[0].w.cols);
     auto kern = mv_mma_kernel<NORM, PAIR>;
-    static bool big_smem = false; /* (one flag per instantiation) */
-    if (smem > (48 << 10) && !big_smem) {
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MV_MMA_SMEM_MAX);
-        big_smem = true;
-    }
     /* persistent: the blocks the device holds at once (each stages x once), or
      * $LLMOPT_CUDA_MMA_BPS blocks an SM where fewer */
     static size_t occ_smem = (size_t)-1;
     static int occ = 1;
     if (occ_smem != smem) {
+        if (occ_smem == (size_t)-1)
+            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MV_MMA_SMEM_MAX);
         int n = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, MV_THREADS, smem) != cudaSuccess || n < 1) n = 1;
         const char *e = getenv("LLMOPT_CUDA_MMA_BPS");
@@ -885,8 +899,10 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
     mv_tune_read();
     if constexpr (DT == CU_Q8_0) /* several rows: int8 x rows side by side in shared memory, where they fit */
         if (rows > 1 && mv_x_mode_read() != MV_X_F32) {
-            const size_t staged = (size_t)rows * mv_xq_row_stride(job.seg[0].w.cols);
-            if (mv_mma_on() && staged <= MV_MMA_SMEM_MAX && mv_xq_smem(job.seg[0].w.cols) <= (48 << 10))
+            const int64_t K = job.seg[0].w.cols;
+            const size_t staged = (size_t)rows * mv_xq_row_stride(K);
+            if (mv_mma_on() && K % 128 == 0 && mv_mma_smem<PAIR>(rows, K) <= MV_MMA_SMEM_MAX &&
+                mv_xq_smem(K) <= (48 << 10))
                 return mv_mma_launch<NORM, PAIR>(st, job, x, rows);
             if (staged <= (48 << 10))
                 return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF, MV_X_Q8>(st, job, x, rows);
