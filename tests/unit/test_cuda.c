@@ -343,6 +343,7 @@ static double linear_small_tol; /* up to 8 rows, when not 0 (a matvec that round
 void cu_matvec_q8_x(int mode);
 void cu_matvec_x_regs(int on);
 void cu_matvec_mma(int on);
+void cu_matvec_mma_stages(int stages);
 void cu_matvec_persist(int mode, int max_blocks);
 
 static void run_linear_case(const struct linear_case *lc, bool no_blas) {
@@ -1165,6 +1166,17 @@ static void test_linear_q8x(void) {
         cu_matvec_persist(-1, 3);
         for (int c = 0; c < 3; c++) q8_rows_vs_cpu(&cases[c + 1], c == 1, true);
         cu_matvec_persist(-1, 0);
+        /* rings of 2 and 3 stages (the default: 4, pairs 3), with the fused blocks' pairs */
+        for (int stages = 2; stages <= 3; stages++) {
+            cu_matvec_mma_stages(stages);
+            for (int c = 0; c < 3; c++) q8_rows_vs_cpu(&cases[c + 1], c == 1, true);
+            ref_backend = &cpu_backend_ops;
+            fusion_tol = 2e-2;
+            fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
+            fusion_tol = 0;
+            ref_backend = &cpu_ref_backend_ops;
+        }
+        cu_matvec_mma_stages(0);
         ref_backend = &cpu_backend_ops;
         fusion_tol = 2e-2;
         fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);

@@ -102,6 +102,9 @@ extern "C" void cu_matvec_x_regs(int on); /* C: tests/unit/test_cuda.c */
  * (mv_mma_kernel), 0 matvec_kernel's dp4a loop over the staged rows. Until the first
  * call: $LLMOPT_CUDA_Q8_MMA (which also switches cu_linear_q8_mma, 9-64 rows). */
 extern "C" void cu_matvec_mma(int on); /* C: tests/unit/test_cuda.c */
+/* Ring stages a warp in those tensor-core products: 2..4, 0 the default (4 for plain
+ * products, 3 for SwiGLU pairs). Until the first call: $LLMOPT_CUDA_MMA_STAGES. */
+extern "C" void cu_matvec_mma_stages(int stages); /* C: tests/unit/test_cuda.c */
 /* Persistent one-row matvec launches (f32/f16/bf16/q8_0/q4_0), process-wide: a grid of
  * as many blocks as the device holds at once, each block taking every gridDim-th group
  * of rows, so the per-block prologue (rms_norm, x to int8) runs once a block, and K is

@@ -484,22 +484,23 @@ __global__ void __launch_bounds__(MV_THREADS)
  * cu_matvec_put. Needs K % 128 == 0. */
 #define MV_MMA_TILE 16
 #define MV_MMA_ROWB 160 /* a stage's row: 128 bytes of quants and 32 of padding */
-template <bool PAIR> struct mv_mma_cfg {
+#define MV_MMA_STAGES 4      /* ring stages a warp, plain products */
+#define MV_MMA_STAGES_PAIR 3 /* ... and SwiGLU pairs (each stage two weights) */
+template <bool PAIR, int STAGES> struct mv_mma_cfg {
     static constexpr int NP = PAIR ? 2 : 1;                        /* weights a tile streams */
-    static constexpr int S = PAIR ? 3 : 4;                         /* stages a warp's ring */
+    static constexpr int S = STAGES;                               /* stages a warp's ring */
     static constexpr int WB = MV_MMA_TILE * MV_MMA_ROWB;           /* quant bytes of a stage, one weight */
     static constexpr int STAGE = NP * (WB + MV_MMA_TILE * 8);      /* quants and scales of a stage */
-    static constexpr size_t RING = (size_t)MV_WARPS * S * STAGE;   /* every warp's ring */
 };
 /* the staged x rows' stride: int8 row and scales, 16-byte aligned, 32 mod 128 bytes */
 static __host__ __device__ inline size_t mv_mma_x_stride(int64_t K) {
     return ((mv_xq_row_stride(K) + 127) & ~(size_t)127) + 32;
 }
 
-template <bool NORM, bool PAIR>
+template <bool NORM, bool PAIR, int STAGES>
 __global__ void __launch_bounds__(MV_THREADS)
     mv_mma_kernel(struct mv_job job, const float *__restrict__ x, int rows, int64_t n_tiles) {
-    using C = mv_mma_cfg<PAIR>;
+    using C = mv_mma_cfg<PAIR, STAGES>;
     constexpr int NP = C::NP, S = C::S;
     __shared__ float red[MV_WARPS][NP * 4][CU_WARP];
     cu_pdl_trigger();
@@ -774,21 +775,29 @@ static bool mv_mma_on(void) {
     return mv_switch_on(&mv_mma_state, "LLMOPT_CUDA_Q8_MMA");
 }
 
+/* Stages of a warp's ring in mv_mma_kernel: 0 the default (mv_mma_stages), else 2..4
+ * (cu_matvec_mma_stages; until the first call $LLMOPT_CUDA_MMA_STAGES). */
+static int mv_mma_stage_set = -1;
+extern "C" void cu_matvec_mma_stages(int stages) {
+    mv_mma_stage_set = stages >= 2 && stages <= 4 ? stages : 0;
+}
+static int mv_mma_stages(bool pair) {
+    if (mv_mma_stage_set < 0) cu_matvec_mma_stages(mv_env("LLMOPT_CUDA_MMA_STAGES", 2, 4));
+    return mv_mma_stage_set ? mv_mma_stage_set : pair ? MV_MMA_STAGES_PAIR : MV_MMA_STAGES;
+}
+
 /* Shared memory of an mv_mma_kernel launch: the staged x rows and the warps' rings */
-template <bool PAIR> static size_t mv_mma_smem(int rows, int64_t K) {
-    return (size_t)rows * mv_mma_x_stride(K) + mv_mma_cfg<PAIR>::RING;
+static size_t mv_mma_smem(bool pair, int stages, int rows, int64_t K) {
+    return (size_t)rows * mv_mma_x_stride(K) + (size_t)MV_WARPS * stages * (pair ? 2 : 1) * (MV_MMA_TILE * (MV_MMA_ROWB + 8));
 }
 #define MV_MMA_SMEM_MAX (216 << 10) /* dynamic: an H100/H200 block's most (227 KiB) less the static (<= 8.3 KiB) */
 
-template <bool NORM, bool PAIR>
-static void mv_mma_launch(cudaStream_t st, struct mv_job job, const float *x, int rows) {
-    int64_t tiles = 0;
-    for (int k = 0; k < job.n_seg; k++) {
-        tiles += (job.seg[k].w.rows + MV_MMA_TILE - 1) / MV_MMA_TILE;
-        job.g_end[k] = tiles;
-    }
-    const size_t smem = mv_mma_smem<PAIR>(rows, job.seg[0].w.cols);
-    auto kern = mv_mma_kernel<NORM, PAIR>;
+template <bool NORM, bool PAIR, int STAGES>
+static void mv_mma_launch_s(cudaStream_t st, const struct mv_job &job, const float *x, int rows, int64_t tiles) {
+    static_assert(sizeof(mv_mma_cfg<PAIR, STAGES>) > 0 && mv_mma_cfg<PAIR, STAGES>::STAGE ==
+                      (PAIR ? 2 : 1) * MV_MMA_TILE * (MV_MMA_ROWB + 8), "mv_mma_smem's stage");
+    const size_t smem = mv_mma_smem(PAIR, STAGES, rows, job.seg[0].w.cols);
+    auto kern = mv_mma_kernel<NORM, PAIR, STAGES>;
     /* persistent: the blocks the device holds at once (each stages x once), or
      * $LLMOPT_CUDA_MMA_BPS blocks an SM where fewer */
     static size_t occ_smem = (size_t)-1;
@@ -806,6 +815,18 @@ static void mv_mma_launch(cudaStream_t st, struct mv_job job, const float *x, in
     int64_t cap = mv_persist_cap ? mv_persist_cap : (int64_t)occ * cu_sm_count();
     const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
     cu_launch_pdl(kern, dim3(grid), dim3(MV_THREADS), smem, st, job, x, rows, tiles);
+}
+
+template <bool NORM, bool PAIR>
+static void mv_mma_launch(cudaStream_t st, struct mv_job job, const float *x, int rows, int stages) {
+    int64_t tiles = 0;
+    for (int k = 0; k < job.n_seg; k++) {
+        tiles += (job.seg[k].w.rows + MV_MMA_TILE - 1) / MV_MMA_TILE;
+        job.g_end[k] = tiles;
+    }
+    if (stages == 2) return mv_mma_launch_s<NORM, PAIR, 2>(st, job, x, rows, tiles);
+    if (stages == 3) return mv_mma_launch_s<NORM, PAIR, 3>(st, job, x, rows, tiles);
+    mv_mma_launch_s<NORM, PAIR, 4>(st, job, x, rows, tiles);
 }
 
 template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF, int XM = MV_X_F32>
@@ -901,9 +922,10 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
         if (rows > 1 && mv_x_mode_read() != MV_X_F32) {
             const int64_t K = job.seg[0].w.cols;
             const size_t staged = (size_t)rows * mv_xq_row_stride(K);
-            if (mv_mma_on() && K % 128 == 0 && mv_mma_smem<PAIR>(rows, K) <= MV_MMA_SMEM_MAX &&
+            const int stages = mv_mma_stages(PAIR);
+            if (mv_mma_on() && K % 128 == 0 && mv_mma_smem(PAIR, stages, rows, K) <= MV_MMA_SMEM_MAX &&
                 mv_xq_smem(K) <= (48 << 10))
-                return mv_mma_launch<NORM, PAIR>(st, job, x, rows);
+                return mv_mma_launch<NORM, PAIR>(st, job, x, rows, stages);
             if (staged <= (48 << 10))
                 return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF, MV_X_Q8>(st, job, x, rows);
         }
