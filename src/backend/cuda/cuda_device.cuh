@@ -400,6 +400,24 @@ static inline cudaError_t cu_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 bl
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
 }
 
+/* Blocks of `threads` threads one multiprocessor holds of `kern` with `smem` bytes of
+ * dynamic shared memory, remembered in the caller's statics (*cached_smem, *cached:
+ * one pair per kernel instantiation; asked again when smem changes). max_smem > 0 opts
+ * the kernel into that much dynamic shared memory first (above 48 KiB is opt-in). On
+ * an error *cached is 1 for this call and the error is returned. */
+template <typename KERN>
+static inline cudaError_t cu_blocks_per_sm(KERN kern, int threads, size_t smem, size_t max_smem, size_t *cached_smem,
+                                           int *cached) {
+    if (*cached_smem == smem) return cudaSuccess;
+    cudaError_t e = max_smem ? cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem)
+                             : cudaSuccess;
+    int n = 0;
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, threads, smem);
+    *cached = e == cudaSuccess && n > 0 ? n : 1;
+    if (e == cudaSuccess) *cached_smem = smem; /* (an error is asked again next time) */
+    return e;
+}
+
 /* Multiprocessors of the current device (read once; 1 if the query fails). Shared by
  * the persistent matvec launches of kernels_linear.cu and kernels_kquant.cu. */
 static inline int cu_sm_count(void) {

@@ -639,14 +639,8 @@ static cudaError_t km_launch(cudaStream_t st, struct km_job job, const float *x,
     const size_t smem = km_row_bytes(job.seg[0].w.cols) * (size_t)rows;
     static size_t occ_smem = (size_t)-1;
     static int occ = 1;
-    if (occ_smem != smem) { /* above 48 KiB dynamic shared memory is opt-in */
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, KQ_XS_MAX_BYTES);
-        int n = 0;
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, KM_THREADS, smem);
-        if (e != cudaSuccess) return e;
-        occ = n > 0 ? n : 1;
-        occ_smem = smem;
-    }
+    const cudaError_t e = cu_blocks_per_sm(kern, KM_THREADS, smem, KQ_XS_MAX_BYTES, &occ_smem, &occ);
+    if (e != cudaSuccess) return e;
     const int bps = km_bps_cap && km_bps_cap < occ ? km_bps_cap : occ;
     int64_t groups = 0;
     for (int k = 0; k < job.n_seg; k++) {

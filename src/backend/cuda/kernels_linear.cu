@@ -486,11 +486,12 @@ __global__ void __launch_bounds__(MV_THREADS)
 #define MV_MMA_ROWB 160 /* a stage's row: 128 bytes of quants and 32 of padding */
 #define MV_MMA_STAGES 4      /* ring stages a warp, plain products */
 #define MV_MMA_STAGES_PAIR 3 /* ... and SwiGLU pairs (each stage two weights) */
+#define MV_MMA_WB (MV_MMA_TILE * MV_MMA_ROWB)     /* quant bytes of a stage, one weight */
+#define MV_MMA_PB (MV_MMA_WB + MV_MMA_TILE * 8)   /* ... and its 4 scales a row */
 template <bool PAIR, int STAGES> struct mv_mma_cfg {
-    static constexpr int NP = PAIR ? 2 : 1;                        /* weights a tile streams */
-    static constexpr int S = STAGES;                               /* stages a warp's ring */
-    static constexpr int WB = MV_MMA_TILE * MV_MMA_ROWB;           /* quant bytes of a stage, one weight */
-    static constexpr int STAGE = NP * (WB + MV_MMA_TILE * 8);      /* quants and scales of a stage */
+    static constexpr int NP = PAIR ? 2 : 1;  /* weights a tile streams */
+    static constexpr int S = STAGES;         /* stages a warp's ring */
+    static constexpr int STAGE = NP * MV_MMA_PB; /* quants and scales of a stage */
 };
 /* the staged x rows' stride: int8 row and scales, 16-byte aligned, 32 mod 128 bytes */
 static __host__ __device__ inline size_t mv_mma_x_stride(int64_t K) {
@@ -523,7 +524,7 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
             for (int p = 0; p < NP; p++) {
                 const struct cu_weight &ws = PAIR && p == 1 ? job.up : w;
-                uint8_t *sp = st + p * (C::WB + MV_MMA_TILE * 8);
+                uint8_t *sp = st + p * MV_MMA_PB;
 #pragma unroll
                 for (int i = 0; i < MV_MMA_TILE / 4; i++) {
                     const int r = 4 * i + lane / 8; /* rows past the end repeat the last one */
@@ -533,7 +534,7 @@ __global__ void __launch_bounds__(MV_THREADS)
                 }
                 if (lane < MV_MMA_TILE) {
                     const int64_t j = j0 + lane < w.rows ? j0 + lane : w.rows - 1;
-                    cu_cp_async8(sp + C::WB + lane * 8, ws.scales + j * nb + ic * 4);
+                    cu_cp_async8(sp + MV_MMA_WB + lane * 8, ws.scales + j * nb + ic * 4);
                 }
             }
             ic += MV_WARPS;
@@ -574,11 +575,11 @@ __global__ void __launch_bounds__(MV_THREADS)
                 const float x0 = xd0[kb], x1 = xd1[kb];
 #pragma unroll
                 for (int p = 0; p < NP; p++) {
-                    const uint8_t *sp = st + p * (C::WB + MV_MMA_TILE * 8);
+                    const uint8_t *sp = st + p * MV_MMA_PB;
                     const uint2 a = *(const uint2 *)(sp + g * MV_MMA_ROWB + 32 * q + 8 * t);
                     const uint2 b = *(const uint2 *)(sp + (g + 8) * MV_MMA_ROWB + 32 * q + 8 * t);
-                    const float da = cu_f16(*(const uint16_t *)(sp + C::WB + g * 8 + 2 * q));
-                    const float db = cu_f16(*(const uint16_t *)(sp + C::WB + (g + 8) * 8 + 2 * q));
+                    const float da = cu_f16(*(const uint16_t *)(sp + MV_MMA_WB + g * 8 + 2 * q));
+                    const float db = cu_f16(*(const uint16_t *)(sp + MV_MMA_WB + (g + 8) * 8 + 2 * q));
                     int d0, d1, d2, d3;
                     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
                                  "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
@@ -788,31 +789,23 @@ static int mv_mma_stages(bool pair) {
 
 /* Shared memory of an mv_mma_kernel launch: the staged x rows and the warps' rings */
 static size_t mv_mma_smem(bool pair, int stages, int rows, int64_t K) {
-    return (size_t)rows * mv_mma_x_stride(K) + (size_t)MV_WARPS * stages * (pair ? 2 : 1) * (MV_MMA_TILE * (MV_MMA_ROWB + 8));
+    return (size_t)rows * mv_mma_x_stride(K) + (size_t)MV_WARPS * stages * (pair ? 2 : 1) * MV_MMA_PB;
 }
 #define MV_MMA_SMEM_MAX (216 << 10) /* dynamic: an H100/H200 block's most (227 KiB) less the static (<= 8.3 KiB) */
 
 template <bool NORM, bool PAIR, int STAGES>
 static void mv_mma_launch_s(cudaStream_t st, const struct mv_job &job, const float *x, int rows, int64_t tiles) {
-    static_assert(sizeof(mv_mma_cfg<PAIR, STAGES>) > 0 && mv_mma_cfg<PAIR, STAGES>::STAGE ==
-                      (PAIR ? 2 : 1) * MV_MMA_TILE * (MV_MMA_ROWB + 8), "mv_mma_smem's stage");
     const size_t smem = mv_mma_smem(PAIR, STAGES, rows, job.seg[0].w.cols);
     auto kern = mv_mma_kernel<NORM, PAIR, STAGES>;
     /* persistent: the blocks the device holds at once (each stages x once), or
      * $LLMOPT_CUDA_MMA_BPS blocks an SM where fewer */
     static size_t occ_smem = (size_t)-1;
     static int occ = 1;
-    if (occ_smem != smem) {
-        if (occ_smem == (size_t)-1)
-            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MV_MMA_SMEM_MAX);
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, MV_THREADS, smem) != cudaSuccess || n < 1) n = 1;
-        const char *e = getenv("LLMOPT_CUDA_MMA_BPS");
-        const int bps = e ? atoi(e) : 0;
-        occ = bps > 0 && bps < n ? bps : n;
-        occ_smem = smem;
-    }
-    int64_t cap = mv_persist_cap ? mv_persist_cap : (int64_t)occ * cu_sm_count();
+    /* (an error here fails the launch below, which reports it) */
+    cu_blocks_per_sm(kern, MV_THREADS, smem, MV_MMA_SMEM_MAX, &occ_smem, &occ);
+    static const int bps = mv_env("LLMOPT_CUDA_MMA_BPS", 1, 64);
+    const int per_sm = bps && bps < occ ? bps : occ;
+    int64_t cap = mv_persist_cap ? mv_persist_cap : (int64_t)per_sm * cu_sm_count();
     const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
     cu_launch_pdl(kern, dim3(grid), dim3(MV_THREADS), smem, st, job, x, rows, tiles);
 }
@@ -846,12 +839,7 @@ static void mv_launch_nr(cudaStream_t st, struct mv_job job, const float *x, int
     if (mv_persistent(NORM || XM != MV_X_F32)) {
         static size_t occ_smem = (size_t)-1;
         static int occ = 1;
-        if (occ_smem != smem) {
-            int n = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, MV_THREADS, smem) != cudaSuccess || n < 1) n = 1;
-            occ = n;
-            occ_smem = smem;
-        }
+        cu_blocks_per_sm(kern, MV_THREADS, smem, 0, &occ_smem, &occ); /* (on an error 1) */
         cap = mv_persist_cap ? mv_persist_cap : (int64_t)occ * cu_sm_count();
     }
     const int64_t target = mv_tune.warps ? mv_tune.warps : cap ? cap * MV_WARPS / 2 + 1 : 4096;
