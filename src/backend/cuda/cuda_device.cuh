@@ -267,6 +267,50 @@ static __device__ __forceinline__ void mv_quantize_x_q8(const float *__restrict_
     }
 }
 
+/* Several x rows staged for the int8-x matvecs: put(v, r, f, in) for every float4
+ * group f of the rows r = 0..rows-1 (row r at x + r * K), v times sc(r) * nw first
+ * where nw is set (the rms_norm prologue, (x * sc) * w as mv_quantize_x_q8), by the
+ * block's threads 0..threads-1. The groups of all rows form one sequence
+ * g = r * K / 4 + f, and each thread loads its next U groups before it puts any, so
+ * one round trip to x serves U * threads groups; a row at a time, a group at a time
+ * waited for x once a group (8 rows of 12288: 96 round trips a block). The (r, f) of
+ * a thread's groups advance by subtraction, without a division on the way to the
+ * first load. Whole warps call put, as the q8 rules shuffle: with K % 32 == 0 the 8
+ * lanes of a 32-element block lie in one row and are all in range or all out (in
+ * false: v is zero), with K % 256 == 0 the same holds for whole warps. */
+template <int U, typename SC, typename PUT>
+static __device__ __forceinline__ void cu_stage_x_rows(const float *__restrict__ x, int rows, int64_t K,
+                                                       const float *__restrict__ nw, SC sc, int threads, PUT put) {
+    const uint32_t fr = (uint32_t)(K / 4), n = (uint32_t)rows * fr, t = threadIdx.x;
+    uint32_t r = t < fr ? 0 : t / fr, f = t - r * fr;              /* the thread's next group */
+    for (uint32_t g0 = 0; g0 < n; g0 += (uint32_t)(U * threads)) { /* uniform bound */
+        float4 v[U], w[U];
+        uint32_t row[U], grp[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { /* every load of the round in flight */
+            row[u] = r;
+            grp[u] = f;
+            v[u] = w[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < (uint32_t)rows) {
+                v[u] = __ldg((const float4 *)(x + (size_t)r * K) + f);
+                if (nw) w[u] = __ldg((const float4 *)nw + f);
+            }
+            for (f += (uint32_t)threads; f >= fr; f -= fr) r++;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (g0 + (uint32_t)(u * threads) >= n) break; /* uniform: whole warps shuffle */
+            const bool in = row[u] < (uint32_t)rows;
+            float4 a = v[u];
+            if (nw && in) {
+                const float s = sc(row[u]);
+                a = make_float4(a.x * s * w[u].x, a.y * s * w[u].y, a.z * s * w[u].z, a.w * s * w[u].w);
+            }
+            put(a, in ? row[u] : 0, grp[u], in);
+        }
+    }
+}
+
 /* Asynchronous copies global -> shared (cp.async, sm_80+): 16 bytes bypassing L1, or 8;
  * a commit closes this thread's group of copies, cu_cp_async_wait<N> waits until at
  * most N of its groups are pending (then __syncwarp/__syncthreads before other threads

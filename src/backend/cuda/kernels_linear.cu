@@ -259,11 +259,21 @@ static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restric
         }
         __syncthreads();
     }
-    for (int r = 0; r < rows && r < RMAX; r++) {
+    /* every row's groups in one sequence, 8 loads a thread in flight where 4 would take
+     * more than one round trip to x (8 rows of 4096: 4 round trips instead of 32), else
+     * 4: the larger code of 8 cost the short launches more than it saved (0.6B q8_0 at 2
+     * rows, K = 1024: 540-542 against 566-569 us a token; bench/results/
+     * cuda-batch-stage-2026-12-01.md) */
+    const int n_rows = rows < RMAX ? rows : RMAX;
+    auto sc = [&](uint32_t r) { return inv_rms[r]; };
+    auto put = [&](float4 a, uint32_t r, uint32_t f, bool in) {
         uint8_t *qr = xs + (size_t)r * stride;
-        mv_quantize_x_q8(x + (size_t)r * K, NORM ? norm_w : NULL, NORM ? inv_rms[r] : 1.0f, K, MV_THREADS,
-                         (uint32_t *)qr, (float *)(qr + K));
-    }
+        mv_put_x_q8(a, in, f, (uint32_t *)qr, (float *)(qr + K));
+    };
+    if ((int64_t)n_rows * K / 4 > 4 * MV_THREADS)
+        cu_stage_x_rows<8>(x, n_rows, K, NORM ? norm_w : NULL, sc, MV_THREADS, put);
+    else
+        cu_stage_x_rows<4>(x, n_rows, K, NORM ? norm_w : NULL, sc, MV_THREADS, put);
     __syncthreads();
 }
 
