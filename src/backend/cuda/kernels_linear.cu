@@ -261,9 +261,9 @@ static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restric
     }
     /* every row's groups in one sequence, 8 loads a thread in flight where 4 would take
      * more than one round trip to x (8 rows of 4096: 4 round trips instead of 32), else
-     * 4: the larger code of 8 cost the short launches more than it saved (0.6B q8_0 at 2
-     * rows, K = 1024: 540-542 against 566-569 us a token; bench/results/
-     * cuda-batch-stage-2026-12-01.md) */
+     * 4. (8 everywhere took the 0.6B q8_0 at 2 rows, K = 1024, to 566-569 us a token, 4
+     * everywhere to 540-542, both one round trip there; this rule measured 562-566, old
+     * 551-552; the cause was not found: bench/results/cuda-batch-stage-2026-12-01.md) */
     const int n_rows = rows < RMAX ? rows : RMAX;
     auto sc = [&](uint32_t r) { return inv_rms[r]; };
     auto put = [&](float4 a, uint32_t r, uint32_t f, bool in) {
