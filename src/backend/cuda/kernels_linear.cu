@@ -265,15 +265,16 @@ static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restric
      * everywhere to 540-542, both one round trip there; this rule measured 562-566, old
      * 551-552; the cause was not found: bench/results/cuda-batch-stage-2026-12-01.md) */
     const int n_rows = rows < RMAX ? rows : RMAX;
+    const float *nw = NORM ? norm_w : NULL;
     auto sc = [&](uint32_t r) { return inv_rms[r]; };
     auto put = [&](float4 a, uint32_t r, uint32_t f, bool in) {
         uint8_t *qr = xs + (size_t)r * stride;
         mv_put_x_q8(a, in, f, (uint32_t *)qr, (float *)(qr + K));
     };
     if ((int64_t)n_rows * K / 4 > 4 * MV_THREADS)
-        cu_stage_x_rows<8>(x, n_rows, K, NORM ? norm_w : NULL, sc, MV_THREADS, put);
+        cu_stage_x_rows<8>(x, n_rows, K, nw, sc, MV_THREADS, put);
     else
-        cu_stage_x_rows<4>(x, n_rows, K, NORM ? norm_w : NULL, sc, MV_THREADS, put);
+        cu_stage_x_rows<4>(x, n_rows, K, nw, sc, MV_THREADS, put);
     __syncthreads();
 }
 
