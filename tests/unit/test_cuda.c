@@ -404,6 +404,9 @@ static void test_linear(void) {
 
 /* kernels_kquant.cu: cu_matvec_kq_multi's output rows a warp and blocks an SM (C linkage) */
 void cu_kq_tune(int nr, int prefetch, int blocks_per_sm);
+/* kernels_linear.cu: q4_K/q6_K products of 2-8 rows on tensor cores (1, the default) or not */
+void cu_matvec_kq_mma_on(int on);
+static void q8_rows_vs_cpu(const struct linear_case *lc, bool norm, bool few);
 
 /* K-quants (rows of 256-element super-blocks), in each x mode ($LLMOPT_CUDA_KQ_X):
  * unset, the default 2: x quantized to int8 per group of 32 and dp4a products (q4_K and
@@ -453,6 +456,31 @@ static void test_linear_kquant(void) {
     cu_kq_tune(0, 0, 0);
     unsetenv("LLMOPT_CUDA_KQ_X");
     linear_small_tol = 0;
+    /* 2-8 rows (the int8 default): on tensor cores (cu_matvec_kq_mma) and by the dp4a loop
+     * (off), plain and after an rms_norm; K of 256 (q4_K), 1024, 2048 and 4096 with partial
+     * 16-row tiles; q6_K at K = 768 (not a multiple of 1024: the dp4a loop either way);
+     * then 8 staged rows of 12288 and 3 blocks taking many tiles each */
+    const struct linear_case rows_cases[] = {
+        {IR_DTYPE_Q4_K, 1024, 40, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+        {IR_DTYPE_Q6_K, 1024, 40, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+        {IR_DTYPE_Q4_K, 4096, 300, 0, IR_OP_INPUT},
+        {IR_DTYPE_Q6_K, 2048, 300, IR_LINEAR_BIAS, IR_OP_INPUT},
+        {IR_DTYPE_Q4_K, 256, 33, 0, IR_OP_INPUT},
+        {IR_DTYPE_Q6_K, 768, 33, 0, IR_OP_INPUT},
+    };
+    const int n_rows_cases = (int)(sizeof rows_cases / sizeof rows_cases[0]);
+    for (int on = 1; on >= 0; on--) {
+        cu_matvec_kq_mma_on(on);
+        for (int c = 0; c < 2 * n_rows_cases; c++)
+            q8_rows_vs_cpu(&rows_cases[c % n_rows_cases], c >= n_rows_cases, true);
+    }
+    cu_matvec_kq_mma_on(1);
+    const struct linear_case long_rows[] = {{IR_DTYPE_Q4_K, 12288, 40, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+                                            {IR_DTYPE_Q6_K, 12288, 24, 0, IR_OP_INPUT}};
+    for (int c = 0; c < 2; c++) q8_rows_vs_cpu(&long_rows[c], c == 1, true);
+    cu_matvec_persist(-1, 3);
+    for (int c = 0; c < 4; c++) q8_rows_vs_cpu(&rows_cases[c], c == 1, true);
+    cu_matvec_persist(-1, 0);
 }
 
 static void test_unary(void) {
@@ -1054,7 +1082,13 @@ static void test_decode_fusion(void) {
     cu_kq_tune(2, 1, 1);
     fusion_case(IR_DTYPE_Q6_K, 512, 8, 4, 64, 768, true, false, false, true);
     cu_kq_tune(0, 0, 0);
+    /* the 3- and 8-token steps on tensor cores (cu_matvec_kq_mma): q4_K q/k with a q6_K v
+     * (mixed segments), the q4_K pair, a q6_K ffn_down of K = 2048; then one type, a
+     * q6_K pair */
+    fusion_case(IR_DTYPE_Q4_K, 1024, 8, 2, 128, 2048, true, false, false, true);
+    fusion_case(IR_DTYPE_Q4_K, 1024, 8, 2, 128, 2048, true, false, false, false);
     fusion_tv = -1;
+    fusion_case(IR_DTYPE_Q6_K, 1024, 8, 4, 128, 2048, true, false, false, true);
     cu_matvec_q8_x(-1);
 }
 
@@ -1093,16 +1127,19 @@ static void q8x_vs_cpu(const struct linear_case *lc, bool norm, int steps) {
  * which round x to int8 per 32 by the same rule: 9-64 rows (cu_linear_q8_mma; partial
  * 16-row tiles, x rows past a multiple of 8, the epilogue pass after it) or 2-8 rows
  * (mv_mma_kernel inside the decode fusion's matvec, with the rms_norm prologue when
- * `norm`: 1e-3 as for one row, the prologue's f32 against the CPU's norm kernel) */
+ * `norm`: 1e-3 as for one row, the prologue's f32 against the CPU's norm kernel).
+ * q4_K/q6_K (lc->wt), 2-8 rows (few): against the f32 reference at TOL_INT8, as every
+ * int8-x K-quant product (the CPU's own round x per 256). */
 static void q8_rows_vs_cpu(const struct linear_case *lc, bool norm, bool few) {
     static const struct batch_spec many[] = {{9, 9, 1}, {16, 16, 1}, {33, 33, 1}, {64, 64, 1}, {12, 12, 1}};
     static const struct batch_spec fewer[] = {{2, 2, 1}, {8, 8, 1}, {5, 5, 1}, {3, 3, 1}};
-    ref_backend = &cpu_backend_ops;
+    const bool kq = lc->wt != IR_DTYPE_Q8_0;
+    if (!kq) ref_backend = &cpu_backend_ops;
     struct gb b;
     gb_init(&b);
     int32_t x = gb_source(&b, lc->k, 1.0f);
     if (norm) x = gb_norm(&b, x, lc->k);
-    int32_t in[5] = {x, gb_param(&b, IR_DTYPE_Q8_0, lc->n_out, lc->k, 1.0f)};
+    int32_t in[5] = {x, gb_param(&b, lc->wt, lc->n_out, lc->k, 1.0f)};
     int n_in = 2;
     if (lc->flags & IR_LINEAR_BIAS) in[n_in++] = gb_param(&b, IR_DTYPE_F32, 0, lc->n_out, 1.0f);
     if (lc->flags & IR_LINEAR_GATE) in[n_in++] = gb_source(&b, lc->n_out, 1.0f);
@@ -1114,9 +1151,10 @@ static void q8_rows_vs_cpu(const struct linear_case *lc, bool norm, bool few) {
     }
     gb_infer(&b, y);
     char what[112];
-    snprintf(what, sizeof what, "linear q8_0 %lldx%lld fl%u%s %s rows (mma) vs cpu", (long long)lc->n_out,
-             (long long)lc->k, lc->flags, norm ? " +norm" : "", few ? "2-8" : "9-64");
-    compare_graph(what, &b, y, few ? fewer : many, few ? 4 : 5, 64, norm ? 1e-3 : 1e-4);
+    snprintf(what, sizeof what, "linear %s %lldx%lld fl%u%s %s rows (mma) vs %s", ir_dtype_name(lc->wt),
+             (long long)lc->n_out, (long long)lc->k, lc->flags, norm ? " +norm" : "", few ? "2-8" : "9-64",
+             kq ? "f32" : "cpu");
+    compare_graph(what, &b, y, few ? fewer : many, few ? 4 : 5, 64, kq ? TOL_INT8 : norm ? 1e-3 : 1e-4);
     gb_free(&b);
     ref_backend = &cpu_ref_backend_ops;
 }

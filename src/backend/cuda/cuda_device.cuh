@@ -246,6 +246,42 @@ static __device__ __forceinline__ void mv_put_x_q8(float4 a, bool in, int64_t f,
     if (threadIdx.x % 8 == 0) d[f / 8] = db;
 }
 
+/* The largest magnitude and the sum of the 32 values that 8 neighbouring lanes (lane %
+ * 8 == 0..7) hold 4 each, in every one of them; every lane of the warp calls this. */
+static __device__ __forceinline__ void cu_amax_sum8(float4 v, float *amax_out, float *sum_out) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    float sum = (v.x + v.y) + (v.z + v.w);
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    *amax_out = amax;
+    *sum_out = sum;
+}
+
+/* The int8 x of the K-quant tensor-core products: mv_put_x_q8's int8 and scale, and
+ * beside them what the K-quant sums need. The 32-element block f / 8 gets the record
+ * rec[f / 8] = {d, the f32 sum of its 4 x 8 values, -8 d Σq (q4_K's offset), the int
+ * sums of its quantized first and second 16 as two int16 (|Σ| <= 2032) in one word}.
+ * Every lane of the warp calls this. */
+static __device__ __forceinline__ void mv_put_x_q8_sums(float4 a, bool in, int64_t f, uint32_t *q, float4 *rec) {
+    float amax, sum;
+    cu_amax_sum8(a, &amax, &sum);
+    float id;
+    const float db = mv_q8_scale(amax, &id);
+    const uint32_t w = mv_q8_pack4(a.x, a.y, a.z, a.w, id);
+    int qs = __dp4a((int)w, 0x01010101, 0); /* the 4 signed bytes' sum */
+    qs += __shfl_xor_sync(0xffffffffu, qs, 1);
+    qs += __shfl_xor_sync(0xffffffffu, qs, 2);
+    const int qs_hi = __shfl_down_sync(0xffffffffu, qs, 4); /* lane + 4: the block's second 16 */
+    if (!in) return;
+    q[f] = w;
+    if (threadIdx.x % 8 == 0)
+        rec[f / 8] = make_float4(db, sum, (float)(-8 * (qs + qs_hi)) * db,
+                                 __uint_as_float(((uint32_t)qs & 0xffffu) | (uint32_t)qs_hi << 16));
+}
+
 /* MV_X_Q8: x (times sc * nw, the rms_norm prologue, when nw is set) -> K int8 in
  * q and K / 32 scales in d, by `threads` threads of the block: a thread converts 4
  * consecutive elements, 8 neighbouring lanes a block (K % 32 == 0, so the 8 lanes of a

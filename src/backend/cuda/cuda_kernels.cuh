@@ -174,6 +174,13 @@ cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, co
 /* Whether a decode fusion (or the rms_norm prologue) may put this weight into
  * cu_matvec_kq_multi: q4_K or q6_K, x of its K fits shared memory, int8 x mode on. */
 bool cu_kq_multi_ok(const struct cu_weight *w);
+/* cu_matvec_kq_multi's 2..8-row products on int8 tensor cores (kernels_linear.cu,
+ * mv_mma_kernel: q4_K, q6_K, or q4_K and q6_K segments; K % 256, q6_K K % 1024; staged x
+ * and rings within shared memory); cudaErrorNotSupported with nothing launched where it
+ * does not apply or $LLMOPT_CUDA_KQ_MMA=0 / cu_matvec_kq_mma_on(0) turned it off. */
+cudaError_t cu_matvec_kq_mma(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
+                             const struct cu_weight *up);
+extern "C" void cu_matvec_kq_mma_on(int on); /* C: tests/unit/test_cuda.c */
 /* Launch shape of later cu_matvec_kq_multi calls, process-wide (kernel lab, tests):
  * output rows a warp for one x row when the call's nr is 0 (1 or 2; else the default,
  * 2), the next item's loads in flight (1) or not (2; else the default: in flight

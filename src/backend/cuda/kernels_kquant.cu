@@ -724,6 +724,12 @@ cudaError_t cu_matvec_kq_multi(cudaStream_t st, const float *x, int64_t rows, co
         const cudaError_t e = cu_matvec_stream(st, x, segs, n_seg, up, true);
         if (e != cudaErrorNotSupported) return e;
     }
+    if (rows > 1 && !km_nr && !km_pf && !km_bps_cap) {
+        /* tensor cores (kernels_linear.cu), where they apply; not under a cu_kq_tune
+         * launch shape (lab, tests of this kernel) */
+        const cudaError_t e = cu_matvec_kq_mma(st, x, rows, segs, n_seg, up);
+        if (e != cudaErrorNotSupported) return e;
+    }
     if (nr == 0) nr = km_nr ? km_nr : 2;
     cudaError_t e;
     if (!same)

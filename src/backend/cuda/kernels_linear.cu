@@ -11,6 +11,7 @@
  * for block-quantized weights): a 64x64 output tile per block, W dequantized a 32-wide
  * K slice at a time into shared memory, f32 accumulation in K order. */
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/kquant_dot.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -228,8 +229,10 @@ static __device__ __forceinline__ float mv_sumsq(const float *__restrict__ x, in
 /* Several x rows (rows <= RMAX) to int8 + scales in shared memory, row r at
  * r * stride bytes from xs (MV_X_Q8 with several rows), by the whole block;
  * with NORM each row times its 1 / rms (every row's sum of squares in one pass and one
- * block reduction) and the norm weight first. Ends with a barrier. */
-template <int RMAX, bool NORM>
+ * block reduction) and the norm weight first. SUMS: after a row's K int8 a 16-byte
+ * record a block of 32 (mv_put_x_q8_sums: the K-quant products), else a scale. Ends
+ * with a barrier. */
+template <int RMAX, bool NORM, bool SUMS = false>
 static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restrict__ x, int rows, int64_t K,
                                                           const float *__restrict__ norm_w, float eps, uint8_t *xs,
                                                           size_t stride) {
@@ -269,7 +272,10 @@ static __device__ __forceinline__ void mv_stage_x_rows_q8(const float *__restric
     auto sc = [&](uint32_t r) { return inv_rms[r]; };
     auto put = [&](float4 a, uint32_t r, uint32_t f, bool in) {
         uint8_t *qr = xs + (size_t)r * stride;
-        mv_put_x_q8(a, in, f, (uint32_t *)qr, (float *)(qr + K));
+        if constexpr (SUMS)
+            mv_put_x_q8_sums(a, in, f, (uint32_t *)qr, (float4 *)(qr + K));
+        else
+            mv_put_x_q8(a, in, f, (uint32_t *)qr, (float *)(qr + K));
     };
     if ((int64_t)n_rows * K / 4 > 4 * MV_THREADS)
         cu_stage_x_rows<8>(x, n_rows, K, nw, sc, MV_THREADS, put);
@@ -472,80 +478,260 @@ __global__ void __launch_bounds__(MV_THREADS)
     }
 }
 
-/* q8_0 products of 2..CU_MATVEC_MAX_ROWS x rows on int8 tensor cores, in the decode
- * fusion's job (segments sharing x, a SwiGLU pair, the rms_norm prologue, the epilogue).
- * The dp4a loop of matvec_kernel with several x rows reads 20 bytes of shared memory
- * per x row for every 16 weight bytes, more than shared memory delivers at the
- * weights' streaming rate; here one mma.m16n8k32 (s8 x s8 -> s32) takes 16 weight rows
- * and all 8 x rows of a 32-element block.
+/* Products of 2..CU_MATVEC_MAX_ROWS x rows on int8 tensor cores, q8_0, q4_K and q6_K
+ * weights, in the decode fusion's job (segments sharing x, a SwiGLU pair, the rms_norm
+ * prologue, the epilogue). The dp4a loops with several x rows read 20 bytes of shared
+ * memory per x row for every 16 q8_0 weight bytes, more than shared memory delivers at
+ * the weights' streaming rate, and the K-quant one decodes each weight once per x row
+ * (an 8-sequence 8B q4_k_m step cost 5 one-sequence steps); here one mma takes 16
+ * weight rows and all 8 x rows of a block of 32 (q6_K: 16, one scale each).
  *
- * Each block stages every x row as int8 (mv_stage_x_rows_q8: the matvec's int8 x rule)
- * once, then takes tiles of 16 output rows in turn (a persistent launch). Its 8 warps
- * split a tile's K in chunks of 128 bytes a row (4 blocks of 32; warp w the chunks w,
+ * Each block stages every x row as int8 (mv_stage_x_rows_q8: the matvec's int8 x rule;
+ * K-quants also the sums their offsets need) once, then takes tiles of 16 output rows
+ * in turn (a persistent launch). Its 8 warps split a tile's K in chunks of 128 weights
+ * a row (q8_0: 4 blocks of 32; K-quants: half a super-block; warp w the chunks w,
  * w + 8, ...). Each warp streams its chunks through a ring of S stages in shared memory
- * by cp.async: a stage is one chunk of the 16 rows (16-byte copies, 8 lanes a row: each
- * copy instruction reads 4 whole 128-byte lines) and their 4 block scales, the ring
- * running ahead across tiles, its first S - 1 stages issued before the PDL wait (8-byte
- * loads straight into fragments touched 8 lines a load instruction and held L1 at ~75%
- * busy with DRAM at 20-38%: ncu, 8B q8_0 at 2 rows). Fragments as q8_mma_kernel's (A:
- * weight rows g and g + 8, bytes 8t..8t+7 of a block; B: x row g, the same bytes; C:
- * output rows g, g + 8 by x rows 2t, 2t + 1), read from rows padded to 160 bytes and x
- * rows to a stride of 32 mod 128 bytes, so that no two lanes of a half warp share a
- * bank. The warps' sums are added in shared memory in warp order and written through
- * cu_matvec_put. Needs K % 128 == 0. */
+ * by cp.async: a stage is one chunk of the 16 rows (16-byte copies: each q8_0 copy
+ * instruction reads 4 whole 128-byte lines), the ring running ahead across tiles, its
+ * first S - 1 stages issued before the PDL wait (8-byte loads straight into fragments
+ * touched 8 lines a load instruction and held L1 at ~75% busy with DRAM at 20-38%: ncu,
+ * 8B q8_0 at 2 rows). Fragments as q8_mma_kernel's (A: weight rows g and g + 8, bytes
+ * 8t..8t+7 of a block; B: x row g, the same bytes; C: output rows g, g + 8 by x rows 2t,
+ * 2t + 1; q6_K's k16: bytes 4t..4t+3), read from rows padded so that no two lanes of a
+ * half warp share a bank, and x rows at a stride of 32 mod 128 bytes. The warps' sums
+ * are added in shared memory in warp order and written through cu_matvec_put. Needs K %
+ * 128 == 0 (K-quants: q6_K K % 1024 == 0, for the 8-byte word of d values a row copies). */
 #define MV_MMA_TILE 16
-#define MV_MMA_ROWB 160 /* a stage's row: 128 bytes of quants and 32 of padding */
+#define MV_MMA_ROWB        160    /* a q8_0 stage's row: 128 bytes of quants and 32 of padding */
 #define MV_MMA_STAGES 4      /* ring stages a warp, plain products */
 #define MV_MMA_STAGES_PAIR 3 /* ... and SwiGLU pairs (each stage two weights) */
 #define MV_MMA_WB (MV_MMA_TILE * MV_MMA_ROWB)     /* quant bytes of a stage, one weight */
 #define MV_MMA_PB (MV_MMA_WB + MV_MMA_TILE * 8)   /* ... and its 4 scales a row */
-template <bool PAIR, int STAGES> struct mv_mma_cfg {
+/* K-quant stage rows, half a super-block each: q4_K its 64 bytes of qs, then the 16-byte
+ * header (96: uint2 loads of rows g = 0..3 land on distinct banks); q6_K 64 bytes of ql,
+ * 32 of qh, its 8 scales, the 8-byte word of d values holding the super-block's (112:
+ * 32-bit loads of rows g = 0..7 on distinct banks) */
+#define MV_MMA_ROWB_Q4K 96
+#define MV_MMA_ROWB_Q6K 112
+
+/* DT: CU_Q8_0, CU_Q4_K, CU_Q6_K, or 0 for segments of q4_K and q6_K mixed (q/k/v) */
+template <int DT, bool PAIR, int STAGES> struct mv_mma_cfg {
     static constexpr int NP = PAIR ? 2 : 1;  /* weights a tile streams */
     static constexpr int S = STAGES;         /* stages a warp's ring */
-    static constexpr int STAGE = NP * MV_MMA_PB; /* quants and scales of a stage */
+    static constexpr bool KQ = DT != CU_Q8_0;
+    static constexpr int PB = KQ ? MV_MMA_TILE * (DT == CU_Q4_K ? MV_MMA_ROWB_Q4K : MV_MMA_ROWB_Q6K) : MV_MMA_PB;
+    static constexpr int STAGE = NP * PB; /* a stage's bytes */
 };
-/* the staged x rows' stride: int8 row and scales, 16-byte aligned, 32 mod 128 bytes */
-static __host__ __device__ inline size_t mv_mma_x_stride(int64_t K) {
-    return ((mv_xq_row_stride(K) + 127) & ~(size_t)127) + 32;
+/* the staged x rows' stride: int8 row and scales (K-quants: 16-byte records, as
+ * mv_put_x_q8_sums writes them), 16-byte aligned, 32 mod 128 bytes */
+static __host__ __device__ inline size_t mv_mma_x_stride(int64_t K, bool kq) {
+    const size_t row = kq ? (size_t)K + (size_t)K / 32 * 16 : mv_xq_row_stride(K);
+    return ((row + 127) & ~(size_t)127) + 32;
 }
 
-template <bool NORM, bool PAIR, int STAGES>
-__global__ void __launch_bounds__(MV_THREADS)
+/* A lane's share of the copies that fill a K-quant stage (16 rows, half a super-block):
+ * pieces i = lane, lane + 32, lane + 64 of the 16 x 5 (q4_K: the header, 4 of qs) or
+ * 16 x 6 (q6_K: 4 of ql, 2 of qh) 16-byte pieces, and q6_K one 8-byte copy a lane (row
+ * lane / 2: its 8 scales, or the word of d values). Set once a tile (rows past n_rows
+ * repeat the last one): each source at super-block 0, half 0, and the bytes a half adds. */
+struct mv_kq_copies {
+    const uint8_t *src[4];
+    uint32_t dst[4], hm[4];
+};
+static __device__ __forceinline__ void mv_kq_copies_set(mv_kq_copies &cp, const struct cu_weight &w, int64_t n_rows,
+                                                        int64_t j0, int64_t K, int lane) {
+    const int64_t nsb = K / 256;
+    const bool q4 = w.dtype == CU_Q4_K;
+    const int np = q4 ? 5 : 6, rowb = q4 ? MV_MMA_ROWB_Q4K : MV_MMA_ROWB_Q6K;
+#pragma unroll
+    for (int k = 0; k < 3; k++) {
+        const int i = lane + 32 * k, r = (i < MV_MMA_TILE * np ? i : 0) / np, p = i - np * r;
+        const int64_t j = j0 + r < n_rows ? j0 + r : n_rows - 1;
+        const uint8_t *row = (const uint8_t *)w.data + j * nsb * (q4 ? 144 : 208);
+        if (q4) { /* header at 64 (no half offset); qs piece p - 1 at 16 + 64h + 16(p - 1) */
+            cp.src[k] = row + (p ? 16 * p : 0);
+            cp.hm[k] = p ? 64 : 0;
+            cp.dst[k] = r * rowb + (p ? 16 * (p - 1) : 64);
+        } else { /* ql at 64h + 16p, qh at 128 + 32h + 16(p - 4) */
+            cp.src[k] = row + (p < 4 ? 16 * p : 128 + 16 * (p - 4));
+            cp.hm[k] = p < 4 ? 64 : 32;
+            cp.dst[k] = r * rowb + 16 * p;
+        }
+    }
+    if (q4) return;
+    const int r = lane >> 1;
+    const int64_t j = j0 + r < n_rows ? j0 + r : n_rows - 1;
+    cp.src[3] = lane & 1 ? (const uint8_t *)(w.scales + j * nsb) : (const uint8_t *)w.data + j * nsb * 208 + 192;
+    cp.hm[3] = lane & 1 ? 0 : 8;
+    cp.dst[3] = r * rowb + (lane & 1 ? 104 : 96);
+}
+
+/* Copies chunk ic (half ic % 2 of super-block ic / 2) of the tile cp was set for into
+ * the stage at sp (q4_K: 80 pieces, so lanes 16..31 have two). */
+static __device__ __forceinline__ void mv_kq_copies_issue(const mv_kq_copies &cp, bool q4, int64_t ic, int lane,
+                                                          uint8_t *sp) {
+    const int64_t sb = ic >> 1;
+    const uint32_t h = (uint32_t)ic & 1;
+    const int64_t sbb = q4 ? 144 : 208;
+#pragma unroll
+    for (int k = 0; k < 3; k++)
+        if (k < 2 || !q4 || lane < 16) cu_cp_async16(sp + cp.dst[k], cp.src[k] + sb * sbb + h * cp.hm[k]);
+    if (!q4) /* the d word: the aligned 4 values holding the super-block's (K % 1024 == 0) */
+        cu_cp_async8(sp + cp.dst[3], cp.src[3] + (lane & 1 ? (sb & ~(int64_t)3) * 2 : sb * 208 + h * 8));
+}
+
+/* D = A (16 x 32, u8) B (32 x 8, s8), and D = A (16 x 16, s8) B (16 x 8, s8) */
+static __device__ __forceinline__ void mv_mma_u8(int d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint2 b) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y), "r"(0));
+}
+static __device__ __forceinline__ void mv_mma_k16(int d[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
+/* The x operands of a lane: its B row (x row g) and the records of its C columns (x
+ * rows 2t, 2t + 1), a float4 a block of 32 (mv_put_x_q8_sums) */
+struct mv_mma_x {
+    const uint8_t *b;
+    const float4 *r0, *r1;
+};
+
+/* acc += chunk c of a q4_K stage (rows g, g + 8) by the lane's x rows: per sub-block of
+ * 32, d sc Σ(q - 8)·x + (8 d sc - dmin mn) Σx, as km_dot (the 8 Σq·x folded into the
+ * record's offset, so not the same bits). The high nibbles stay in place (u8: 16 q):
+ * that product is 16 times the sum, and x's scale / 16 takes it back. */
+static __device__ __forceinline__ void mv_mma_q4k(const uint8_t *sp, int64_t c, int g, int t, const mv_mma_x &X,
+                                                  float acc[4]) {
+    const uint8_t *ra = sp + g * MV_MMA_ROWB_Q4K, *rb = sp + (g + 8) * MV_MMA_ROWB_Q4K;
+    const uint4 hdr[2] = {*(const uint4 *)(ra + 64), *(const uint4 *)(rb + 64)};
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const uint2 wa = *(const uint2 *)(ra + 32 * j + 8 * t), wb = *(const uint2 *)(rb + 32 * j + 8 * t);
+        const int64_t kb = 4 * c + 2 * j; /* the low nibbles' block of 32 (the high ones': kb + 1) */
+        int lo[4], hi[4];
+        mv_mma_u8(lo, wa.x & 0x0f0f0f0fu, wb.x & 0x0f0f0f0fu, wa.y & 0x0f0f0f0fu, wb.y & 0x0f0f0f0fu,
+                  *(const uint2 *)(X.b + kb * 32));
+        mv_mma_u8(hi, wa.x & 0xf0f0f0f0u, wb.x & 0xf0f0f0f0u, wa.y & 0xf0f0f0f0u, wb.y & 0xf0f0f0f0u,
+                  *(const uint2 *)(X.b + kb * 32 + 32));
+        const float4 xl[2] = {X.r0[kb], X.r1[kb]}, xh[2] = {X.r0[kb + 1], X.r1[kb + 1]};
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) { /* row g, then g + 8 */
+            int s0, s1, m0, m1;
+            kq4_scale_min(hdr[rr], 2 * (int)(c & 1) + j, s0, s1, m0, m1);
+            const float d = cu_f16((uint16_t)(hdr[rr].x & 0xffffu)), dm = cu_f16((uint16_t)(hdr[rr].x >> 16));
+            const float a0 = d * (float)s0, a1 = d * (float)s1, b0 = 8.0f * a0 - dm * (float)m0,
+                        b1 = 8.0f * a1 - dm * (float)m1;
+#pragma unroll
+            for (int u = 0; u < 2; u++) { /* x rows 2t, 2t + 1 */
+                const float4 &l = xl[u], &h = xh[u];
+                acc[2 * rr + u] += a0 * fmaf((float)lo[2 * rr + u], l.x, l.z) + b0 * l.y +
+                                   a1 * fmaf((float)hi[2 * rr + u], 0.0625f * h.x, h.z) + b1 * h.y;
+            }
+        }
+    }
+}
+
+/* acc += chunk c of a q6_K stage: per 16, d sc Σ(q - 32)·x (km_dot's), a k16 mma each */
+static __device__ __forceinline__ void mv_mma_q6k(const uint8_t *sp, int64_t c, int g, int t, const mv_mma_x &X,
+                                                  float acc[4]) {
+    const uint8_t *ra = sp + g * MV_MMA_ROWB_Q6K, *rb = sp + (g + 8) * MV_MMA_ROWB_Q6K;
+    const uint2 sca = *(const uint2 *)(ra + 96), scb = *(const uint2 *)(rb + 96);
+    const int di = (int)((c >> 1) & 3); /* the super-block's d in the word (K % 1024 == 0) */
+    const float da = cu_f16(((const uint16_t *)(ra + 104))[di]), db = cu_f16(((const uint16_t *)(rb + 104))[di]);
+#pragma unroll
+    for (int i = 0; i < 2; i++) { /* the first or second 16 of each 32 */
+        const uint32_t a0 = *(const uint32_t *)(ra + 16 * i + 4 * t),
+                       a1 = *(const uint32_t *)(ra + 32 + 16 * i + 4 * t),
+                       ah = *(const uint32_t *)(ra + 64 + 16 * i + 4 * t);
+        const uint32_t b0 = *(const uint32_t *)(rb + 16 * i + 4 * t),
+                       b1 = *(const uint32_t *)(rb + 32 + 16 * i + 4 * t),
+                       bh = *(const uint32_t *)(rb + 64 + 16 * i + 4 * t);
+#pragma unroll
+        for (int m = 0; m < 4; m++) { /* elements 32m + 16i.. of the half: ql low / high nibbles, qh bits 2m */
+            const uint32_t la = m & 1 ? a1 : a0, lb = m & 1 ? b1 : b0;
+            const int sl = m < 2 ? 0 : 4, sh = 4 - 2 * m; /* qh bits 2m, 2m + 1 -> bits 4, 5 */
+            const uint32_t qa = (la >> sl & 0x0f0f0f0fu) | ((sh >= 0 ? ah << sh : ah >> -sh) & 0x30303030u);
+            const uint32_t qb = (lb >> sl & 0x0f0f0f0fu) | ((sh >= 0 ? bh << sh : bh >> -sh) & 0x30303030u);
+            const int64_t kb = 4 * c + m; /* the block of 32 */
+            int d[4];
+            mv_mma_k16(d, qa, qb, *(const uint32_t *)(X.b + kb * 32 + 16 * i));
+            const float4 x0 = X.r0[kb], x1 = X.r1[kb];
+            /* 32 Σqx of this 16: the record's int16 i, times 32 (shifts keep the sign) */
+            const int q0 = i ? (int)__float_as_uint(x0.w) >> 16 << 5 : (int)(__float_as_uint(x0.w) << 16) >> 11;
+            const int q1 = i ? (int)__float_as_uint(x1.w) >> 16 << 5 : (int)(__float_as_uint(x1.w) << 16) >> 11;
+            const int sh8 = 8 * (2 * (m & 1) + i); /* scale 2m + i of the half's 8 */
+            const int s_a = (int)(int8_t)((m < 2 ? sca.x : sca.y) >> sh8 & 0xffu);
+            const int s_b = (int)(int8_t)((m < 2 ? scb.x : scb.y) >> sh8 & 0xffu);
+            const float fa = da * (float)s_a, fb = db * (float)s_b;
+            acc[0] += fa * ((float)(d[0] - q0) * x0.x);
+            acc[1] += fa * ((float)(d[1] - q1) * x1.x);
+            acc[2] += fb * ((float)(d[2] - q0) * x0.x);
+            acc[3] += fb * ((float)(d[3] - q1) * x1.x);
+        }
+    }
+}
+
+template <int DT, bool NORM, bool PAIR, int STAGES>
+__global__ void __launch_bounds__(MV_THREADS, 2) /* <= 128 registers: 2 blocks an SM */
     mv_mma_kernel(struct mv_job job, const float *__restrict__ x, int rows, int64_t n_tiles) {
-    using C = mv_mma_cfg<PAIR, STAGES>;
+    using C = mv_mma_cfg<DT, PAIR, STAGES>;
     constexpr int NP = C::NP, S = C::S;
     __shared__ float red[MV_WARPS][NP * 4][CU_WARP];
     cu_pdl_trigger();
     CU_TRACE_END;
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, g = lane / 4, t = lane % 4;
     const int64_t K = job.seg[0].w.cols, nb = K / 32, nc = K / 128;
-    const size_t xstride = mv_mma_x_stride(K);
+    const size_t xstride = mv_mma_x_stride(K, C::KQ);
     extern __shared__ float4 xs_dyn[];
     uint8_t *xs = (uint8_t *)xs_dyn;
     uint8_t *ring = xs + (size_t)rows * xstride + (size_t)warp * S * C::STAGE;
-    /* the issue side: the (tile, chunk) that fills the next stage */
-    int64_t it = warp < nc ? (int64_t)blockIdx.x : n_tiles, ic = warp;
+    /* the issue side: the (tile, chunk) that fills the next stage; K-quants: the lane's
+     * copies of that tile, set when it moves to another */
+    int64_t it = warp < nc ? (int64_t)blockIdx.x : n_tiles, ic = warp, kq_tile = -1;
+    mv_kq_copies kq_cp[C::KQ ? NP : 1];
+    bool kq_q4 = true;
+    (void)kq_cp; /* (q8_0: unused) */
+    (void)kq_q4;
+    (void)kq_tile;
     auto issue = [&](int s) {
         if (it < n_tiles) {
-            int64_t base;
-            const int si = mv_job_find(job, it, &base);
-            const struct cu_weight w = mv_job_seg(job, si).w;
-            const int64_t j0 = (it - base) * MV_MMA_TILE;
             uint8_t *st = ring + (size_t)s * C::STAGE;
+            if constexpr (C::KQ) {
+                if (it != kq_tile) {
+                    int64_t base;
+                    const struct cu_weight w = mv_job_seg(job, mv_job_find(job, it, &base)).w;
 #pragma unroll
-            for (int p = 0; p < NP; p++) {
-                const struct cu_weight &ws = PAIR && p == 1 ? job.up : w;
-                uint8_t *sp = st + p * MV_MMA_PB;
-#pragma unroll
-                for (int i = 0; i < MV_MMA_TILE / 4; i++) {
-                    const int r = 4 * i + lane / 8; /* rows past the end repeat the last one */
-                    const int64_t j = j0 + r < w.rows ? j0 + r : w.rows - 1;
-                    cu_cp_async16(sp + r * MV_MMA_ROWB + 16 * (lane % 8),
-                                  (const uint8_t *)ws.data + j * K + ic * 128 + 16 * (lane % 8));
+                    for (int p = 0; p < NP; p++)
+                        mv_kq_copies_set(kq_cp[p], PAIR && p == 1 ? job.up : w, w.rows, (it - base) * MV_MMA_TILE, K,
+                                         lane);
+                    kq_q4 = w.dtype == CU_Q4_K;
+                    kq_tile = it;
                 }
-                if (lane < MV_MMA_TILE) {
-                    const int64_t j = j0 + lane < w.rows ? j0 + lane : w.rows - 1;
-                    cu_cp_async8(sp + MV_MMA_WB + lane * 8, ws.scales + j * nb + ic * 4);
+#pragma unroll
+                for (int p = 0; p < NP; p++) mv_kq_copies_issue(kq_cp[p], kq_q4, ic, lane, st + p * C::PB);
+            } else {
+                int64_t base;
+                const struct cu_weight w = mv_job_seg(job, mv_job_find(job, it, &base)).w;
+                const int64_t j0 = (it - base) * MV_MMA_TILE;
+#pragma unroll
+                for (int p = 0; p < NP; p++) {
+                    const struct cu_weight &ws = PAIR && p == 1 ? job.up : w;
+                    uint8_t *sp = st + p * C::PB;
+#pragma unroll
+                    for (int i = 0; i < MV_MMA_TILE / 4; i++) {
+                        const int r = 4 * i + lane / 8; /* rows past the end repeat the last one */
+                        const int64_t j = j0 + r < w.rows ? j0 + r : w.rows - 1;
+                        cu_cp_async16(sp + r * MV_MMA_ROWB + 16 * (lane % 8),
+                                      (const uint8_t *)ws.data + j * K + ic * 128 + 16 * (lane % 8));
+                    }
+                    if (lane < MV_MMA_TILE) {
+                        const int64_t j = j0 + lane < w.rows ? j0 + lane : w.rows - 1;
+                        cu_cp_async8(sp + MV_MMA_WB + lane * 8, ws.scales + j * nb + ic * 4);
+                    }
                 }
             }
             ic += MV_WARPS;
@@ -559,15 +745,21 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
     for (int s = 0; s < S - 1; s++) issue(s); /* weights only: before the dependency wait */
     cu_pdl_wait();
-    mv_stage_x_rows_q8<CU_MATVEC_MAX_ROWS, NORM>(x, rows, K, job.seg[0].ep.norm_w, job.seg[0].ep.norm_eps, xs,
-                                                 xstride);
+    mv_stage_x_rows_q8<CU_MATVEC_MAX_ROWS, NORM, C::KQ>(x, rows, K, job.seg[0].ep.norm_w, job.seg[0].ep.norm_eps, xs,
+                                                        xstride);
     /* this lane's B column (x row g) and its C columns (x rows 2t, 2t + 1); rows past
      * the batch read its last one and are dropped */
     const uint8_t *xb = xs + (size_t)(g < rows ? g : rows - 1) * xstride + 8 * t;
-    const float *xd0 = (const float *)(xs + (size_t)(2 * t < rows ? 2 * t : rows - 1) * xstride + K);
-    const float *xd1 = (const float *)(xs + (size_t)(2 * t + 1 < rows ? 2 * t + 1 : rows - 1) * xstride + K);
+    const uint8_t *xc0 = xs + (size_t)(2 * t < rows ? 2 * t : rows - 1) * xstride + K;
+    const uint8_t *xc1 = xs + (size_t)(2 * t + 1 < rows ? 2 * t + 1 : rows - 1) * xstride + K;
     int s_issue = S - 1, s_use = 0;
     for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        bool q4 = DT == CU_Q4_K;
+        if constexpr (DT == 0) {
+            int64_t base;
+            q4 = mv_job_seg(job, mv_job_find(job, tile, &base)).w.dtype == CU_Q4_K;
+        }
+        (void)q4; /* (q8_0: unused) */
         float acc[NP][4];
 #pragma unroll
         for (int p = 0; p < NP; p++)
@@ -579,27 +771,40 @@ __global__ void __launch_bounds__(MV_THREADS)
             cu_cp_async_wait<S - 1>(); /* this chunk's stage has landed */
             __syncwarp();
             const uint8_t *st = ring + (size_t)s_use * C::STAGE;
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int64_t kb = c * 4 + q;
-                const uint2 xv = *(const uint2 *)(xb + kb * 32);
-                const float x0 = xd0[kb], x1 = xd1[kb];
+            if constexpr (C::KQ) {
+                /* q6_K's k16 B operand is bytes 4t..4t+3 of a 16 */
+                const mv_mma_x X4 = {xb, (const float4 *)xc0, (const float4 *)xc1}, X6 = {xb - 4 * t, X4.r0, X4.r1};
 #pragma unroll
                 for (int p = 0; p < NP; p++) {
-                    const uint8_t *sp = st + p * MV_MMA_PB;
-                    const uint2 a = *(const uint2 *)(sp + g * MV_MMA_ROWB + 32 * q + 8 * t);
-                    const uint2 b = *(const uint2 *)(sp + (g + 8) * MV_MMA_ROWB + 32 * q + 8 * t);
-                    const float da = cu_f16(*(const uint16_t *)(sp + MV_MMA_WB + g * 8 + 2 * q));
-                    const float db = cu_f16(*(const uint16_t *)(sp + MV_MMA_WB + (g + 8) * 8 + 2 * q));
-                    int d0, d1, d2, d3;
-                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
-                                 "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-                                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-                                 : "r"(a.x), "r"(b.x), "r"(a.y), "r"(b.y), "r"(xv.x), "r"(xv.y), "r"(0));
-                    acc[p][0] += (float)d0 * (da * x0);
-                    acc[p][1] += (float)d1 * (da * x1);
-                    acc[p][2] += (float)d2 * (db * x0);
-                    acc[p][3] += (float)d3 * (db * x1);
+                    if (DT != CU_Q6_K && q4)
+                        mv_mma_q4k(st + p * C::PB, c, g, t, X4, acc[p]);
+                    else if constexpr (DT != CU_Q4_K)
+                        mv_mma_q6k(st + p * C::PB, c, g, t, X6, acc[p]);
+                }
+            } else {
+                const float *xd0 = (const float *)xc0, *xd1 = (const float *)xc1;
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int64_t kb = c * 4 + q;
+                    const uint2 xv = *(const uint2 *)(xb + kb * 32);
+                    const float x0 = xd0[kb], x1 = xd1[kb];
+#pragma unroll
+                    for (int p = 0; p < NP; p++) {
+                        const uint8_t *sp = st + p * MV_MMA_PB;
+                        const uint2 a = *(const uint2 *)(sp + g * MV_MMA_ROWB + 32 * q + 8 * t);
+                        const uint2 b = *(const uint2 *)(sp + (g + 8) * MV_MMA_ROWB + 32 * q + 8 * t);
+                        const float da = cu_f16(*(const uint16_t *)(sp + MV_MMA_WB + g * 8 + 2 * q));
+                        const float db = cu_f16(*(const uint16_t *)(sp + MV_MMA_WB + (g + 8) * 8 + 2 * q));
+                        int d0, d1, d2, d3;
+                        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
+                                     "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                                     : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+                                     : "r"(a.x), "r"(b.x), "r"(a.y), "r"(b.y), "r"(xv.x), "r"(xv.y), "r"(0));
+                        acc[p][0] += (float)d0 * (da * x0);
+                        acc[p][1] += (float)d1 * (da * x1);
+                        acc[p][2] += (float)d2 * (db * x0);
+                        acc[p][3] += (float)d3 * (db * x1);
+                    }
                 }
             }
             __syncwarp(); /* the stage is read: the next issue may refill it */
@@ -799,15 +1004,17 @@ static int mv_mma_stages(bool pair) {
 }
 
 /* Shared memory of an mv_mma_kernel launch: the staged x rows and the warps' rings */
-static size_t mv_mma_smem(bool pair, int stages, int rows, int64_t K) {
-    return (size_t)rows * mv_mma_x_stride(K) + (size_t)MV_WARPS * stages * (pair ? 2 : 1) * MV_MMA_PB;
+static size_t mv_mma_smem(int dt, bool pair, int stages, int rows, int64_t K) {
+    const bool kq = dt != CU_Q8_0;
+    const size_t pb = !kq ? MV_MMA_PB : MV_MMA_TILE * (dt == CU_Q4_K ? MV_MMA_ROWB_Q4K : MV_MMA_ROWB_Q6K);
+    return (size_t)rows * mv_mma_x_stride(K, kq) + (size_t)MV_WARPS * stages * (pair ? 2 : 1) * pb;
 }
 #define MV_MMA_SMEM_MAX (216 << 10) /* dynamic: an H100/H200 block's most (227 KiB) less the static (<= 8.3 KiB) */
 
-template <bool NORM, bool PAIR, int STAGES>
+template <int DT, bool NORM, bool PAIR, int STAGES>
 static void mv_mma_launch_s(cudaStream_t st, const struct mv_job &job, const float *x, int rows, int64_t tiles) {
-    const size_t smem = mv_mma_smem(PAIR, STAGES, rows, job.seg[0].w.cols);
-    auto kern = mv_mma_kernel<NORM, PAIR, STAGES>;
+    const size_t smem = mv_mma_smem(DT, PAIR, STAGES, rows, job.seg[0].w.cols);
+    auto kern = mv_mma_kernel<DT, NORM, PAIR, STAGES>;
     /* persistent: the blocks the device holds at once (each stages x once), or
      * $LLMOPT_CUDA_MMA_BPS blocks an SM where fewer */
     static size_t occ_smem = (size_t)-1;
@@ -821,16 +1028,73 @@ static void mv_mma_launch_s(cudaStream_t st, const struct mv_job &job, const flo
     cu_launch_pdl(kern, dim3(grid), dim3(MV_THREADS), smem, st, job, x, rows, tiles);
 }
 
-template <bool NORM, bool PAIR>
+/* DT as mv_mma_kernel's; K-quants at the default ring depths only */
+template <int DT, bool NORM, bool PAIR>
 static void mv_mma_launch(cudaStream_t st, struct mv_job job, const float *x, int rows, int stages) {
     int64_t tiles = 0;
     for (int k = 0; k < job.n_seg; k++) {
         tiles += (job.seg[k].w.rows + MV_MMA_TILE - 1) / MV_MMA_TILE;
         job.g_end[k] = tiles;
     }
-    if (stages == 2) return mv_mma_launch_s<NORM, PAIR, 2>(st, job, x, rows, tiles);
-    if (stages == 3) return mv_mma_launch_s<NORM, PAIR, 3>(st, job, x, rows, tiles);
-    mv_mma_launch_s<NORM, PAIR, 4>(st, job, x, rows, tiles);
+    if constexpr (DT != CU_Q8_0) {
+        (void)stages;
+        mv_mma_launch_s<DT, NORM, PAIR, PAIR ? MV_MMA_STAGES_PAIR : MV_MMA_STAGES>(st, job, x, rows, tiles);
+    } else {
+        if (stages == 2) return mv_mma_launch_s<DT, NORM, PAIR, 2>(st, job, x, rows, tiles);
+        if (stages == 3) return mv_mma_launch_s<DT, NORM, PAIR, 3>(st, job, x, rows, tiles);
+        mv_mma_launch_s<DT, NORM, PAIR, 4>(st, job, x, rows, tiles);
+    }
+}
+
+/* q4_K/q6_K products of 2..8 x rows through mv_mma_kernel ($LLMOPT_CUDA_KQ_MMA=0, or
+ * cu_matvec_kq_mma_on(0): cu_matvec_kq_multi's dp4a loop instead; read once). */
+static int mv_kq_mma_state = -1;
+extern "C" void cu_matvec_kq_mma_on(int on) {
+    mv_kq_mma_state = on != 0;
+}
+
+template <int DT> static void mv_kq_mma_launch(cudaStream_t st, const struct mv_job &job, const float *x, int rows) {
+    const bool norm = job.seg[0].ep.norm_w != NULL;
+    if constexpr (DT != 0)
+        if (job.up.data)
+            return norm ? mv_mma_launch<DT, true, true>(st, job, x, rows, 0)
+                        : mv_mma_launch<DT, false, true>(st, job, x, rows, 0);
+    norm ? mv_mma_launch<DT, true, false>(st, job, x, rows, 0) : mv_mma_launch<DT, false, false>(st, job, x, rows, 0);
+}
+
+cudaError_t cu_matvec_kq_mma(cudaStream_t st, const float *x, int64_t rows, const struct cu_mv_seg *segs, int n_seg,
+                             const struct cu_weight *up) {
+    if (rows < 2 || rows > CU_MATVEC_MAX_ROWS || n_seg < 1 || n_seg > CU_MV_MAX_SEGS ||
+        !mv_switch_on(&mv_kq_mma_state, "LLMOPT_CUDA_KQ_MMA"))
+        return cudaErrorNotSupported;
+    const int64_t K = segs[0].w.cols;
+    bool q4 = false, q6 = false;
+    struct mv_job job;
+    memset(&job, 0, sizeof job);
+    job.n_seg = n_seg;
+    for (int k = 0; k <= n_seg; k++) { /* the segments, then the pair's up weight */
+        const struct cu_weight *w = k < n_seg ? &segs[k].w : up;
+        if (!w) break;
+        q4 = q4 || w->dtype == CU_Q4_K;
+        q6 = q6 || w->dtype == CU_Q6_K;
+        if ((w->dtype != CU_Q4_K && w->dtype != CU_Q6_K) || w->cols != K || (uintptr_t)w->data % 16 ||
+            (w->dtype == CU_Q6_K && (!w->scales || (uintptr_t)w->scales % 8)))
+            return cudaErrorNotSupported;
+        if (k < n_seg) job.seg[k] = segs[k];
+    }
+    if (up) job.up = *up;
+    /* q6_K copies the aligned word of 4 d values holding a super-block's: K % 1024 */
+    const int dt = q4 && q6 ? 0 : q4 ? CU_Q4_K : CU_Q6_K;
+    if (K % (q6 ? 1024 : 256) || (dt == 0 && up) ||
+        mv_mma_smem(dt, up != NULL, up ? MV_MMA_STAGES_PAIR : MV_MMA_STAGES, (int)rows, K) > MV_MMA_SMEM_MAX)
+        return cudaErrorNotSupported;
+    if (dt == CU_Q4_K)
+        mv_kq_mma_launch<CU_Q4_K>(st, job, x, (int)rows);
+    else if (dt == CU_Q6_K)
+        mv_kq_mma_launch<CU_Q6_K>(st, job, x, (int)rows);
+    else
+        mv_kq_mma_launch<0>(st, job, x, (int)rows);
+    return cudaGetLastError();
 }
 
 template <int DT, int RMAX, int NR, bool NORM, bool PAIR, int LIF, int XM = MV_X_F32>
@@ -922,9 +1186,9 @@ static void mv_launch_rows(cudaStream_t st, const struct mv_job &job, const floa
             const int64_t K = job.seg[0].w.cols;
             const size_t staged = (size_t)rows * mv_xq_row_stride(K);
             const int stages = mv_mma_stages(PAIR);
-            if (mv_mma_on() && K % 128 == 0 && mv_mma_smem(PAIR, stages, rows, K) <= MV_MMA_SMEM_MAX &&
+            if (mv_mma_on() && K % 128 == 0 && mv_mma_smem(DT, PAIR, stages, rows, K) <= MV_MMA_SMEM_MAX &&
                 mv_xq_smem(K) <= (48 << 10))
-                return mv_mma_launch<NORM, PAIR>(st, job, x, rows, stages);
+                return mv_mma_launch<DT, NORM, PAIR>(st, job, x, rows, stages);
             if (staged <= (48 << 10))
                 return mv_launch_nr<DT, CU_MATVEC_MAX_ROWS, 1, NORM, PAIR, MV_LIF, MV_X_Q8>(st, job, x, rows);
         }

@@ -132,13 +132,8 @@ static __device__ __forceinline__ void km_x_load(const uint8_t *xr, const km_lan
  * neighbouring lanes with f % 8 == lane % 8, so every lane of the warp calls this. */
 static __device__ __forceinline__ void km_put_x4(float4 v, int64_t f, uint8_t *out, int64_t K) {
     float *xd = (float *)(out + K), *xs = xd + K / 32;
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    float sum = (v.x + v.y) + (v.z + v.w);
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
+    float amax, sum;
+    cu_amax_sum8(v, &amax, &sum);
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     const int q0 = __float2int_rn(v.x * id), q1 = __float2int_rn(v.y * id), q2 = __float2int_rn(v.z * id),
               q3 = __float2int_rn(v.w * id);
@@ -160,6 +155,20 @@ static __device__ __forceinline__ int km_dp4a_us(uint32_t a, uint32_t b, int c) 
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
+}
+
+/* Scales s0, s1 and mins m0, m1 of sub-blocks 2c, 2c + 1 of a q4_K super-block whose
+ * 16-byte header is a (format/quant_k.h's packing, as cuda_device.cuh's kq_scale_min
+ * reads one): bytes 2(c % 2) and 2(c % 2) + 1 of the header's words y, z, w; c < 2 the
+ * low 6 bits of y / z, else w's nibbles under y's / z's top 2 bits. */
+static __device__ __forceinline__ void kq4_scale_min(const uint4 &a, int c, int &s0, int &s1, int &m0, int &m1) {
+    const uint32_t sh = 16 * ((uint32_t)c & 1), y = a.y >> sh, z = a.z >> sh, w = a.w >> sh;
+    const uint32_t scp = c >> 1 ? (w & 0x0f0fu) | (y >> 2 & 0x3030u) : y & 0x3f3fu;
+    const uint32_t mnp = c >> 1 ? (w >> 4 & 0x0f0fu) | (z >> 2 & 0x3030u) : z & 0x3f3fu;
+    s0 = (int)(scp & 0xffu);
+    s1 = (int)(scp >> 8 & 0xffu);
+    m0 = (int)(mnp & 0xffu);
+    m1 = (int)(mnp >> 8 & 0xffu);
 }
 
 /* One row's contribution of a lane's 64 weights, the quants centred so that x's
@@ -184,14 +193,8 @@ static __device__ __forceinline__ float km_dot(const km_raw &r, const km_xv &v, 
             hi16 = km_dp4a_us(b[i] & 0xf0f0f0f0u, v.w[2][i], hi16);
             hi16 = km_dp4a_us(h[i] & 0xf0f0f0f0u, v.w[3][i], hi16);
         }
-        /* scale and min of sub-blocks 2c, 2c + 1 (format/quant_k.h's packing, as
-         * cuda_device.cuh's kq_scale_min reads one): bytes 2(c % 2) and 2(c % 2) + 1 of
-         * the header's words y, z, w; c < 2 the low 6 bits of y / z, else w's nibbles
-         * under y's / z's top 2 bits */
-        const uint32_t sh = 16 * ((uint32_t)c & 1), y = r.a.y >> sh, z = r.a.z >> sh, w = r.a.w >> sh;
-        const uint32_t scp = c >> 1 ? (w & 0x0f0fu) | (y >> 2 & 0x3030u) : y & 0x3f3fu;
-        const uint32_t mnp = c >> 1 ? (w >> 4 & 0x0f0fu) | (z >> 2 & 0x3030u) : z & 0x3f3fu;
-        const int s0 = (int)(scp & 0xffu), s1 = (int)(scp >> 8 & 0xffu), m0 = (int)(mnp & 0xffu), m1 = (int)(mnp >> 8 & 0xffu);
+        int s0, s1, m0, m1;
+        kq4_scale_min(r.a, c, s0, s1, m0, m1);
         const float d = cu_f16((uint16_t)(r.a.x & 0xffffu)), dmin = cu_f16((uint16_t)(r.a.x >> 16));
         return d * ((float)(s0 * (lo - 8 * v.qs[0])) * v.d.x + (float)(s1 * (hi16 - 128 * v.qs[1])) * (0.0625f * v.d.y)) +
                (8.0f * d * (float)s0 - dmin * (float)m0) * v.s.x + (8.0f * d * (float)s1 - dmin * (float)m1) * v.s.y;
