@@ -603,11 +603,24 @@ struct mv_mma_x {
 /* acc += chunk c of a q4_K stage (rows g, g + 8) by the lane's x rows: per sub-block of
  * 32, d sc Σ(q - 8)·x + (8 d sc - dmin mn) Σx, as km_dot (the 8 Σq·x folded into the
  * record's offset, so not the same bits). The high nibbles stay in place (u8: 16 q):
- * that product is 16 times the sum, and x's scale / 16 takes it back. */
+ * that product is 16 times the sum, and x's scale / 16 takes it back. The 4 lanes of a
+ * row pair share its coefficients: lane t decodes those of row g + 8 (t / 2) for the
+ * 64 weights t % 2 ({d sc, 8 d sc - dmin mn} of both sub-blocks) into the warp's `coef`
+ * (32 float4), and each lane reads the others' (every lane decoded all 8 before: a
+ * third of the chunk's instructions). */
 static __device__ __forceinline__ void mv_mma_q4k(const uint8_t *sp, int64_t c, int g, int t, const mv_mma_x &X,
-                                                  float acc[4]) {
+                                                  float4 *coef, float acc[4]) {
     const uint8_t *ra = sp + g * MV_MMA_ROWB_Q4K, *rb = sp + (g + 8) * MV_MMA_ROWB_Q4K;
-    const uint4 hdr[2] = {*(const uint4 *)(ra + 64), *(const uint4 *)(rb + 64)};
+    {
+        const uint4 hdr = *(const uint4 *)((t < 2 ? ra : rb) + 64);
+        int s0, s1, m0, m1;
+        kq4_scale_min(hdr, 2 * (int)(c & 1) + (t & 1), s0, s1, m0, m1);
+        const float d = cu_f16((uint16_t)(hdr.x & 0xffffu)), dm = cu_f16((uint16_t)(hdr.x >> 16));
+        const float a0 = d * (float)s0, a1 = d * (float)s1;
+        __syncwarp(); /* the previous chunk's (or weight's) coefficients are read */
+        coef[4 * g + t] = make_float4(a0, 8.0f * a0 - dm * (float)m0, a1, 8.0f * a1 - dm * (float)m1);
+        __syncwarp();
+    }
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         const uint2 wa = *(const uint2 *)(ra + 32 * j + 8 * t), wb = *(const uint2 *)(rb + 32 * j + 8 * t);
@@ -620,16 +633,12 @@ static __device__ __forceinline__ void mv_mma_q4k(const uint8_t *sp, int64_t c, 
         const float4 xl[2] = {X.r0[kb], X.r1[kb]}, xh[2] = {X.r0[kb + 1], X.r1[kb + 1]};
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) { /* row g, then g + 8 */
-            int s0, s1, m0, m1;
-            kq4_scale_min(hdr[rr], 2 * (int)(c & 1) + j, s0, s1, m0, m1);
-            const float d = cu_f16((uint16_t)(hdr[rr].x & 0xffffu)), dm = cu_f16((uint16_t)(hdr[rr].x >> 16));
-            const float a0 = d * (float)s0, a1 = d * (float)s1, b0 = 8.0f * a0 - dm * (float)m0,
-                        b1 = 8.0f * a1 - dm * (float)m1;
+            const float4 k = coef[4 * g + 2 * rr + j]; /* {a0, b0, a1, b1} */
 #pragma unroll
             for (int u = 0; u < 2; u++) { /* x rows 2t, 2t + 1 */
                 const float4 &l = xl[u], &h = xh[u];
-                acc[2 * rr + u] += a0 * fmaf((float)lo[2 * rr + u], l.x, l.z) + b0 * l.y +
-                                   a1 * fmaf((float)hi[2 * rr + u], 0.0625f * h.x, h.z) + b1 * h.y;
+                acc[2 * rr + u] += k.x * fmaf((float)lo[2 * rr + u], l.x, l.z) + k.y * l.y +
+                                   k.z * fmaf((float)hi[2 * rr + u], 0.0625f * h.x, h.z) + k.w * h.y;
             }
         }
     }
@@ -681,6 +690,7 @@ __global__ void __launch_bounds__(MV_THREADS, 2) /* <= 128 registers: 2 blocks a
     using C = mv_mma_cfg<DT, PAIR, STAGES>;
     constexpr int NP = C::NP, S = C::S;
     __shared__ float red[MV_WARPS][NP * 4][CU_WARP];
+    __shared__ float4 kq_coef[DT == CU_Q8_0 || DT == CU_Q6_K ? 1 : MV_WARPS][CU_WARP]; /* mv_mma_q4k's */
     cu_pdl_trigger();
     CU_TRACE_END;
     const int lane = threadIdx.x % CU_WARP, warp = threadIdx.x / CU_WARP, g = lane / 4, t = lane % 4;
@@ -695,6 +705,7 @@ __global__ void __launch_bounds__(MV_THREADS, 2) /* <= 128 registers: 2 blocks a
     mv_kq_copies kq_cp[C::KQ ? NP : 1];
     bool kq_q4 = true;
     (void)kq_cp; /* (q8_0: unused) */
+    (void)kq_coef;
     (void)kq_q4;
     (void)kq_tile;
     auto issue = [&](int s) {
@@ -777,7 +788,7 @@ __global__ void __launch_bounds__(MV_THREADS, 2) /* <= 128 registers: 2 blocks a
 #pragma unroll
                 for (int p = 0; p < NP; p++) {
                     if (DT != CU_Q6_K && q4)
-                        mv_mma_q4k(st + p * C::PB, c, g, t, X4, acc[p]);
+                        mv_mma_q4k(st + p * C::PB, c, g, t, X4, kq_coef[warp], acc[p]);
                     else if constexpr (DT != CU_Q4_K)
                         mv_mma_q6k(st + p * C::PB, c, g, t, X6, acc[p]);
                 }
@@ -1009,7 +1020,7 @@ static size_t mv_mma_smem(int dt, bool pair, int stages, int rows, int64_t K) {
     const size_t pb = !kq ? MV_MMA_PB : MV_MMA_TILE * (dt == CU_Q4_K ? MV_MMA_ROWB_Q4K : MV_MMA_ROWB_Q6K);
     return (size_t)rows * mv_mma_x_stride(K, kq) + (size_t)MV_WARPS * stages * (pair ? 2 : 1) * pb;
 }
-#define MV_MMA_SMEM_MAX (216 << 10) /* dynamic: an H100/H200 block's most (227 KiB) less the static (<= 8.3 KiB) */
+#define MV_MMA_SMEM_MAX (212 << 10) /* dynamic: an H100/H200 block's most (227 KiB) less the static (<= 12.3 KiB) */
 
 template <int DT, bool NORM, bool PAIR, int STAGES>
 static void mv_mma_launch_s(cudaStream_t st, const struct mv_job &job, const float *x, int rows, int64_t tiles) {
