@@ -406,7 +406,7 @@ static void test_linear(void) {
 void cu_kq_tune(int nr, int prefetch, int blocks_per_sm);
 /* kernels_linear.cu: q4_K/q6_K products of 2-8 rows on tensor cores (1, the default) or not */
 void cu_matvec_kq_mma_on(int on);
-static void q8_rows_vs_cpu(const struct linear_case *lc, bool norm, bool few);
+static void mma_rows_check(const struct linear_case *lc, bool norm, bool few);
 
 /* K-quants (rows of 256-element super-blocks), in each x mode ($LLMOPT_CUDA_KQ_X):
  * unset, the default 2: x quantized to int8 per group of 32 and dp4a products (q4_K and
@@ -472,14 +472,14 @@ static void test_linear_kquant(void) {
     for (int on = 1; on >= 0; on--) {
         cu_matvec_kq_mma_on(on);
         for (int c = 0; c < 2 * n_rows_cases; c++)
-            q8_rows_vs_cpu(&rows_cases[c % n_rows_cases], c >= n_rows_cases, true);
+            mma_rows_check(&rows_cases[c % n_rows_cases], c >= n_rows_cases, true);
     }
     cu_matvec_kq_mma_on(1);
     const struct linear_case long_rows[] = {{IR_DTYPE_Q4_K, 12288, 40, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
                                             {IR_DTYPE_Q6_K, 12288, 24, 0, IR_OP_INPUT}};
-    for (int c = 0; c < 2; c++) q8_rows_vs_cpu(&long_rows[c], c == 1, true);
+    for (int c = 0; c < 2; c++) mma_rows_check(&long_rows[c], c == 1, true);
     cu_matvec_persist(-1, 3);
-    for (int c = 0; c < 4; c++) q8_rows_vs_cpu(&rows_cases[c], c == 1, true);
+    for (int c = 0; c < 4; c++) mma_rows_check(&rows_cases[c], c == 1, true);
     cu_matvec_persist(-1, 0);
 }
 
@@ -1123,14 +1123,14 @@ static void q8x_vs_cpu(const struct linear_case *lc, bool norm, int steps) {
     ref_backend = &cpu_ref_backend_ops;
 }
 
-/* q8_0 products of several rows on int8 tensor cores against the CPU's q8_0 kernels,
+/* Products of several rows on int8 tensor cores. q8_0 against the CPU's q8_0 kernels,
  * which round x to int8 per 32 by the same rule: 9-64 rows (cu_linear_q8_mma; partial
  * 16-row tiles, x rows past a multiple of 8, the epilogue pass after it) or 2-8 rows
  * (mv_mma_kernel inside the decode fusion's matvec, with the rms_norm prologue when
  * `norm`: 1e-3 as for one row, the prologue's f32 against the CPU's norm kernel).
  * q4_K/q6_K (lc->wt), 2-8 rows (few): against the f32 reference at TOL_INT8, as every
  * int8-x K-quant product (the CPU's own round x per 256). */
-static void q8_rows_vs_cpu(const struct linear_case *lc, bool norm, bool few) {
+static void mma_rows_check(const struct linear_case *lc, bool norm, bool few) {
     static const struct batch_spec many[] = {{9, 9, 1}, {16, 16, 1}, {33, 33, 1}, {64, 64, 1}, {12, 12, 1}};
     static const struct batch_spec fewer[] = {{2, 2, 1}, {8, 8, 1}, {5, 5, 1}, {3, 3, 1}};
     const bool kq = lc->wt != IR_DTYPE_Q8_0;
@@ -1186,28 +1186,28 @@ static void test_linear_q8x(void) {
                                           {IR_DTYPE_Q8_0, 128, 40, IR_LINEAR_BIAS, IR_OP_INPUT},
                                           {IR_DTYPE_Q8_0, 1024, 1000, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
                                           {IR_DTYPE_Q8_0, 4096, 300, 0, IR_OP_INPUT}};
-        for (size_t c = 0; c < sizeof mma / sizeof mma[0]; c++) q8_rows_vs_cpu(&mma[c], false, false);
+        for (size_t c = 0; c < sizeof mma / sizeof mma[0]; c++) mma_rows_check(&mma[c], false, false);
         /* 2-8 rows: each case plain and after an rms_norm, on tensor cores (the default)
          * and by the dp4a loop (cu_matvec_mma 0); then with 3 blocks, so each block takes
          * many tiles in turn */
         for (int on = 1; on >= 0; on--) {
             cu_matvec_mma(on);
-            for (int c = 0; c < 2 * n_cases; c++) q8_rows_vs_cpu(&cases[c % n_cases], c >= n_cases, true);
+            for (int c = 0; c < 2 * n_cases; c++) mma_rows_check(&cases[c % n_cases], c >= n_cases, true);
         }
         cu_matvec_mma(1);
         /* 8 staged rows of K = 12288 (110.8 KiB of shared memory beside the rings) */
         const struct linear_case long_rows = {IR_DTYPE_Q8_0, 12288, 40, IR_LINEAR_RESIDUAL, IR_OP_INPUT};
-        q8_rows_vs_cpu(&long_rows, false, true);
+        mma_rows_check(&long_rows, false, true);
         /* K = 416, not a multiple of 128: the dp4a loop */
         const struct linear_case odd_k = {IR_DTYPE_Q8_0, 416, 50, IR_LINEAR_BIAS, IR_OP_INPUT};
-        q8_rows_vs_cpu(&odd_k, true, true);
+        mma_rows_check(&odd_k, true, true);
         cu_matvec_persist(-1, 3);
-        for (int c = 0; c < 3; c++) q8_rows_vs_cpu(&cases[c + 1], c == 1, true);
+        for (int c = 0; c < 3; c++) mma_rows_check(&cases[c + 1], c == 1, true);
         cu_matvec_persist(-1, 0);
         /* rings of 2 and 3 stages (the default: 4, pairs 3), with the fused blocks' pairs */
         for (int stages = 2; stages <= 3; stages++) {
             cu_matvec_mma_stages(stages);
-            for (int c = 0; c < 3; c++) q8_rows_vs_cpu(&cases[c + 1], c == 1, true);
+            for (int c = 0; c < 3; c++) mma_rows_check(&cases[c + 1], c == 1, true);
             ref_backend = &cpu_backend_ops;
             fusion_tol = 2e-2;
             fusion_case(IR_DTYPE_Q8_0, 512, 8, 4, 128, 1024, true, true, false, true);
