@@ -514,12 +514,18 @@ __global__ void __launch_bounds__(MV_THREADS)
 #define MV_MMA_ROWB_Q4K 96
 #define MV_MMA_ROWB_Q6K 112
 
-/* DT: CU_Q8_0, CU_Q4_K, CU_Q6_K, or 0 for segments of q4_K and q6_K mixed (q/k/v) */
+/* A stage's bytes, one weight, for format dt: CU_Q8_0, CU_Q4_K, CU_Q6_K, or 0 for
+ * segments of q4_K and q6_K mixed (q/k/v; q6_K's rows, the longer) */
+static __host__ __device__ constexpr int mv_mma_pb(int dt) {
+    return dt == CU_Q8_0 ? MV_MMA_PB : MV_MMA_TILE * (dt == CU_Q4_K ? MV_MMA_ROWB_Q4K : MV_MMA_ROWB_Q6K);
+}
+
+/* DT: a format as mv_mma_pb's */
 template <int DT, bool PAIR, int STAGES> struct mv_mma_cfg {
     static constexpr int NP = PAIR ? 2 : 1;  /* weights a tile streams */
     static constexpr int S = STAGES;         /* stages a warp's ring */
     static constexpr bool KQ = DT != CU_Q8_0;
-    static constexpr int PB = KQ ? MV_MMA_TILE * (DT == CU_Q4_K ? MV_MMA_ROWB_Q4K : MV_MMA_ROWB_Q6K) : MV_MMA_PB;
+    static constexpr int PB = mv_mma_pb(DT);
     static constexpr int STAGE = NP * PB; /* a stage's bytes */
 };
 /* the staged x rows' stride: int8 row and scales (K-quants: 16-byte records, as
@@ -604,8 +610,8 @@ struct mv_mma_x {
  * 32, d sc Σ(q - 8)·x + (8 d sc - dmin mn) Σx, as km_dot (the 8 Σq·x folded into the
  * record's offset, so not the same bits). The high nibbles stay in place (u8: 16 q):
  * that product is 16 times the sum, and x's scale / 16 takes it back. The 4 lanes of a
- * row pair share its coefficients: lane t decodes those of row g + 8 (t / 2) for the
- * 64 weights t % 2 ({d sc, 8 d sc - dmin mn} of both sub-blocks) into the warp's `coef`
+ * row pair share its coefficients: lane t decodes those of row g (t < 2) or g + 8 (t >= 2)
+ * for the 64 weights t % 2 ({d sc, 8 d sc - dmin mn} of both sub-blocks) into the warp's `coef`
  * (32 float4), and each lane reads the others' (every lane decoded all 8 before: a
  * third of the chunk's instructions). */
 static __device__ __forceinline__ void mv_mma_q4k(const uint8_t *sp, int64_t c, int g, int t, const mv_mma_x &X,
@@ -1016,9 +1022,8 @@ static int mv_mma_stages(bool pair) {
 
 /* Shared memory of an mv_mma_kernel launch: the staged x rows and the warps' rings */
 static size_t mv_mma_smem(int dt, bool pair, int stages, int rows, int64_t K) {
-    const bool kq = dt != CU_Q8_0;
-    const size_t pb = !kq ? MV_MMA_PB : MV_MMA_TILE * (dt == CU_Q4_K ? MV_MMA_ROWB_Q4K : MV_MMA_ROWB_Q6K);
-    return (size_t)rows * mv_mma_x_stride(K, kq) + (size_t)MV_WARPS * stages * (pair ? 2 : 1) * pb;
+    return (size_t)rows * mv_mma_x_stride(K, dt != CU_Q8_0) +
+           (size_t)MV_WARPS * stages * (pair ? 2 : 1) * mv_mma_pb(dt);
 }
 #define MV_MMA_SMEM_MAX (212 << 10) /* dynamic: an H100/H200 block's most (227 KiB) less the static (<= 12.3 KiB) */
 
