@@ -190,10 +190,13 @@ static double bench_gemm(const struct cpu_isa_kernels *kern, struct cpu_pool *po
     return res;
 }
 
-/* Decode attention at context ctx over a cache of dtype: returns GB/s of K and V read
- * (the stored bytes). */
+/* Attention of n_tok tokens at positions ctx - n_tok .. ctx - 1 (one sequence) over a
+ * cache of dtype holding ctx positions: n_tok 1 is a decode step, n_tok == ctx a
+ * prompt's prefill. Returns GB/s of K and V read (the stored bytes, once) and sets *us
+ * and *gflops (the multiply-adds of q.k and p.v over every token's positions, x 2). */
 static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_pool *pool, enum kv_dtype dtype,
-                              int64_t n_heads, int64_t n_kv, int64_t dh, int32_t ctx, int reps, double *us) {
+                              int64_t n_heads, int64_t n_kv, int64_t dh, int32_t ctx, int32_t n_tok, int reps,
+                              double *us, double *gflops) {
     struct llmopt_err err = {0};
     struct kv_cache *kv = NULL;
     int32_t row = (int32_t)(n_kv * dh);
@@ -209,18 +212,34 @@ static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_poo
             kv_cache_write(kv, kvi ? kv->v : kv->k, 0, 0, p, 0, vals, row);
         }
     free(vals);
-    float *q = malloc((size_t)(n_heads * dh) * 4), *out = malloc((size_t)(n_heads * dh) * 4);
-    for (int64_t i = 0; i < n_heads * dh; i++) q[i] = rnd();
+    size_t q_floats = (size_t)(n_heads * n_tok * dh);
+    float *q = malloc(q_floats * 4), *out = malloc(q_floats * 4);
+    int32_t *pos = malloc((size_t)n_tok * sizeof *pos), *slot = calloc((size_t)n_tok, sizeof *slot);
+    for (size_t i = 0; i < q_floats; i++) q[i] = rnd();
+    double macs = 0;
+    for (int32_t t = 0; t < n_tok; t++) {
+        pos[t] = ctx - n_tok + t;
+        macs += 2.0 * (pos[t] + 1) * (double)(n_heads * dh);
+    }
     int64_t per = cpu_attention_scratch_floats(n_heads, n_kv, dh);
     float *scratch = malloc((size_t)(per * pool_threads(pool)) * 4);
-    int32_t pos = ctx - 1, slot = 0;
-    struct cpu_attention a = {.q = q, .out = out, .pos = &pos, .slot = &slot, .n_heads = n_heads,
-                              .n_kv_heads = n_kv, .n_tok = 1, .head_dim = dh, .scale = 0.088f,
-                              .layer = 0, .kv = kv, .scratch = scratch, .scratch_per_thread = per};
+    struct cpu_attention a = {.q = q,
+                              .out = out,
+                              .pos = pos,
+                              .slot = slot,
+                              .n_heads = n_heads,
+                              .n_kv_heads = n_kv,
+                              .n_tok = n_tok,
+                              .head_dim = dh,
+                              .scale = 0.088f,
+                              .layer = 0,
+                              .kv = kv,
+                              .scratch = scratch,
+                              .scratch_per_thread = per};
     double *v = malloc((size_t)reps * sizeof *v);
     cpu_attention_run(&a, kern, pool);
     /* calls per timed sample: a short context's call is below the clock's resolution */
-    int inner = ctx < 512 ? 64 : 1;
+    int inner = n_tok == 1 && ctx < 512 ? 64 : n_tok > 1 ? 4 : 1;
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();
         for (int i = 0; i < inner; i++) cpu_attention_run(&a, kern, pool);
@@ -228,9 +247,12 @@ static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_poo
     }
     double t = median(v, reps);
     *us = t * 1e6;
+    *gflops = 2.0 * macs / t / 1e9;
     free(v);
     free(q);
     free(out);
+    free(pos);
+    free(slot);
     free(scratch);
     double bytes = 2.0 * ctx * (double)kv->row_bytes[0];
     kv_cache_free(kv);
@@ -455,8 +477,8 @@ int main(int argc, char **argv) {
         int32_t ctxs[] = {256, 1024, 4096};
         for (int dt = 0; dt < KV_DTYPE_COUNT && wanted("attention"); dt++)
             for (int c = 0; c < 3; c++) {
-                double us = 0;
-                double gbs = bench_attention(kern, pool, (enum kv_dtype)dt, 16, 8, 128, ctxs[c], reps, &us);
+                double us = 0, gf = 0;
+                double gbs = bench_attention(kern, pool, (enum kv_dtype)dt, 16, 8, 128, ctxs[c], 1, reps, &us, &gf);
                 printf("| attention decode kv %s | H 16, Hkv 8, Dh 128, ctx %d | %.1f GB/s (%.1f us) |\n",
                        kv_dtype_name((enum kv_dtype)dt), ctxs[c], gbs, us);
                 fflush(stdout);
@@ -465,13 +487,21 @@ int main(int argc, char **argv) {
         int32_t small_ctxs[] = {16, 64, 256};
         for (int dt = 0; dt < KV_DTYPE_COUNT && wanted("attention"); dt++)
             for (int c = 0; c < 3; c++) {
-                double us = 0;
+                double us = 0, gf = 0;
                 if ((enum kv_dtype)dt == KV_DTYPE_Q8_0) continue; /* q8_0 needs Dh % 32 == 0 */
-                bench_attention(kern, pool, (enum kv_dtype)dt, 8, 4, 8, small_ctxs[c], reps, &us);
+                bench_attention(kern, pool, (enum kv_dtype)dt, 8, 4, 8, small_ctxs[c], 1, reps, &us, &gf);
                 printf("| attention decode kv %s | H 8, Hkv 4, Dh 8, ctx %d | %.3f us |\n",
                        kv_dtype_name((enum kv_dtype)dt), small_ctxs[c], us);
                 fflush(stdout);
             }
+        /* a Qwen3-0.6B layer's prefill of a 512-token prompt (issue 7's F16 prefill) */
+        for (int dt = 0; dt < KV_DTYPE_COUNT && wanted("attention prefill"); dt++) {
+            double us = 0, gf = 0;
+            bench_attention(kern, pool, (enum kv_dtype)dt, 16, 8, 128, 512, 512, reps, &us, &gf);
+            printf("| attention prefill kv %s | H 16, Hkv 8, Dh 128, 512 tokens | %.1f GFLOP/s (%.0f us) |\n",
+                   kv_dtype_name((enum kv_dtype)dt), gf, us);
+            fflush(stdout);
+        }
         if (wanted("rms_norm")) {
             printf("| rms_norm | rows 1, d 1024 | %.2f us |\n", bench_rms_norm(kern, pool, 1, 1024, reps));
             printf("| rms_norm | rows 256, d 1024 | %.2f us |\n", bench_rms_norm(kern, pool, 256, 1024, reps));
