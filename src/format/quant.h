@@ -10,6 +10,7 @@
 #include "format/gguf.h"
 #include "ir/ir.h"
 
+#include <assert.h> /* static_assert, in C and C++ (the CUDA upload reads these layouts) */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,7 +23,7 @@ typedef struct {
     uint16_t d;        /* f16 scale */
     int8_t qs[QK8_0];  /* (32) signed quants */
 } block_q8_0;
-_Static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 must be 34 bytes");
+static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 must be 34 bytes");
 
 /* Q4_0: byte j holds element j in its low nibble and element j + 16 in its high
  * nibble; x = (nibble - 8) * d. */
@@ -30,7 +31,7 @@ typedef struct {
     uint16_t d;            /* f16 scale */
     uint8_t qs[QK4_0 / 2]; /* (16) nibble pairs */
 } block_q4_0;
-_Static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 must be 18 bytes");
+static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 must be 18 bytes");
 
 /* Q5_0: element j (j < 16) has its low 4 bits in the low nibble of qs[j], element
  * j + 16 in the high nibble; bit i of the little-endian u32 qh is element i's fifth
@@ -40,7 +41,7 @@ typedef struct {
     uint8_t qh[4];         /* fifth bits */
     uint8_t qs[QK5_0 / 2]; /* (16) nibble pairs */
 } block_q5_0;
-_Static_assert(sizeof(block_q5_0) == 6 + QK5_0 / 2, "block_q5_0 must be 22 bytes");
+static_assert(sizeof(block_q5_0) == 6 + QK5_0 / 2, "block_q5_0 must be 22 bytes");
 
 /* Bytes taken by a row of n elements of type; 0 when the type is unsupported or
  * n is negative or not a multiple of the type's block size. */

@@ -27,6 +27,7 @@
 
 #include "format/gguf.h"
 
+#include <assert.h> /* static_assert, in C and C++ (the CUDA upload reads these layouts) */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -40,7 +41,7 @@ typedef struct {
     uint8_t scales[K_SCALE_SIZE]; /* 8 scales + 8 mins, 6 bits each (packing above) */
     uint8_t qs[QK_K / 2];         /* (128) 4-bit quants */
 } block_q4_K;
-_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be 144 bytes");
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be 144 bytes");
 
 typedef struct {
     uint16_t d;
@@ -49,7 +50,7 @@ typedef struct {
     uint8_t qh[QK_K / 8]; /* (32) fifth bits */
     uint8_t qs[QK_K / 2]; /* (128) low 4 bits */
 } block_q5_K;
-_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must be 176 bytes");
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K must be 176 bytes");
 
 /* IQ4_XS's (and IQ4_NL's) 16 levels, ascending. */
 extern const int8_t iq4nl_values[16];
@@ -60,7 +61,7 @@ typedef struct {
     uint8_t scales_l[QK_K / 64]; /* (4) low 4 bits of the sub-block scales */
     uint8_t qs[QK_K / 2];     /* (128) 4-bit table indices */
 } block_iq4_xs;
-_Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs must be 136 bytes");
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs must be 136 bytes");
 
 typedef struct {
     uint8_t ql[QK_K / 2];     /* (128) low 4 bits */
@@ -68,7 +69,7 @@ typedef struct {
     int8_t scales[QK_K / 16]; /* (16) signed sub-block scales */
     uint16_t d;               /* f16 super-block scale */
 } block_q6_K;
-_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must be 210 bytes");
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K must be 210 bytes");
 
 /* The types of this file (Q4_K, Q5_K, Q6_K, IQ4_XS). */
 bool quant_k_is_k_type(enum ggml_type type);

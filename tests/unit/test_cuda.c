@@ -37,6 +37,10 @@
  * cancel to near zero carry up to ~1.5e-2 of the largest output (seen over the random
  * cases below on the H200); a wrong scale or index is off by far more */
 #define TOL_INT8 3e-2
+/* iq4_xs weights, uploaded as q8_0 with each 32's scale d * (ls - 32) rounded to f16
+ * (the CPU keeps it in f32): at most 2^-12 relative a block, ~2e-4 of the largest
+ * output over these random cases; a wrong table index or bit is off by far more */
+#define TOL_IQ4 2e-3
 
 /* ---- random inputs ------------------------------------------------------------------- */
 
@@ -132,6 +136,12 @@ static int32_t gb_param(struct gb *b, enum ir_dtype t, int64_t rows, int64_t col
             break;
         case IR_DTYPE_Q8_0: quant_quantize_row_q8_0(tmp, dst, cols); break;
         case IR_DTYPE_Q4_0: quant_quantize_row_q4_0(tmp, dst, cols); break;
+        case IR_DTYPE_Q5_0:
+            quant_quantize_row_q5_0(tmp, dst, cols);
+            break;
+        case IR_DTYPE_IQ4_XS:
+            quant_k_quantize_row_iq4_xs(tmp, dst, cols);
+            break;
         case IR_DTYPE_Q4_K: quant_k_quantize_row_q4_K(tmp, dst, cols); break;
         case IR_DTYPE_Q5_K: quant_k_quantize_row_q5_K(tmp, dst, cols); break;
         case IR_DTYPE_Q6_K: quant_k_quantize_row_q6_K(tmp, dst, cols); break;
@@ -317,16 +327,17 @@ static const struct batch_spec plain_steps[] = {{1, 1, 1}, {5, 2, 1}, {37, 3, 1}
 /* ---- op tests ------------------------------------------------------------------------ */
 
 static void test_embedding_all_types(void) {
-    enum ir_dtype types[] = {IR_DTYPE_F32,  IR_DTYPE_F16,  IR_DTYPE_BF16, IR_DTYPE_Q8_0,
-                             IR_DTYPE_Q4_0, IR_DTYPE_Q4_K, IR_DTYPE_Q5_K, IR_DTYPE_Q6_K};
-    for (int t = 0; t < 8; t++) {
+    /* q5_0 and iq4_xs are uploaded as q8_0 (cuda_backend.cu's upload_dtype) */
+    enum ir_dtype types[] = {IR_DTYPE_F32,  IR_DTYPE_F16,  IR_DTYPE_BF16, IR_DTYPE_Q8_0, IR_DTYPE_Q4_0,
+                             IR_DTYPE_Q5_0, IR_DTYPE_Q4_K, IR_DTYPE_Q5_K, IR_DTYPE_Q6_K, IR_DTYPE_IQ4_XS};
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
         struct gb b;
         gb_init(&b);
-        int32_t tab = gb_param(&b, types[t], b.vocab, t < 5 ? 96 : 512, 2.0f);
+        int32_t tab = gb_param(&b, types[t], b.vocab, t < 6 ? 96 : 512, 2.0f);
         int32_t x = gb_op2(&b, IR_OP_EMBEDDING, tab, b.g.inputs[IR_INPUT_TOKENS]);
         char what[64];
         snprintf(what, sizeof what, "embedding %s", ir_dtype_name(types[t]));
-        compare_graph(what, &b, x, plain_steps, N_PLAIN, 64, 0.0);
+        compare_graph(what, &b, x, plain_steps, N_PLAIN, 64, types[t] == IR_DTYPE_IQ4_XS ? TOL_IQ4 : 0.0);
         gb_free(&b);
     }
 }
@@ -396,6 +407,21 @@ static void test_linear(void) {
             if (c == 1) run_linear_case(&cases[c], true);
         }
     }
+    /* q5_0 and iq4_xs run as q8_0 (exact for q5_0; iq4_xs within TOL_IQ4) on every path */
+    enum ir_dtype as_q8[] = {IR_DTYPE_Q5_0, IR_DTYPE_IQ4_XS};
+    for (int t = 0; t < 2; t++) {
+        struct linear_case cases[] = {
+            {as_q8[t], 256, 48, 0, IR_OP_INPUT},
+            {as_q8[t], 512, 37, IR_LINEAR_BIAS | IR_LINEAR_GATE | IR_LINEAR_RESIDUAL, IR_OP_SILU},
+            {as_q8[t], 1024, 130, IR_LINEAR_RESIDUAL, IR_OP_INPUT},
+        };
+        linear_small_tol = as_q8[t] == IR_DTYPE_IQ4_XS ? TOL_IQ4 : 0;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            run_linear_case(&cases[c], false);
+            if (c == 1) run_linear_case(&cases[c], true);
+        }
+    }
+    linear_small_tol = 0;
     /* row lengths the 16-byte matvec cannot take go through the tiled kernel */
     struct linear_case odd[] = {{IR_DTYPE_F32, 70, 9, IR_LINEAR_BIAS, IR_OP_RELU}, {IR_DTYPE_BF16, 36, 11, 0, IR_OP_INPUT}};
     for (int c = 0; c < 2; c++) run_linear_case(&odd[c], false);

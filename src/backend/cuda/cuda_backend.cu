@@ -22,10 +22,13 @@
  * block of 512 ids, 8 bytes a block) or its whole-row draw (run_sample, k == 0: the
  * host sampler's arithmetic, 4 bytes a row back). */
 extern "C" {
-#include "base/clock.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/fusion.h"
+#include "base/clock.h"
+#include "base/fp16.h"
+#include "format/quant.h"
+#include "format/quant_k.h"
 #include "passes/memplan.h"
 }
 
@@ -179,7 +182,7 @@ struct cuda_prof_row {
 
 struct cuda_upload {
     const void *host;
-    int dtype;
+    int host_dtype; /* enum ir_dtype as stored (dev.dtype: as uploaded) */
     int64_t rows, cols;
     struct cu_weight dev;
 };
@@ -951,25 +954,70 @@ extern "C" bool cuda_device_describe(char *buf, size_t cap) {
 
 static void cuda_release(void *state);
 
+/* The device type a weight stored as host type t (enum ir_dtype) is uploaded as, or -1
+ * when none: most types as stored; q5_0 and iq4_xs as q8_0 (upload_as_q8_0), which
+ * every kernel reads, at 8.5 bits a weight instead of 5.5 / 4.25. */
+static int upload_dtype(int t) {
+    if (t == IR_DTYPE_Q5_0 || t == IR_DTYPE_IQ4_XS) return CU_Q8_0;
+    return t >= 0 && (t <= CU_Q4_0 || cu_dtype_kquant(t)) ? t : -1;
+}
+
+/* `rows` rows of cols values of q5_0 or iq4_xs (GGUF blocks at src) into the q8_0 upload
+ * layout (cuda_kernels.cuh: int8 quants to qs, an f16 scale per 32 to sc). q5_0 is
+ * exact: (q - 16) * d is int8 (q - 16) with scale d. iq4_xs: d * (ls - 32) * table[q]
+ * is int8 table[q] (-127..113) with scale d * (ls - 32) rounded to f16 (a relative
+ * error of at most 2^-11 a block; the CPU computes that scale in f32). */
+static void repack_rows_as_q8_0(int t, const uint8_t *src, int64_t rows, int64_t cols, int8_t *qs, uint16_t *sc) {
+    const int64_t nb = cols / 32;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            int8_t *q = qs + (size_t)(r * cols + b * 32);
+            if (t == IR_DTYPE_Q5_0) {
+                block_q5_0 blk;
+                memcpy(&blk, src + (size_t)(r * nb + b) * sizeof blk, sizeof blk);
+                uint32_t qh;
+                memcpy(&qh, blk.qh, 4);
+                for (int j = 0; j < 16; j++) {
+                    q[j] = (int8_t)((int)((blk.qs[j] & 15) | ((qh >> j) & 1) << 4) - 16);
+                    q[j + 16] = (int8_t)((int)((blk.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+                }
+                sc[r * nb + b] = blk.d;
+            } else { /* iq4_xs: sub-block b % 8 of super-block b / 8 */
+                block_iq4_xs blk;
+                memcpy(&blk, src + (size_t)(r * (cols / QK_K) + b / 8) * sizeof blk, sizeof blk);
+                const int j = (int)(b % 8);
+                for (int l = 0; l < 16; l++) {
+                    q[l] = iq4nl_values[blk.qs[16 * j + l] & 15];
+                    q[l + 16] = iq4nl_values[blk.qs[16 * j + l] >> 4];
+                }
+                sc[r * nb + b] = fp16_from_f32(fp16_to_f32(blk.d) * (float)(quant_iq4_xs_scale(&blk, j) - 32));
+            }
+        }
+}
+
 /* Uploads one weight (rows, cols) of a PARAM node, or reuses an earlier upload of the
  * same host tensor (tied embeddings bind one tensor twice). */
 static enum llmopt_status upload_weight(struct cuda_state *s, const struct ir_node *n, void *staging,
                                         struct cu_weight *out, struct llmopt_err *err) {
-    int dtype = (int)n->weight.dtype;
+    const int dtype = upload_dtype((int)n->weight.dtype);
+    const bool as_q8_0 = dtype != (int)n->weight.dtype;
     /* matrices keep (rows, cols); unblocked tensors of any other rank are one row */
     int64_t rows = n->shape.rank == 2 ? n->shape.dims[0].coef : 1;
     int64_t cols = n->shape.rank == 2 ? n->shape.dims[1].coef : 1;
     if (n->shape.rank != 2)
         for (int d = 0; d < n->shape.rank; d++) cols *= n->shape.dims[d].coef;
-    if ((n->shape.rank != 2 && cu_dtype_blocked(dtype)) || dtype < 0 || (dtype > CU_Q4_0 && !cu_dtype_kquant(dtype)))
+    if (dtype < 0 || (n->shape.rank != 2 && cu_dtype_blocked(dtype)))
         return err_set(err, LLMOPT_ERR_UNSUPPORTED, "cuda: parameter '%s' (%s, rank %d) cannot be uploaded",
                        n->name ? n->name : "", ir_dtype_name(n->weight.dtype), n->shape.rank);
+    if (cols % ir_dtype_block_elems(n->weight.dtype))
+        return err_set(err, LLMOPT_ERR_FORMAT, "cuda: parameter '%s' (%s) has rows of %lld values, not whole blocks",
+                       n->name ? n->name : "", ir_dtype_name(n->weight.dtype), (long long)cols);
     if ((uint64_t)ir_dtype_row_bytes(n->weight.dtype, cols) * (uint64_t)rows > n->weight.n_bytes)
         return err_set(err, LLMOPT_ERR_FORMAT, "cuda: parameter '%s' holds %llu bytes, its shape needs more",
                        n->name ? n->name : "", (unsigned long long)n->weight.n_bytes);
     for (int32_t k = 0; k < s->n_uploads; k++) {
         const struct cuda_upload *u = &s->uploads[k];
-        if (u->host == n->weight.data && u->dtype == dtype && u->rows == rows && u->cols == cols) {
+        if (u->host == n->weight.data && u->host_dtype == (int)n->weight.dtype && u->rows == rows && u->cols == cols) {
             *out = u->dev;
             return LLMOPT_OK;
         }
@@ -982,7 +1030,7 @@ static enum llmopt_status upload_weight(struct cuda_state *s, const struct ir_no
     struct cuda_upload *u = &s->uploads[s->n_uploads++];
     memset(u, 0, sizeof *u);
     u->host = n->weight.data;
-    u->dtype = dtype;
+    u->host_dtype = (int)n->weight.dtype;
     u->rows = rows;
     u->cols = cols;
     u->dev.dtype = dtype;
@@ -1005,7 +1053,11 @@ static enum llmopt_status upload_weight(struct cuda_state *s, const struct ir_no
         int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
         uint8_t *qs = (uint8_t *)staging;
         uint16_t *sc = (uint16_t *)(qs + cu_weight_data_bytes(dtype, nr, cols));
-        cu_weight_repack_rows(dtype, (const uint8_t *)n->weight.data + (size_t)r0 * src_row, nr, cols, qs, sc);
+        const uint8_t *src = (const uint8_t *)n->weight.data + (size_t)r0 * src_row;
+        if (as_q8_0)
+            repack_rows_as_q8_0((int)n->weight.dtype, src, nr, cols, (int8_t *)qs, sc);
+        else
+            cu_weight_repack_rows(dtype, src, nr, cols, qs, sc);
         CU_TRY(cudaMemcpy((uint8_t *)dev + cu_weight_data_bytes(dtype, r0, cols), qs,
                           cu_weight_data_bytes(dtype, nr, cols), cudaMemcpyHostToDevice));
         CU_TRY(cudaMemcpy((uint8_t *)dev + data_aligned + cu_weight_scale_bytes(dtype, r0, cols), sc,
@@ -1593,11 +1645,11 @@ static enum llmopt_status size_scratch(struct cuda_state *s, struct llmopt_err *
         const struct ir_node *n = &g->nodes[i];
         if (n->op == IR_OP_LINEAR) {
             const struct ir_node *wn = &g->nodes[n->in[1]];
-            enum ir_dtype t = wn->weight.dtype;
-            bool quant = cu_dtype_blocked((int)t);
-            if (t == IR_DTYPE_Q8_0 && s->n_max > CUDA_MATVEC_MAX_ROWS && wn->shape.dims[1].coef > s->mma_k)
+            const int t = upload_dtype((int)wn->weight.dtype);
+            bool quant = cu_dtype_blocked(t);
+            if (t == CU_Q8_0 && s->n_max > CUDA_MATVEC_MAX_ROWS && wn->shape.dims[1].coef > s->mma_k)
                 s->mma_k = wn->shape.dims[1].coef;
-            if (t != IR_DTYPE_F16 && t != IR_DTYPE_BF16 && !(quant && s->n_max >= CUDA_DEQUANT_MIN_ROWS)) continue;
+            if (t != CU_F16 && t != CU_BF16 && !(quant && s->n_max >= CUDA_DEQUANT_MIN_ROWS)) continue;
             size_t need = mem_plan_node_bytes(&g->nodes[n->in[0]], s->n_max, s->n_max) / 2;
             if (need > s->xh_bytes) s->xh_bytes = need;
             size_t wneed = quant ? (size_t)(wn->shape.dims[0].coef * wn->shape.dims[1].coef) * 2 : 0;
