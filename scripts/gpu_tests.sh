@@ -82,7 +82,7 @@ LLMOPT=$BIN/llmopt
 
 # ---- 1. kernel and model parity ---------------------------------------------------------
 start=$(date +%s)
-timeout 300 "$BIN/test_cuda" >"$LOGS/test_cuda.log" 2>&1
+timeout 480 "$BIN/test_cuda" >"$LOGS/test_cuda.log" 2>&1 # (~330 s on the H200 since 2026-12-01)
 rc=$?
 grep -E "FAIL|CHECK failed|skip|passed|device:" "$LOGS/test_cuda.log" | head -40
 add "test_cuda (ops, stories, goldens)" "$([ $rc = 0 ] && echo ok || echo FAIL)" \
@@ -139,6 +139,7 @@ if command -v "$LLMOPT" >/dev/null; then
     bench_model qwen3-0.6b q8_0
     bench_model qwen3-0.6b q4_k_m
     [ $QUICK = 1 ] || bench_model qwen3-0.6b bf16
+    [ $QUICK = 1 ] || bench_model qwen3-0.6b iq4_xs # held as q8_0 on the device
     if [ "${GPU_BENCH_8B:-0}" = 1 ]; then
         bench_model qwen3-8b bf16 0
         bench_model qwen3-8b q8_0 0
