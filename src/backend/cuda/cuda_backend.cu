@@ -955,7 +955,7 @@ extern "C" bool cuda_device_describe(char *buf, size_t cap) {
 static void cuda_release(void *state);
 
 /* The device type a weight stored as host type t (enum ir_dtype) is uploaded as, or -1
- * when none: most types as stored; q5_0 and iq4_xs as q8_0 (upload_as_q8_0), which
+ * when none: most types as stored; q5_0 and iq4_xs as q8_0 (repack_rows_as_q8_0), which
  * every kernel reads, at 8.5 bits a weight instead of 5.5 / 4.25. */
 static int upload_dtype(int t) {
     if (t == IR_DTYPE_Q5_0 || t == IR_DTYPE_IQ4_XS) return CU_Q8_0;
@@ -966,7 +966,7 @@ static int upload_dtype(int t) {
  * layout (cuda_kernels.cuh: int8 quants to qs, an f16 scale per 32 to sc). q5_0 is
  * exact: (q - 16) * d is int8 (q - 16) with scale d. iq4_xs: d * (ls - 32) * table[q]
  * is int8 table[q] (-127..113) with scale d * (ls - 32) rounded to f16 (a relative
- * error of at most 2^-11 a block; the CPU computes that scale in f32). */
+ * error of at most 2^-12 a block; the CPU computes that scale in f32). */
 static void repack_rows_as_q8_0(int t, const uint8_t *src, int64_t rows, int64_t cols, int8_t *qs, uint16_t *sc) {
     const int64_t nb = cols / 32;
     for (int64_t r = 0; r < rows; r++)
