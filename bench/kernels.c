@@ -238,7 +238,8 @@ static double bench_attention(const struct cpu_isa_kernels *kern, struct cpu_poo
                               .scratch_per_thread = per};
     double *v = malloc((size_t)reps * sizeof *v);
     cpu_attention_run(&a, kern, pool);
-    /* calls per timed sample: a short context's call is below the clock's resolution */
+    /* calls per timed sample: a short context's decode call is below the clock's resolution; a
+     * prefill takes 4 to even out the other tenants */
     int inner = n_tok == 1 && ctx < 512 ? 64 : n_tok > 1 ? 4 : 1;
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();
