@@ -81,9 +81,8 @@ static enum llmopt_status resolve_opts(const struct llmopt_model *m, const struc
     if ((unsigned)o.kv_type >= LLMOPT_KV_TYPE_COUNT)
         return err_set(err, LLMOPT_ERR_INVALID_ARG, "session: unknown KV type %d", (int)o.kv_type);
     if (o.kv_type == LLMOPT_KV_DEFAULT) o.kv_type = m->kv_type != LLMOPT_KV_DEFAULT ? m->kv_type : LLMOPT_KV_F16;
-    /* cuda (docs/cuda.md): f16 or f32 device caches; q8_0 is held as f16 (and the
-     * session reports f16); the host cache only holds metadata */
-    if (o.backend && !strcmp(o.backend, "cuda") && o.kv_type == LLMOPT_KV_Q8_0) o.kv_type = LLMOPT_KV_F16;
+    /* cuda (docs/cuda.md): the device holds the cache in this type too (q8_0: head sizes
+     * that are multiples of 32 up to 128); the host cache only holds metadata */
     if (o.n_batch > o.n_ctx * o.n_slots) o.n_batch = o.n_ctx * o.n_slots;
     *out = o;
     return LLMOPT_OK;

@@ -927,6 +927,24 @@ static void test_attention(void) {
     attention_case("f16 KV: attention H16 Hkv4 Dh128 600+ positions tensor cores", 16, 4, 128, 0, long_ctx, 5, 1024,
                    TOL_HALF);
     attention_case("f16 KV: attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 7, 512, TOL_HALF);
+    /* q8_0 caches on both sides (each 32 of a row quantized by ggml's rule on append, the
+     * own row too, so the same rows): the f32 bound; the warp kernel for decode and
+     * per-token batches at 4 and 8 warps a block, the tiled kernel for prefill (q8_0 rows
+     * have no tensor-core path) */
+    test_kv = KV_DTYPE_Q8_0;
+    attention_case("q8_0 KV: attention H8 Hkv8 Dh128 prefill/mixed/decode", 8, 8, 128, 0, mixed, 7, 64, TOL_F32);
+    attention_case("q8_0 KV: attention H6 Hkv1 Dh64 window 4", 6, 1, 64, 4, mixed, 7, 64, TOL_F32);
+    attention_case("q8_0 KV: attention H8 Hkv2 Dh128 tiled prefill", 8, 2, 128, 0, tiled, 7, 512, TOL_F32);
+    attention_case("q8_0 KV: attention H4 Hkv4 Dh96 window 7 tiled", 4, 4, 96, 7, tiled, 7, 512, TOL_F32);
+    for (int i = 0; i < 2; i++) {
+        const char *k = "warp kernel, warps", *sh = warp_shapes[i];
+        setenv("LLMOPT_CUDA_ATT_WARPS", sh, 1);
+        attention_case_as("q8_0 KV: attention H32 Hkv8 Dh128 600+ positions", k, sh, 32, 8, 128, 0, long_ctx, 5, 1024,
+                          TOL_F32);
+        attention_case_as("q8_0 KV: attention H4 Hkv2 Dh64 window 100, 300+ positions", k, sh, 4, 2, 64, 100, longer, 7,
+                          1024, TOL_F32);
+    }
+    unsetenv("LLMOPT_CUDA_ATT_WARPS");
     test_kv = KV_DTYPE_F32;
 }
 
@@ -1093,6 +1111,12 @@ static void test_decode_fusion(void) {
     test_kv = KV_DTYPE_F16;
     fusion_tol = 1e-4;
     fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
+    /* and q8_0 caches (the own k row rotated, then quantized, by the attention kernel):
+     * such a flip there moves a value by a quant step, amax / 127 of its 32 */
+    test_kv = KV_DTYPE_Q8_0;
+    fusion_tol = TOL_HALF;
+    fusion_case(IR_DTYPE_F32, 256, 32, 8, 128, 256, true, false, false, false);
+    fusion_case(IR_DTYPE_F32, 256, 16, 8, 64, 256, false, false, false, true);
     fusion_tol = 0;
     test_kv = KV_DTYPE_F32;
     fusion_long = false;

@@ -275,7 +275,9 @@ struct cuda_state {
     const struct kv_cache *kv_owner;
     uint8_t *kv_store;            /* device, every layer's K then V */
     void **kv_k, **kv_v;          /* (kv_layers) device pointers into kv_store */
-    bool kv_f16;                  /* the rows are f16 (the cache is not f32) */
+    bool kv_f16;                  /* the rows are f16 */
+    bool kv_q8;                   /* ... q8_0 (cu_attention's kv_q8 layout) */
+    int64_t kv_scale_off;         /* q8_0: bytes from a layer's K (or V) to its scales */
     int32_t kv_layers;
     float **conv_state;           /* (conv_layers) device (n_slots, rows, C) conv state */
     int32_t conv_layers;
@@ -653,16 +655,23 @@ static enum llmopt_status run_attention(struct cuda_state *s, const struct ir_no
     a.k_cache = s->kv_k[layer];
     a.v_cache = s->kv_v[layer];
     a.kv_f16 = s->kv_f16;
+    a.kv_q8 = s->kv_q8;
+    a.kv_scale_off = s->kv_scale_off;
+    if (a.kv_q8 && !cu_attention_q8_ok(a.head_dim))
+        return err_set(err, LLMOPT_ERR_UNSUPPORTED,
+                       "cuda: a q8_0 KV cache needs head sizes that are multiples of 32 up to 128 (layer %d: %d); "
+                       "use --kv-type f16",
+                       layer, a.head_dim);
     a.block_table = s->d_block_table;
     a.block_size = s->kv_owner->block_size;
     a.max_blocks_per_slot = s->kv_owner->max_blocks_per_slot;
-    a.splits = att_splits(s, a.n_tok, a.n_heads, s->kv_f16);
+    a.splits = att_splits(s, a.n_tok, a.n_heads, s->kv_f16 || s->kv_q8);
     a.part = s->att_part;
     a.counters = s->att_counters;
-    a.per_position = s->att_per_position;
+    a.per_position = s->att_per_position && !a.kv_q8; /* (q8_0 rows: the warp kernel) */
     a.per_token = s->step_per_token;
     a.tiled_f32 = s->att_tiled_f32;
-    a.dec_splits = s->att_dec_splits;
+    a.dec_splits = a.kv_q8 ? 0 : s->att_dec_splits;
     a.dec_warps = s->att_dec_warps;
     a.warp_warps = s->att_warp_warps ? s->att_warp_warps : cu_attention_warps(s->max_ctx, a.splits);
     if (!s->fused && s->pf_tok_major[i]) { /* the skipped permutes' sources */
@@ -1870,12 +1879,25 @@ static enum llmopt_status ensure_kv(struct cuda_state *s, const struct kv_cache 
             CU_TRY(cudaMemsetAsync(s->conv_state[l], 0, bytes, s->stream));
         }
     }
-    /* f16 rows for f16 and q8_0 caches (q8_0 has no device kernels: its rows are kept at
-     * f16 precision, finer than the host's q8_0) */
-    s->kv_f16 = kv->dtype != KV_DTYPE_F32;
-    const size_t elem = s->kv_f16 ? 2 : 4, positions = (size_t)kv->n_blocks * (size_t)kv->block_size;
-    size_t bytes = 0; /* each layer's K and V 256-byte aligned (the kernels' 16-byte loads) */
-    for (int32_t l = 0; l < kv->n_layers; l++) bytes += 2 * ((positions * (size_t)kv->row_elems[l] * elem + 255) & ~(size_t)255);
+    /* the host cache's element type: f32, f16, or q8_0 as an int8 array and, kv_scale_off
+     * bytes on, an f16 scale a 32 (cu_attention's kv_q8) */
+    s->kv_f16 = kv->dtype == KV_DTYPE_F16;
+    s->kv_q8 = kv->dtype == KV_DTYPE_Q8_0;
+    const size_t positions = (size_t)kv->n_blocks * (size_t)kv->block_size;
+    s->kv_scale_off = 0;
+    if (s->kv_q8)
+        for (int32_t l = 0; l < kv->n_layers; l++) {
+            const int64_t off = (int64_t)((positions * (size_t)kv->row_elems[l] + 255) & ~(size_t)255);
+            s->kv_scale_off = off > s->kv_scale_off ? off : s->kv_scale_off;
+        }
+    /* one layer's K (or V): each 256-byte aligned (the kernels' 16-byte loads) */
+    auto layer_bytes = [&](int32_t l) -> size_t {
+        const size_t n = positions * (size_t)kv->row_elems[l];
+        if (s->kv_q8) return (size_t)s->kv_scale_off + ((n / 32 * 2 + 255) & ~(size_t)255);
+        return (n * (s->kv_f16 ? 2 : 4) + 255) & ~(size_t)255;
+    };
+    size_t bytes = 0;
+    for (int32_t l = 0; l < kv->n_layers; l++) bytes += 2 * layer_bytes(l);
     s->kv_k = (void **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(void *));
     s->kv_v = (void **)calloc((size_t)(kv->n_layers ? kv->n_layers : 1), sizeof(void *));
     if (!s->kv_k || !s->kv_v) return err_set(err, LLMOPT_ERR_NOMEM, "cuda: out of memory");
@@ -1883,11 +1905,10 @@ static enum llmopt_status ensure_kv(struct cuda_state *s, const struct kv_cache 
     CU_TRY(cudaMemsetAsync(s->kv_store, 0, bytes, s->stream));
     uint8_t *p = s->kv_store;
     for (int32_t l = 0; l < kv->n_layers; l++) {
-        size_t layer_bytes = (positions * (size_t)kv->row_elems[l] * elem + 255) & ~(size_t)255;
         s->kv_k[l] = p;
-        p += layer_bytes;
+        p += layer_bytes(l);
         s->kv_v[l] = p;
-        p += layer_bytes;
+        p += layer_bytes(l);
     }
     s->kv_layers = kv->n_layers;
     s->bt_elems = (int64_t)kv->n_slots * kv->max_blocks_per_slot;

@@ -1,6 +1,7 @@
 /* The runtime-state ops: attention over the paged KV cache (f32 or f16 K/V rows, the
  * block-table layout of kv_cache.h; every kernel is instantiated for both, loads widen
- * to f32 and appends round to nearest even), and short_conv over the conv state.
+ * to f32 and appends round to nearest even; q8_0 rows, kv_q8_t below, through kv_append,
+ * the warp kernel and the tiled one), and short_conv over the conv state.
  *
  * 1. kv_append: every token's K and V rows go to its sequence's block.
  * 2. attention_partial: one block per (context split, query head, token). The split's
@@ -47,15 +48,9 @@ static __device__ __forceinline__ int64_t kv_row(const int32_t *block_table, int
     return (int64_t)block * block_size + pos % block_size;
 }
 
-/* The cache's element type KV (float, or __half when cu_attention's kv_f16): loads
- * widen to f32, stores round to nearest even (the CPU cache's f16 rule), and
- * kv_pack4 (below) gives values as the cache holds them. */
-static __device__ __forceinline__ float4 kv_ld4(const float *p) { return *(const float4 *)p; }
-static __device__ __forceinline__ float4 kv_ld4(const __half *p) {
-    const uint2 u = *(const uint2 *)p;
-    const float2 lo = __half22float2(*(const __half2 *)&u.x), hi = __half22float2(*(const __half2 *)&u.y);
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
+/* The cache's element type KV (float, or __half when cu_attention's kv_f16; kv_q8_t
+ * below): loads widen to f32, stores round to nearest even (the CPU cache's f16 rule),
+ * and kv_pack4 (below) gives values as the cache holds them. */
 static __device__ __forceinline__ float kv_ld(const float *p) { return *p; }
 static __device__ __forceinline__ float kv_ld(const __half *p) { return __half2float(*p); }
 static __device__ __forceinline__ void kv_st(float *p, float v) { *p = v; }
@@ -79,6 +74,102 @@ static __device__ __forceinline__ void kv_pack4(float4 v, uint2 *r) {
     *r = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
 }
 
+/* q8_0 rows (cu_attention's kv_q8; head sizes a multiple of 32, so a head's blocks are
+ * whole): element i of a layer's cache is the int8 at byte i of its base, times the f16
+ * scale (i / 32) of the array kv_scale_off bytes on: ggml's block_q8_0 values, written
+ * by its rule (kv_q8_scale, kv_q8_byte). KV = kv_q8_t names the type; 4 values as loaded are
+ * their quants and their block's scale. The kernels reach every type's rows through
+ * kv_raw_at / kv_store_raw (and the tiled kernel kv_ld4_at), which take the layer's base,
+ * an element index and the scale offset (unused by f32 and f16). */
+struct kv_q8_t {
+    int8_t q;
+};
+struct kv_q8x4 {
+    uint32_t q; /* 4 quants, the first in the low byte */
+    float d;    /* their block's scale (the stored f16's value) */
+};
+template <> struct kv_raw4<kv_q8_t> { typedef kv_q8x4 T; };
+template <typename KV> static constexpr bool kv_is_q8 = false;
+template <> constexpr bool kv_is_q8<kv_q8_t> = true;
+static __device__ __forceinline__ float4 kv_widen4(kv_q8x4 r) {
+    return make_float4((float)(int8_t)(r.q & 0xff) * r.d, (float)(int8_t)((r.q >> 8) & 0xff) * r.d,
+                       (float)(int8_t)((r.q >> 16) & 0xff) * r.d, (float)(int8_t)(r.q >> 24) * r.d);
+}
+/* ggml's q8_0 rule on a block's values, given their absolute maximum: d = amax / 127 (the
+ * f32 for the quants, its f16 stored), q = round(x / d) half away from zero */
+static __device__ __forceinline__ float kv_q8_scale(float amax, float *id) {
+    const float d = amax / 127.0f;
+    *id = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+static __device__ __forceinline__ uint32_t kv_q8_byte(float x, float id) {
+    return (uint32_t)(uint8_t)(int8_t)roundf(x * id);
+}
+template <typename KV>
+static __device__ __forceinline__ typename kv_raw4<KV>::T kv_raw_at(const void *base, int64_t i, int64_t soff) {
+    if constexpr (kv_is_q8<KV>) {
+        const __half dh = *((const __half *)((const uint8_t *)base + soff) + i / 32);
+        return kv_q8x4{*(const uint32_t *)((const int8_t *)base + i), __half2float(dh)};
+    } else {
+        (void)soff;
+        return kv_raw_ld4((const KV *)base + i);
+    }
+}
+template <typename KV> static __device__ __forceinline__ float4 kv_ld4_at(const void *base, int64_t i, int64_t soff) {
+    return kv_widen4(kv_raw_at<KV>(base, i, soff));
+}
+/* zeros as the cache holds them */
+template <typename KV> static __device__ __forceinline__ typename kv_raw4<KV>::T kv_zero4(void) {
+    typename kv_raw4<KV>::T r;
+    if constexpr (kv_is_q8<KV>)
+        r = kv_q8x4{0u, 0.0f};
+    else
+        kv_pack4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), &r);
+    return r;
+}
+/* A row's 4 values a lane (lanes 8b .. 8b + 7 holding block b of 32 of a q8_0 row) as
+ * the cache would hold them; every lane of the warp calls it. */
+template <typename KV> static __device__ __forceinline__ typename kv_raw4<KV>::T kv_pack4_warp(float4 v) {
+    typename kv_raw4<KV>::T r;
+    if constexpr (kv_is_q8<KV>) {
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float id;
+        const float d = kv_q8_scale(amax, &id);
+        r.q = kv_q8_byte(v.x, id) | kv_q8_byte(v.y, id) << 8 | kv_q8_byte(v.z, id) << 16 | kv_q8_byte(v.w, id) << 24;
+        r.d = __half2float(__float2half_rn(d));
+    } else {
+        kv_pack4(v, &r);
+    }
+    return r;
+}
+/* Stores kv_pack4_warp's values of the lane at element i (q8_0: lane % 8 == 0 writes the
+ * block's scale) */
+template <typename KV>
+static __device__ __forceinline__ void kv_store_raw(void *base, int64_t i, int64_t soff, typename kv_raw4<KV>::T r,
+                                                    int lane) {
+    if constexpr (kv_is_q8<KV>) {
+        *(uint32_t *)((int8_t *)base + i) = r.q;
+        if (lane % 8 == 0) *((__half *)((uint8_t *)base + soff) + i / 32) = __float2half_rn(r.d);
+    } else {
+        (void)soff;
+        (void)lane;
+        *(typename kv_raw4<KV>::T *)((KV *)base + i) = r;
+    }
+}
+/* One block of 32 values x (element i, a multiple of 32, of the layer at base) into a
+ * q8_0 cache. */
+static __device__ __forceinline__ void kv_q8_store_block(void *base, int64_t i, int64_t soff, const float *x) {
+    float amax = 0.0f, id;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = kv_q8_scale(amax, &id);
+    for (int j = 0; j < 32; j += 4)
+        *(uint32_t *)((int8_t *)base + i + j) = kv_q8_byte(x[j], id) | kv_q8_byte(x[j + 1], id) << 8 |
+                                                kv_q8_byte(x[j + 2], id) << 16 | kv_q8_byte(x[j + 3], id) << 24;
+    *((__half *)((uint8_t *)base + soff) + i / 32) = __float2half_rn(d);
+}
+
 template <typename KV>
 __global__ void kv_append_kernel(struct cu_attention a) {
     cu_pdl_trigger(); /* a dependent matvec may start loading its weights */
@@ -87,12 +178,25 @@ __global__ void kv_append_kernel(struct cu_attention a) {
     int t = blockIdx.x;
     int row_elems = a.n_kv_heads * a.head_dim;
     int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, a.slot[t], a.pos[t]);
-    KV *kr = (KV *)a.k_cache + row * row_elems, *vr = (KV *)a.v_cache + row * row_elems;
-    for (int e = threadIdx.x; e < row_elems; e += blockDim.x) {
-        int h = e / a.head_dim, d = e % a.head_dim;
-        int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d, tok = (int64_t)t * row_elems + e;
-        kv_st(kr + e, a.k[a.k_tok_major ? tok : src]);
-        kv_st(vr + e, a.v[a.v_tok_major ? tok : src]);
+    if constexpr (kv_is_q8<KV>) { /* a thread a block of 32 (head sizes % 32 == 0) */
+        for (int b = threadIdx.x; b < row_elems / 32; b += blockDim.x)
+            for (int w = 0; w < 2; w++) {
+                float x[32];
+                for (int j = 0; j < 32; j++) {
+                    const int e = 32 * b + j, h = e / a.head_dim, d = e % a.head_dim;
+                    const int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d, tok = (int64_t)t * row_elems + e;
+                    x[j] = w ? a.v[a.v_tok_major ? tok : src] : a.k[a.k_tok_major ? tok : src];
+                }
+                kv_q8_store_block(w ? a.v_cache : a.k_cache, row * row_elems + 32 * b, a.kv_scale_off, x);
+            }
+    } else {
+        KV *kr = (KV *)a.k_cache + row * row_elems, *vr = (KV *)a.v_cache + row * row_elems;
+        for (int e = threadIdx.x; e < row_elems; e += blockDim.x) {
+            int h = e / a.head_dim, d = e % a.head_dim;
+            int64_t src = ((int64_t)h * a.n_tok + t) * a.head_dim + d, tok = (int64_t)t * row_elems + e;
+            kv_st(kr + e, a.k[a.k_tok_major ? tok : src]);
+            kv_st(vr + e, a.v[a.v_tok_major ? tok : src]);
+        }
     }
 }
 
@@ -374,11 +478,11 @@ static __device__ __forceinline__ void att_warp_load(const struct cu_attention &
 #pragma unroll
     for (int i = 0; i < POS; i++) {
         const int64_t oi = __shfl_sync(0xffffffffu, off, i);
-        kv_pack4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), &kk[i]);
+        kk[i] = kv_zero4<KV>();
         vv[i] = kk[i];
         if (i < n_mine && dl && oi >= 0) {
-            kk[i] = kv_raw_ld4((const KV *)a.k_cache + oi + 4 * lane);
-            vv[i] = kv_raw_ld4((const KV *)a.v_cache + oi + 4 * lane);
+            kk[i] = kv_raw_at<KV>(a.k_cache, oi + 4 * lane, a.kv_scale_off);
+            vv[i] = kv_raw_at<KV>(a.v_cache, oi + 4 * lane, a.kv_scale_off);
         }
     }
 }
@@ -512,14 +616,13 @@ __global__ void __launch_bounds__(NW *CU_WARP, MINB) attention_warp_kernel(struc
         if (dl) kown = *(const float4 *)(sp.k_own + 4 * lane);
     }
     if (dl) vown = *(const float4 *)(sp.v_own + 4 * lane);
-    typename kv_raw4<KV>::T kown_c, vown_c; /* the own row as the cache holds it */
-    kv_pack4(kown, &kown_c);
-    kv_pack4(vown, &vown_c);
+    /* the own row as the cache holds it */
+    const typename kv_raw4<KV>::T kown_c = kv_pack4_warp<KV>(kown), vown_c = kv_pack4_warp<KV>(vown);
     if (APPEND && split == 0 && h % (a.n_heads / a.n_kv_heads) == 0 && warp == 0 && dl) { /* a block a KV head */
         const int64_t row = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, sp.slot, p) * sp.row_elems +
                             (int64_t)sp.kvh * Dh + 4 * lane;
-        *(typename kv_raw4<KV>::T *)((KV *)a.k_cache + row) = kown_c;
-        *(typename kv_raw4<KV>::T *)((KV *)a.v_cache + row) = vown_c;
+        kv_store_raw<KV>(a.k_cache, row, a.kv_scale_off, kown_c, lane);
+        kv_store_raw<KV>(a.v_cache, row, a.kv_scale_off, vown_c, lane);
     }
     float m = -INFINITY, l = 0.0f;
     float4 acc = zero4;
@@ -884,8 +987,8 @@ __global__ void __launch_bounds__(ATT_TTHREADS) attention_tiled_kernel(struct cu
                 if (j < cn) {
                     int64_t off = kv_row(a.block_table, a.max_blocks_per_slot, a.block_size, slot, c0 + j) *
                                       row_elems + (int64_t)kvh * Dh + d4;
-                    kv = kv_ld4((const KV *)a.k_cache + off);
-                    vv = kv_ld4((const KV *)a.v_cache + off);
+                    kv = kv_ld4_at<KV>(a.k_cache, off, a.kv_scale_off);
+                    vv = kv_ld4_at<KV>(a.v_cache, off, a.kv_scale_off);
                 }
                 *(float4 *)&ks[j][d4] = kv;
                 *(float4 *)&vs[j][d4] = vv;
@@ -1281,6 +1384,10 @@ bool cu_attention_mma_ok(const struct cu_attention *a) {
            a->n_heads / a->n_kv_heads <= FA_ROWS && (a->head_dim == 64 || a->head_dim == 96 || a->head_dim == 128);
 }
 
+bool cu_attention_q8_ok(int head_dim) {
+    return head_dim % 32 == 0 && head_dim <= 128;
+}
+
 bool cu_attention_dec_ok(const struct cu_attention *a) {
     return a->dec_splits > 0 && a->n_tok == 1 && a->head_dim % 8 == 0 && a->head_dim <= 128 && !a->per_position;
 }
@@ -1374,26 +1481,35 @@ static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *
         if ((e = cu_launch_pdl(kv_append_kernel<KV>, dim3(a->n_tok), dim3(256), 0, st, *a)) != cudaSuccess) return e;
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
-    if (tiled && cu_attention_mma_ok(a)) {
-        dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) / (FA_ROWS / (a->n_heads / a->n_kv_heads)),
-                  a->n_kv_heads);
-        switch (a->head_dim) {
-        case 64: return fa_launch<64, KV>(grid, st, a);
-        case 96: return fa_launch<96, KV>(grid, st, a);
-        default: return fa_launch<128, KV>(grid, st, a);
+    if constexpr (!kv_is_q8<KV>) /* (q8_0 rows: the tiled kernel) */
+        if (tiled && cu_attention_mma_ok(a)) {
+            dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) /
+                          (FA_ROWS / (a->n_heads / a->n_kv_heads)),
+                      a->n_kv_heads);
+            switch (a->head_dim) {
+            case 64:
+                return fa_launch<64, KV>(grid, st, a);
+            case 96:
+                return fa_launch<96, KV>(grid, st, a);
+            default:
+                return fa_launch<128, KV>(grid, st, a);
+            }
         }
-    }
     if (tiled) {
         attention_tiled_kernel<KV><<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
         return cudaGetLastError();
     }
-    if (cu_attention_dec_ok(a)) return att_dec_launch(st, a);
     dim3 grid(a->splits, a->n_heads, a->n_tok);
-    if (a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position)
+    if constexpr (kv_is_q8<KV>) { /* the warp kernel only (cu_attention checked its shape) */
         e = att_warp_launch<KV>(grid, st, a);
-    else
-        e = cu_launch_pdl(a->n_tok == 1 ? attention_partial_kernel<true, KV> : attention_partial_kernel<false, KV>, grid,
-                          dim3(ATT_THREADS), 0, st, *a);
+    } else {
+        if (cu_attention_dec_ok(a)) return att_dec_launch(st, a);
+        if (a->head_dim % 4 == 0 && a->head_dim <= 128 && !a->per_position)
+            e = att_warp_launch<KV>(grid, st, a);
+        else
+            e = cu_launch_pdl(a->n_tok == 1 ? attention_partial_kernel<true, KV> : attention_partial_kernel<false, KV>,
+                              grid, dim3(ATT_THREADS), 0, st, *a);
+    }
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -1408,6 +1524,10 @@ cudaError_t cu_attention(cudaStream_t st, const struct cu_attention *a) {
     if (a->dec_splits && (a->dec_splits < 2 || a->dec_splits > CU_ATT_DEC_MAX_SPLITS || a->dec_warps < 1 ||
                           a->dec_warps > ATT_DEC_MAX_WARPS))
         return cudaErrorInvalidValue;
+    if (a->kv_q8) { /* rows of whole blocks, and the kernels that read them (cu_attention_q8_ok) */
+        if (!cu_attention_q8_ok(a->head_dim) || a->kv_f16) return cudaErrorInvalidValue;
+        return attention_launch<kv_q8_t>(st, a);
+    }
     return a->kv_f16 ? attention_launch<__half>(st, a) : attention_launch<float>(st, a);
 }
 
