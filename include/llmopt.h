@@ -174,8 +174,8 @@ struct llmopt_session_opts {
     int32_t n_threads; /* CPU threads for kernels; 0: every CPU this process may use, at most
                         * one per 16 MiB of weights read per token (tiny models: 1) */
     const char *backend; /* "cpu" (NULL or "": the default), "cpu-ref" or "cuda" */
-    /* KV cache element type. CUDA's device cache is f16 or f32: q8_0 is held as f16
-     * there (llmopt_session_kv_type then reports f16). */
+    /* KV cache element type (q8_0: head sizes a multiple of 32; on CUDA also at most
+     * 128, where prefill attention then runs without tensor cores: docs/kv-cache.md). */
     enum llmopt_kv_type kv_type;
     /* Keep the KV blocks of token prefixes that sequences computed, for later sequences
      * that begin the same way (llmopt_session_prefix_attach). Ignored for models with

@@ -60,7 +60,7 @@ const char cli_usage_text[] =
     "\n"
     "common options: --programs DIR (stock programs; default: the build's programs/)\n"
     "KV cache: --kv-type f16 (default; a Model Program's recorded type wins), q8_0 (blocks of 32\n"
-    "          int8, head size a multiple of 32) or f32; CUDA's device cache is f16 (q8_0 is held as f16) or f32\n";
+    "          int8, head size a multiple of 32; on CUDA also at most 128) or f32\n";
 
 int usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "llmopt: ");
