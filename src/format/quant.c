@@ -48,15 +48,10 @@ static void dequantize_q5_0(const uint8_t *src, float *dst, int64_t n_blocks) {
         block_q5_0 blk;
         memcpy(&blk, src + b * (int64_t)sizeof blk, sizeof blk);
         float d = fp16_to_f32(blk.d);
-        uint32_t qh = (uint32_t)blk.qh[0] | (uint32_t)blk.qh[1] << 8 | (uint32_t)blk.qh[2] << 16 |
-                      (uint32_t)blk.qh[3] << 24;
+        int8_t q[QK5_0];
+        quant_q5_0_ints(&blk, q);
         float *y = dst + b * QK5_0;
-        for (int j = 0; j < QK5_0 / 2; j++) {
-            int q0 = (blk.qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4;
-            int q1 = (blk.qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-            y[j] = (float)(q0 - 16) * d;
-            y[j + QK5_0 / 2] = (float)(q1 - 16) * d;
-        }
+        for (int j = 0; j < QK5_0; j++) y[j] = (float)q[j] * d;
     }
 }
 

@@ -43,6 +43,18 @@ typedef struct {
 } block_q5_0;
 static_assert(sizeof(block_q5_0) == 6 + QK5_0 / 2, "block_q5_0 must be 22 bytes");
 
+/* A Q5_0 block's 32 values as the signed integers q - 16 (-16..15), x = q * d (the
+ * layout above). The one reading of the bits: the dequantizer, the CPU kernels' unpacking
+ * and the CUDA upload (as q8_0) all take it. */
+static inline void quant_q5_0_ints(const block_q5_0 *b, int8_t q[QK5_0]) {
+    const uint32_t qh =
+        (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
+    for (int j = 0; j < QK5_0 / 2; j++) {
+        q[j] = (int8_t)((int)((b->qs[j] & 0x0fu) | ((qh >> j) & 1u) << 4) - 16);
+        q[j + QK5_0 / 2] = (int8_t)((int)((b->qs[j] >> 4) | ((qh >> (j + 16)) & 1u) << 4) - 16);
+    }
+}
+
 /* Bytes taken by a row of n elements of type; 0 when the type is unsupported or
  * n is negative or not a multiple of the type's block size. */
 size_t quant_row_bytes(enum ggml_type type, int64_t n);

@@ -111,10 +111,9 @@ static void dequantize_iq4_xs(const uint8_t *src, float *dst, int64_t n_blocks) 
         float *y = dst + b * QK_K;
         for (int j = 0; j < 8; j++) {
             float dl = d * (float)(quant_iq4_xs_scale(&blk, j) - 32);
-            for (int l = 0; l < 16; l++) {
-                y[32 * j + l] = dl * (float)iq4nl_values[blk.qs[16 * j + l] & 0x0f];
-                y[32 * j + 16 + l] = dl * (float)iq4nl_values[blk.qs[16 * j + l] >> 4];
-            }
+            int8_t v[32];
+            quant_iq4_xs_ints(&blk, j, v);
+            for (int l = 0; l < 32; l++) y[32 * j + l] = dl * (float)v[l];
         }
     }
 }

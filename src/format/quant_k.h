@@ -63,6 +63,16 @@ typedef struct {
 } block_iq4_xs;
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs must be 136 bytes");
 
+/* Sub-block j (0..7) of an IQ4_XS block as its 32 table values (-127..113), x = d *
+ * (ls[j] - 32) * v (the layout above). The dequantizer, the CPU kernels' unpacking and
+ * the CUDA upload (as q8_0) all take it. */
+static inline void quant_iq4_xs_ints(const block_iq4_xs *b, int j, int8_t v[32]) {
+    for (int l = 0; l < 16; l++) {
+        v[l] = iq4nl_values[b->qs[16 * j + l] & 0x0f];
+        v[l + 16] = iq4nl_values[b->qs[16 * j + l] >> 4];
+    }
+}
+
 typedef struct {
     uint8_t ql[QK_K / 2];     /* (128) low 4 bits */
     uint8_t qh[QK_K / 4];     /* (64) top 2 bits */

@@ -53,13 +53,12 @@ void kq_unpack_sub(enum ir_dtype t, const uint8_t *row, int64_t b, struct kq_sub
         return;
     }
     case IR_DTYPE_Q5_0: {
-        const uint8_t *blk = row + b * sizeof(block_q5_0);
-        float d = f16_at(blk);
-        uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
-        for (int l = 0; l < 16; l++) {
-            out->u[l] = (uint8_t)((blk[6 + l] & 0x0f) | ((qh >> l) & 1) << 4);
-            out->u[l + 16] = (uint8_t)((blk[6 + l] >> 4) | ((qh >> (l + 16)) & 1) << 4);
-        }
+        block_q5_0 blk;
+        memcpy(&blk, row + b * sizeof blk, sizeof blk);
+        float d = fp16_to_f32(blk.d);
+        int8_t q[QK5_0];
+        quant_q5_0_ints(&blk, q);
+        for (int l = 0; l < QK5_0; l++) out->u[l] = (uint8_t)(q[l] + 16);
         out->s[0] = out->s[1] = d;
         out->o[0] = out->o[1] = 16.0f * d;
         return;
@@ -69,10 +68,9 @@ void kq_unpack_sub(enum ir_dtype t, const uint8_t *row, int64_t b, struct kq_sub
         memcpy(&blk, row + (b / 8) * sizeof blk, sizeof blk);
         int j = (int)(b % 8);
         float dl = fp16_to_f32(blk.d) * (float)(quant_iq4_xs_scale(&blk, j) - 32);
-        for (int l = 0; l < 16; l++) { /* table values biased by 128 to unsigned */
-            out->u[l] = (uint8_t)(iq4nl_values[blk.qs[16 * j + l] & 0x0f] + 128);
-            out->u[l + 16] = (uint8_t)(iq4nl_values[blk.qs[16 * j + l] >> 4] + 128);
-        }
+        int8_t v[32];
+        quant_iq4_xs_ints(&blk, j, v);
+        for (int l = 0; l < 32; l++) out->u[l] = (uint8_t)(v[l] + 128); /* table values biased by 128 to unsigned */
         out->s[0] = out->s[1] = dl;
         out->o[0] = out->o[1] = 128.0f * dl;
         return;

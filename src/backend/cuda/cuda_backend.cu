@@ -984,21 +984,13 @@ static void repack_rows_as_q8_0(int t, const uint8_t *src, int64_t rows, int64_t
             if (t == IR_DTYPE_Q5_0) {
                 block_q5_0 blk;
                 memcpy(&blk, src + (size_t)(r * nb + b) * sizeof blk, sizeof blk);
-                uint32_t qh;
-                memcpy(&qh, blk.qh, 4);
-                for (int j = 0; j < 16; j++) {
-                    q[j] = (int8_t)((int)((blk.qs[j] & 15) | ((qh >> j) & 1) << 4) - 16);
-                    q[j + 16] = (int8_t)((int)((blk.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
-                }
+                quant_q5_0_ints(&blk, q);
                 sc[r * nb + b] = blk.d;
             } else { /* iq4_xs: sub-block b % 8 of super-block b / 8 */
                 block_iq4_xs blk;
                 memcpy(&blk, src + (size_t)(r * (cols / QK_K) + b / 8) * sizeof blk, sizeof blk);
                 const int j = (int)(b % 8);
-                for (int l = 0; l < 16; l++) {
-                    q[l] = iq4nl_values[blk.qs[16 * j + l] & 15];
-                    q[l + 16] = iq4nl_values[blk.qs[16 * j + l] >> 4];
-                }
+                quant_iq4_xs_ints(&blk, j, q);
                 sc[r * nb + b] = fp16_from_f32(fp16_to_f32(blk.d) * (float)(quant_iq4_xs_scale(&blk, j) - 32));
             }
         }
