@@ -231,14 +231,20 @@ static __device__ __forceinline__ float mv_q8_scale(float amax, float *id) {
     return d;
 }
 
+/* The largest magnitude of the 32 values that 8 neighbouring lanes (lane % 8 == 0..7)
+ * hold 4 each, in every one of them; every lane of the warp calls this. */
+static __device__ __forceinline__ float cu_amax8(float4 v) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    return fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+}
+
 /* Stores one thread's 4 values a (element group f) of x as int8 in q, and its q8_0
  * block's scale in d from the block's first lane: the amax is taken over the 8 lanes
  * of the block, so every lane of the warp must call this (in: whether f is in range). */
 static __device__ __forceinline__ void mv_put_x_q8(float4 a, bool in, int64_t f, uint32_t *q, float *d) {
-    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    const float amax = cu_amax8(a);
     float id;
     const float db = mv_q8_scale(amax, &id);
     if (!in) return;

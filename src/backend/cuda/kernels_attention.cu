@@ -77,7 +77,7 @@ static __device__ __forceinline__ void kv_pack4(float4 v, uint2 *r) {
 /* q8_0 rows (cu_attention's kv_q8; head sizes a multiple of 32, so a head's blocks are
  * whole): element i of a layer's cache is the int8 at byte i of its base, times the f16
  * scale (i / 32) of the array kv_scale_off bytes on: ggml's block_q8_0 values, written
- * by its rule (kv_q8_scale, kv_q8_byte). KV = kv_q8_t names the type; 4 values as loaded are
+ * by its rule (mv_q8_scale, kv_q8_byte). KV = kv_q8_t names the type; 4 values as loaded are
  * their quants and their block's scale. The kernels reach every type's rows through
  * kv_raw_at / kv_store_raw (and the tiled kernel kv_ld4_at), which take the layer's base,
  * an element index and the scale offset (unused by f32 and f16). */
@@ -95,13 +95,9 @@ static __device__ __forceinline__ float4 kv_widen4(kv_q8x4 r) {
     return make_float4((float)(int8_t)(r.q & 0xff) * r.d, (float)(int8_t)((r.q >> 8) & 0xff) * r.d,
                        (float)(int8_t)((r.q >> 16) & 0xff) * r.d, (float)(int8_t)(r.q >> 24) * r.d);
 }
-/* ggml's q8_0 rule on a block's values, given their absolute maximum: d = amax / 127 (the
- * f32 for the quants, its f16 stored), q = round(x / d) half away from zero */
-static __device__ __forceinline__ float kv_q8_scale(float amax, float *id) {
-    const float d = amax / 127.0f;
-    *id = d != 0.0f ? 1.0f / d : 0.0f;
-    return d;
-}
+/* ggml's q8_0 rule on a block's values: d = amax / 127 and its 1 / d (mv_q8_scale, the
+ * int8 x's too), the f32 for the quants and its f16 stored, and q = round(x / d) half
+ * away from zero (here, unlike the int8 x's half to even: the CPU cache's rounding) */
 static __device__ __forceinline__ uint32_t kv_q8_byte(float x, float id) {
     return (uint32_t)(uint8_t)(int8_t)roundf(x * id);
 }
@@ -132,11 +128,8 @@ template <typename KV> static __device__ __forceinline__ typename kv_raw4<KV>::T
 template <typename KV> static __device__ __forceinline__ typename kv_raw4<KV>::T kv_pack4_warp(float4 v) {
     typename kv_raw4<KV>::T r;
     if constexpr (kv_is_q8<KV>) {
-        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-        for (int o = 1; o < 8; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         float id;
-        const float d = kv_q8_scale(amax, &id);
+        const float d = mv_q8_scale(cu_amax8(v), &id);
         r.q = kv_q8_byte(v.x, id) | kv_q8_byte(v.y, id) << 8 | kv_q8_byte(v.z, id) << 16 | kv_q8_byte(v.w, id) << 24;
         r.d = __half2float(__float2half_rn(d));
     } else {
@@ -163,7 +156,7 @@ static __device__ __forceinline__ void kv_store_raw(void *base, int64_t i, int64
 static __device__ __forceinline__ void kv_q8_store_block(void *base, int64_t i, int64_t soff, const float *x) {
     float amax = 0.0f, id;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const float d = kv_q8_scale(amax, &id);
+    const float d = mv_q8_scale(amax, &id);
     for (int j = 0; j < 32; j += 4)
         *(uint32_t *)((int8_t *)base + i + j) = kv_q8_byte(x[j], id) | kv_q8_byte(x[j + 1], id) << 8 |
                                                 kv_q8_byte(x[j + 2], id) << 16 | kv_q8_byte(x[j + 3], id) << 24;
