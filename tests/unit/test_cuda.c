@@ -928,10 +928,12 @@ static void test_attention(void) {
                    TOL_HALF);
     attention_case("f16 KV: attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 7, 512, TOL_HALF);
     /* q8_0 caches on both sides (each 32 of a row quantized by ggml's rule on append, the
-     * own row too, so the same rows): the f32 bound; the warp kernel for decode and
-     * per-token batches at 4 and 8 warps a block, the tiled kernel for prefill (q8_0 rows
-     * have no tensor-core path) */
+     * own row too, so the same rows): the f32 bound outside the tensor-core kernel; the
+     * warp kernel for decode and per-token batches at 4 and 8 warps a block, the tiled
+     * kernel for prefill with LLMOPT_CUDA_ATT_MMA=0 and head dim 32, else the tensor-core
+     * one (the quants copied, their scales loaded beside the copies, bf16 rows) */
     test_kv = KV_DTYPE_Q8_0;
+    setenv("LLMOPT_CUDA_ATT_MMA", "0", 1);
     attention_case("q8_0 KV: attention H8 Hkv8 Dh128 prefill/mixed/decode", 8, 8, 128, 0, mixed, 7, 64, TOL_F32);
     attention_case("q8_0 KV: attention H6 Hkv1 Dh64 window 4", 6, 1, 64, 4, mixed, 7, 64, TOL_F32);
     attention_case("q8_0 KV: attention H8 Hkv2 Dh128 tiled prefill", 8, 2, 128, 0, tiled, 7, 512, TOL_F32);
@@ -945,6 +947,14 @@ static void test_attention(void) {
                           1024, TOL_F32);
     }
     unsetenv("LLMOPT_CUDA_ATT_WARPS");
+    unsetenv("LLMOPT_CUDA_ATT_MMA");
+    attention_case("q8_0 KV: attention H4 Hkv2 Dh32 window 50 tiled (no tensor-core shape)", 4, 2, 32, 50, tiled, 7,
+                   512, TOL_F32);
+    attention_case("q8_0 KV: attention H8 Hkv2 Dh128 tensor cores", 8, 2, 128, 0, tiled, 7, 512, TOL_HALF);
+    attention_case("q8_0 KV: attention H4 Hkv4 Dh96 window 7 tensor cores", 4, 4, 96, 7, tiled, 7, 512, TOL_HALF);
+    attention_case("q8_0 KV: attention H6 Hkv2 Dh64 window 50 tensor cores", 6, 2, 64, 50, tiled, 7, 512, TOL_HALF);
+    attention_case("q8_0 KV: attention H16 Hkv4 Dh128 600+ positions tensor cores", 16, 4, 128, 0, long_ctx, 5, 1024,
+                   TOL_HALF);
     test_kv = KV_DTYPE_F32;
 }
 

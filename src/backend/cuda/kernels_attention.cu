@@ -1,7 +1,8 @@
 /* The runtime-state ops: attention over the paged KV cache (f32 or f16 K/V rows, the
  * block-table layout of kv_cache.h; every kernel is instantiated for both, loads widen
  * to f32 and appends round to nearest even; q8_0 rows, kv_q8_t below, through kv_append,
- * the warp kernel and the tiled one), and short_conv over the conv state.
+ * the warp kernel, the tiled one and the tensor-core one), and short_conv over the conv
+ * state.
  *
  * 1. kv_append: every token's K and V rows go to its sequence's block.
  * 2. attention_partial: one block per (context split, query head, token). The split's
@@ -86,14 +87,18 @@ struct kv_q8_t {
 };
 struct kv_q8x4 {
     uint32_t q; /* 4 quants, the first in the low byte */
-    float d;    /* their block's scale (the stored f16's value) */
+    __half d;   /* their block's scale, as stored: widened where used, like the quants, so
+                 * a warp's loads are all in flight before a conversion waits on one (a
+                 * float here, converted at the load, made the decode attention wait on
+                 * every row's scale in turn) */
 };
 template <> struct kv_raw4<kv_q8_t> { typedef kv_q8x4 T; };
 template <typename KV> static constexpr bool kv_is_q8 = false;
 template <> constexpr bool kv_is_q8<kv_q8_t> = true;
 static __device__ __forceinline__ float4 kv_widen4(kv_q8x4 r) {
-    return make_float4((float)(int8_t)(r.q & 0xff) * r.d, (float)(int8_t)((r.q >> 8) & 0xff) * r.d,
-                       (float)(int8_t)((r.q >> 16) & 0xff) * r.d, (float)(int8_t)(r.q >> 24) * r.d);
+    const float d = __half2float(r.d);
+    return make_float4((float)(int8_t)(r.q & 0xff) * d, (float)(int8_t)((r.q >> 8) & 0xff) * d,
+                       (float)(int8_t)((r.q >> 16) & 0xff) * d, (float)(int8_t)(r.q >> 24) * d);
 }
 /* ggml's q8_0 rule on a block's values: d = amax / 127 and its 1 / d (mv_q8_scale, the
  * int8 x's too), the f32 for the quants and its f16 stored, and q = round(x / d) half
@@ -105,7 +110,7 @@ template <typename KV>
 static __device__ __forceinline__ typename kv_raw4<KV>::T kv_raw_at(const void *base, int64_t i, int64_t soff) {
     if constexpr (kv_is_q8<KV>) {
         const __half dh = *((const __half *)((const uint8_t *)base + soff) + i / 32);
-        return kv_q8x4{*(const uint32_t *)((const int8_t *)base + i), __half2float(dh)};
+        return kv_q8x4{*(const uint32_t *)((const int8_t *)base + i), dh};
     } else {
         (void)soff;
         return kv_raw_ld4((const KV *)base + i);
@@ -118,7 +123,7 @@ template <typename KV> static __device__ __forceinline__ float4 kv_ld4_at(const 
 template <typename KV> static __device__ __forceinline__ typename kv_raw4<KV>::T kv_zero4(void) {
     typename kv_raw4<KV>::T r;
     if constexpr (kv_is_q8<KV>)
-        r = kv_q8x4{0u, 0.0f};
+        r = kv_q8x4{0u, __float2half_rn(0.0f)};
     else
         kv_pack4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), &r);
     return r;
@@ -131,7 +136,7 @@ template <typename KV> static __device__ __forceinline__ typename kv_raw4<KV>::T
         float id;
         const float d = mv_q8_scale(cu_amax8(v), &id);
         r.q = kv_q8_byte(v.x, id) | kv_q8_byte(v.y, id) << 8 | kv_q8_byte(v.z, id) << 16 | kv_q8_byte(v.w, id) << 24;
-        r.d = __half2float(__float2half_rn(d));
+        r.d = __float2half_rn(d);
     } else {
         kv_pack4(v, &r);
     }
@@ -144,7 +149,7 @@ static __device__ __forceinline__ void kv_store_raw(void *base, int64_t i, int64
                                                     int lane) {
     if constexpr (kv_is_q8<KV>) {
         *(uint32_t *)((int8_t *)base + i) = r.q;
-        if (lane % 8 == 0) *((__half *)((uint8_t *)base + soff) + i / 32) = __float2half_rn(r.d);
+        if (lane % 8 == 0) *((__half *)((uint8_t *)base + soff) + i / 32) = r.d;
     } else {
         (void)soff;
         (void)lane;
@@ -1077,14 +1082,15 @@ static __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint3
 }
 
 /* Flash attention on bf16 tensor cores (mma.sync m16n8k16, f32 accumulation) over the
- * f32 or f16 paged cache. A block takes one KV head and FA_ROWS query rows: TB = FA_ROWS / G
+ * f32, f16 or q8_0 paged cache. A block takes one KV head and FA_ROWS query rows: TB = FA_ROWS / G
  * consecutive tokens times the G query heads that share the KV head (row r: token
  * t0 + r / G, head kvh * G + r % G), so one K/V chunk in shared memory serves every
  * head of the group. Warp w owns rows 16w..16w+15: its q rows (scaled by scale * log2 e)
  * stay in registers as A fragments. For each sequence present in the block, the union
  * of its tokens' key ranges is walked FA_KC keys at a time: the K and V rows of the
- * next chunk are copied to shared memory by cp.async as cached while the current one computes,
- * then converted to bf16 rows (padded by 16 bytes: the fragment loads and ldmatrix hit
+ * next chunk are copied to shared memory by cp.async as cached while the current one computes
+ * (q8_0: the quants; each thread loads the scales of its units with its copies), then
+ * converted to bf16 rows (padded by 16 bytes: the fragment loads and ldmatrix hit
  * distinct banks); a warp whose rows see none of the chunk's keys skips it; S = Q K^T
  * (FA_KC / 8 tiles of 16x8), masked (another sequence, past the query's position,
  * before its window), the online softmax in base 2 on the accumulators (a row's 4
@@ -1109,6 +1115,21 @@ static __device__ __forceinline__ void fa_to_bf16(const __half *src, __nv_bfloat
     const float2 x = __half22float2(*(const __half2 *)&u.x), y = __half22float2(*(const __half2 *)&u.y);
     const float2 z = __half22float2(*(const __half2 *)&u.z), w = __half22float2(*(const __half2 *)&u.w);
     *(uint4 *)dst = make_uint4(fa_pack(x.x, x.y), fa_pack(y.x, y.y), fa_pack(z.x, z.y), fa_pack(w.x, w.y));
+}
+
+/* 16 q8_0 cache values (16 int8, one block's, whose scale is d) to bf16: q d is exact in
+ * f32 (8 x 11 bits), then rounded to bf16 as the other cache types are */
+static __device__ __forceinline__ void fa_to_bf16(const kv_q8_t *src, float d, __nv_bfloat16 *dst) {
+    const uint4 u = *(const uint4 *)src;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    uint32_t p[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        p[2 * i] = fa_pack((float)(int8_t)(w[i] & 0xffu) * d, (float)(int8_t)(w[i] >> 8 & 0xffu) * d);
+        p[2 * i + 1] = fa_pack((float)(int8_t)(w[i] >> 16 & 0xffu) * d, (float)(int8_t)(w[i] >> 24) * d);
+    }
+    ((uint4 *)dst)[0] = make_uint4(p[0], p[1], p[2], p[3]);
+    ((uint4 *)dst)[1] = make_uint4(p[4], p[5], p[6], p[7]);
 }
 
 /* 16 bytes global -> shared without registers; src_bytes 0 fills zeros */
@@ -1176,6 +1197,12 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
         }
     }
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, o[NT][4];
+    /* q8_0 rows: the scales of this thread's units in flight, loaded with their copies
+     * (a unit of 16 quants lies in one block of 32) and read at their conversion, which
+     * comes before the next chunk's copies are issued */
+    float ksc[kv_is_q8<KV> ? UNITS : 1], vsc[kv_is_q8<KV> ? UNITS : 1];
+    (void)ksc;
+    (void)vsc;
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     __syncthreads(); /* n_slots */
@@ -1216,6 +1243,11 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
                 const int64_t off = koff[buf][j];
                 fa_cp16(&sm.k32[j * LDF + d4], (const KV *)a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
                 fa_cp16(&sm.v32[j * LDF + d4], (const KV *)a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
+                if constexpr (kv_is_q8<KV>) { /* the unit's block scales, used at its conversion */
+                    const int64_t b = off >= 0 ? (off + d4) / 32 : -1;
+                    ksc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.k_cache + a.kv_scale_off))[b]) : 0.0f;
+                    vsc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.v_cache + a.kv_scale_off))[b]) : 0.0f;
+                }
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
         };
@@ -1233,8 +1265,13 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
 #pragma unroll 4
             for (int it = 0; it < UNITS; it++) {
                 const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * EPU;
-                fa_to_bf16(&sm.k32[j * LDF + d4], &ks[j * LD + d4]);
-                fa_to_bf16(&sm.v32[j * LDF + d4], &vs[j * LD + d4]);
+                if constexpr (kv_is_q8<KV>) {
+                    fa_to_bf16(&sm.k32[j * LDF + d4], ksc[it], &ks[j * LD + d4]);
+                    fa_to_bf16(&sm.v32[j * LDF + d4], vsc[it], &vs[j * LD + d4]);
+                } else {
+                    fa_to_bf16(&sm.k32[j * LDF + d4], &ks[j * LD + d4]);
+                    fa_to_bf16(&sm.v32[j * LDF + d4], &vs[j * LD + d4]);
+                }
             }
             __syncthreads(); /* staging read */
             if (c0 + FA_KC <= hi) issue((ci + 1) % 2);
@@ -1474,8 +1511,7 @@ static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *
         if ((e = cu_launch_pdl(kv_append_kernel<KV>, dim3(a->n_tok), dim3(256), 0, st, *a)) != cudaSuccess) return e;
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
-    if constexpr (!kv_is_q8<KV>) /* (q8_0 rows: the tiled kernel) */
-        if (tiled && cu_attention_mma_ok(a)) {
+    if (tiled && cu_attention_mma_ok(a)) {
             dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) /
                           (FA_ROWS / (a->n_heads / a->n_kv_heads)),
                       a->n_kv_heads);
