@@ -1245,8 +1245,10 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
                 fa_cp16(&sm.v32[j * LDF + d4], (const KV *)a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
                 if constexpr (kv_is_q8<KV>) { /* the unit's block scales, used at its conversion */
                     const int64_t b = off >= 0 ? (off + d4) / 32 : -1;
-                    ksc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.k_cache + a.kv_scale_off))[b]) : 0.0f;
-                    vsc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.v_cache + a.kv_scale_off))[b]) : 0.0f;
+                    ksc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.k_cache + a.kv_scale_off))[b])
+                                     : 0.0f;
+                    vsc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.v_cache + a.kv_scale_off))[b])
+                                     : 0.0f;
                 }
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -1512,18 +1514,17 @@ static cudaError_t attention_launch(cudaStream_t st, const struct cu_attention *
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     if (tiled && cu_attention_mma_ok(a)) {
-            dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) /
-                          (FA_ROWS / (a->n_heads / a->n_kv_heads)),
-                      a->n_kv_heads);
-            switch (a->head_dim) {
-            case 64:
-                return fa_launch<64, KV>(grid, st, a);
-            case 96:
-                return fa_launch<96, KV>(grid, st, a);
-            default:
-                return fa_launch<128, KV>(grid, st, a);
-            }
+        dim3 grid((a->n_tok + FA_ROWS / (a->n_heads / a->n_kv_heads) - 1) / (FA_ROWS / (a->n_heads / a->n_kv_heads)),
+                  a->n_kv_heads);
+        switch (a->head_dim) {
+        case 64:
+            return fa_launch<64, KV>(grid, st, a);
+        case 96:
+            return fa_launch<96, KV>(grid, st, a);
+        default:
+            return fa_launch<128, KV>(grid, st, a);
         }
+    }
     if (tiled) {
         attention_tiled_kernel<KV><<<dim3((a->n_tok + ATT_TQ - 1) / ATT_TQ, a->n_heads), ATT_TTHREADS, 0, st>>>(*a);
         return cudaGetLastError();
