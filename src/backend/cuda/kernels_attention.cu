@@ -1198,11 +1198,15 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
     }
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, o[NT][4];
     /* q8_0 rows: the scales of this thread's units in flight, loaded with their copies
-     * (a unit of 16 quants lies in one block of 32) and read at their conversion, which
-     * comes before the next chunk's copies are issued */
-    float ksc[kv_is_q8<KV> ? UNITS : 1], vsc[kv_is_q8<KV> ? UNITS : 1];
+     * (a unit of 16 quants lies in one block of 32) and kept as stored until their
+     * conversion (widened at the load, the thread would wait there for them before
+     * computing the chunk the copies overlap), which comes before the next chunk's
+     * copies are issued */
+    const __half zero_h = __float2half_rn(0.0f);
+    __half ksc[kv_is_q8<KV> ? UNITS : 1], vsc[kv_is_q8<KV> ? UNITS : 1];
     (void)ksc;
     (void)vsc;
+    (void)zero_h;
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     __syncthreads(); /* n_slots */
@@ -1243,12 +1247,10 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
                 const int64_t off = koff[buf][j];
                 fa_cp16(&sm.k32[j * LDF + d4], (const KV *)a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
                 fa_cp16(&sm.v32[j * LDF + d4], (const KV *)a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
-                if constexpr (kv_is_q8<KV>) { /* the unit's block scales, used at its conversion */
-                    const int64_t b = off >= 0 ? (off + d4) / 32 : -1;
-                    ksc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.k_cache + a.kv_scale_off))[b])
-                                     : 0.0f;
-                    vsc[it] = b >= 0 ? __half2float(((const __half *)((const uint8_t *)a.v_cache + a.kv_scale_off))[b])
-                                     : 0.0f;
+                if constexpr (kv_is_q8<KV>) { /* the unit's block scales, widened at its conversion */
+                    const int64_t b = off >= 0 ? (off + d4) / 32 : 0;
+                    ksc[it] = off >= 0 ? ((const __half *)((const uint8_t *)a.k_cache + a.kv_scale_off))[b] : zero_h;
+                    vsc[it] = off >= 0 ? ((const __half *)((const uint8_t *)a.v_cache + a.kv_scale_off))[b] : zero_h;
                 }
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -1268,8 +1270,8 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
             for (int it = 0; it < UNITS; it++) {
                 const int e = threadIdx.x + it * NTHR, j = e / U4, d4 = (e % U4) * EPU;
                 if constexpr (kv_is_q8<KV>) {
-                    fa_to_bf16(&sm.k32[j * LDF + d4], ksc[it], &ks[j * LD + d4]);
-                    fa_to_bf16(&sm.v32[j * LDF + d4], vsc[it], &vs[j * LD + d4]);
+                    fa_to_bf16(&sm.k32[j * LDF + d4], __half2float(ksc[it]), &ks[j * LD + d4]);
+                    fa_to_bf16(&sm.v32[j * LDF + d4], __half2float(vsc[it]), &vs[j * LD + d4]);
                 } else {
                     fa_to_bf16(&sm.k32[j * LDF + d4], &ks[j * LD + d4]);
                     fa_to_bf16(&sm.v32[j * LDF + d4], &vs[j * LD + d4]);
