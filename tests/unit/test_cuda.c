@@ -1726,7 +1726,6 @@ static void test_errors(void) {
     }
     gb_free(&b);
 }
-#endif /* LLMOPT_HAVE_CUDA */
 
 /* ---- sampling on the device (run_sample) ----------------------------------------------- */
 
@@ -2126,6 +2125,8 @@ static void test_sample_session(void) {
     }
     llmopt_model_free(m);
 }
+
+#endif /* LLMOPT_HAVE_CUDA */
 
 int main(void) {
 #ifndef LLMOPT_HAVE_CUDA
