@@ -64,6 +64,12 @@ enum cpu_cache_type cpu_cache_type_from_name(const char *name) {
 /* ---- Instruction sets -------------------------------------------------------------- */
 
 #ifdef CPU_X86
+/* The highest CPUID leaf of the range that starts at `base` (0 or 0x80000000). GCC's
+ * cpuid.h returns it as unsigned, clang's as int: one type for the comparisons. */
+static unsigned cpuid_max(unsigned base) {
+    return (unsigned)__get_cpuid_max(base, NULL);
+}
+
 static uint64_t read_xcr0(void) {
     uint32_t lo, hi;
     /* xgetbv with ecx = 0 reads XCR0; only valid when CPUID reports OSXSAVE. */
@@ -73,7 +79,7 @@ static uint64_t read_xcr0(void) {
 
 static void detect_isa(struct cpu_features *f) {
     unsigned a, b, c, d;
-    unsigned max_leaf = __get_cpuid_max(0, NULL);
+    unsigned max_leaf = cpuid_max(0);
     if (max_leaf == 0) return;
     __cpuid(0, a, b, c, d);
     memcpy(f->vendor, &b, 4);
@@ -123,7 +129,7 @@ static void detect_isa(struct cpu_features *f) {
 /* CPUID leaves 0x80000002..4: the 48-byte brand string, padded with spaces. */
 static void cpuid_brand(char *out, size_t cap) {
     unsigned regs[12];
-    if (__get_cpuid_max(0x80000000, NULL) < 0x80000004 || cap < 49) return;
+    if (cpuid_max(0x80000000) < 0x80000004 || cap < 49) return;
     for (unsigned i = 0; i < 3; i++)
         __cpuid(0x80000002 + i, regs[4 * i], regs[4 * i + 1], regs[4 * i + 2], regs[4 * i + 3]);
     memcpy(out, regs, 48);
@@ -190,7 +196,7 @@ static int64_t parse_cache_size(const char *s) {
  * [31:16]) and EDX L3 (512 KiB units in [31:18]); zero sizes are absent caches. */
 static void cpuid_caches_amd_legacy(struct cpu_features *f) {
     unsigned a, b, c5, d5, c6, d6;
-    if (__get_cpuid_max(0x80000000, NULL) < 0x80000006) return;
+    if (cpuid_max(0x80000000) < 0x80000006) return;
     __cpuid(0x80000005, a, b, c5, d5);
     __cpuid(0x80000006, a, b, c6, d6);
     const struct cpu_cache legacy[4] = {{1, CPU_CACHE_DATA, (int64_t)(c5 >> 24) << 10, (int)(c5 & 0xff), 0},
@@ -209,14 +215,14 @@ static void cpuid_caches_amd_legacy(struct cpu_features *f) {
 static void cpuid_caches(struct cpu_features *f) {
     unsigned a, b, c, d, leaf = 4;
     if (!strcmp(f->vendor, "AuthenticAMD") || !strcmp(f->vendor, "HygonGenuine")) {
-        if (__get_cpuid_max(0x80000000, NULL) < 0x80000001) return;
+        if (cpuid_max(0x80000000) < 0x80000001) return;
         __cpuid(0x80000001, a, b, c, d);
-        if (!(c >> 22 & 1) || __get_cpuid_max(0x80000000, NULL) < 0x8000001d) { /* no TOPOEXT */
+        if (!(c >> 22 & 1) || cpuid_max(0x80000000) < 0x8000001d) { /* no TOPOEXT */
             cpuid_caches_amd_legacy(f);
             return;
         }
         leaf = 0x8000001d;
-    } else if (__get_cpuid_max(0, NULL) < 4)
+    } else if (cpuid_max(0) < 4)
         return;
     for (unsigned i = 0; i < 16 && f->n_caches < CPU_MAX_CACHES; i++) {
         __cpuid_count(leaf, i, a, b, c, d);

@@ -102,10 +102,7 @@ static void test_kv_round_trip(void) {
     CHECK(gguf_w_set_array(w, "a.i8", GGUF_TYPE_INT8, ai8, 2, &err) == LLMOPT_OK);
     CHECK(gguf_w_set_array(w, "a.f64", GGUF_TYPE_FLOAT64, af64, 2, &err) == LLMOPT_OK);
     CHECK(gguf_w_set_array(w, "a.empty", GGUF_TYPE_UINT32, NULL, 0, &err) == LLMOPT_OK);
-    const char *strs[] = {"alpha", "",
-                          "\xce\xb3"
-                          "amma",
-                          "d"};
+    const char *strs[] = {"alpha", "", "\316\263amma" /* U+03B3 in UTF-8, then "amma" */, "d"};
     CHECK(gguf_w_set_str_array(w, "a.str", strs, NULL, 4, &err) == LLMOPT_OK);
     const uint64_t lens[] = {2, 0, 1};
     CHECK(gguf_w_set_str_array(w, "a.strn", strs, lens, 3, &err) == LLMOPT_OK);

@@ -642,8 +642,7 @@ static const char *const bpe_tokens[] = {"a",
                                          "ab",
                                          "abb",
                                          "\xc4\xa0",
-                                         "\xc4\xa0"
-                                         "a"};
+                                         "\304\240a" /* U+0120 (GPT-2's space) in UTF-8, then "a" */};
 
 static void tiny_bpe(struct gguf_builder *b, const char *pre, const char *const *merges,
                      size_t n_merges) {

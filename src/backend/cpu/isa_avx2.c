@@ -1,7 +1,9 @@
 /* AVX2 + FMA + F16C kernels (Haswell and later, Zen). The whole file is compiled for
  * that target; nothing here runs unless cpu_isa_available(CPU_ISA_AVX2). */
 #if defined(__x86_64__) || defined(__i386__)
+#ifndef __clang__ /* (clang: the same features as flags from CMakeLists.txt) */
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kquant.h"

@@ -2,7 +2,9 @@
  * integer dot products with VNNI (vpdpbusd on 256-bit registers, where it issues on
  * two ports). Nothing here runs unless cpu_isa_available(CPU_ISA_AVX512). */
 #if defined(__x86_64__) || defined(__i386__)
+#ifndef __clang__ /* (clang: the same features as flags from CMakeLists.txt) */
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kquant.h"

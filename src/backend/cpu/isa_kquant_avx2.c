@@ -2,7 +2,9 @@
  * maddubs (u8 x s8 pairs to s16, no saturation for |w| <= 127 or u <= 63) and madd. No
  * packed GEMM: the tiles serve every row count. */
 #if defined(__x86_64__) || defined(__i386__)
+#ifndef __clang__ /* (clang: the same features as flags from CMakeLists.txt) */
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 #include <immintrin.h>
 

@@ -2,7 +2,9 @@
  * (vpdpbusd on 256-bit registers), and a packed GEMM for prefill. Nothing here runs
  * unless cpu_isa_available(CPU_ISA_AVX512). */
 #if defined(__x86_64__) || defined(__i386__)
+#ifndef __clang__ /* (clang: the same features as flags from CMakeLists.txt) */
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
 
 #include <immintrin.h>
 
