@@ -637,12 +637,8 @@ static void test_nfc(void) {
 /* ---- 6. error paths --------------------------------------------------------------- */
 
 /* "a", "b", "ab", "abb" plus the byte-level spellings of ' ' and a few bytes. */
-static const char *const bpe_tokens[] = {"a",
-                                         "b",
-                                         "ab",
-                                         "abb",
-                                         "\xc4\xa0",
-                                         "\304\240a" /* U+0120 (GPT-2's space) in UTF-8, then "a" */};
+static const char *const bpe_tokens[] = {"a",        "b",        "ab", "abb",
+                                         "\xc4\xa0", "\304\240a" /* U+0120 (GPT-2's space) in UTF-8, then "a" */};
 
 static void tiny_bpe(struct gguf_builder *b, const char *pre, const char *const *merges,
                      size_t n_merges) {
