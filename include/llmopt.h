@@ -175,7 +175,7 @@ struct llmopt_session_opts {
                         * one per 16 MiB of weights read per token (tiny models: 1) */
     const char *backend; /* "cpu" (NULL or "": the default), "cpu-ref" or "cuda" */
     /* KV cache element type (q8_0: head sizes a multiple of 32; on CUDA also at most
-     * 128, where prefill attention then runs without tensor cores: docs/kv-cache.md). */
+     * 128: docs/kv-cache.md). */
     enum llmopt_kv_type kv_type;
     /* Keep the KV blocks of token prefixes that sequences computed, for later sequences
      * that begin the same way (llmopt_session_prefix_attach). Ignored for models with
