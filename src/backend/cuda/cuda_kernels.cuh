@@ -335,7 +335,7 @@ struct cu_attention {
     float *out;             /* [1, N, H, Dh] */
     const int32_t *pos, *slot; /* (N) */
     const int32_t *block_table; /* (n_slots, max_blocks_per_slot) */
-    void *k_cache, *v_cache;    /* this layer: (n_blocks * block_size, Hkv * Dh), f32 or f16 */
+    void *k_cache, *v_cache;    /* this layer: (n_blocks * block_size, Hkv * Dh), f32, f16 or q8_0 */
     bool kv_f16;                /* the cache rows are f16 (rounded to nearest even on append) */
     bool kv_q8;                 /* ... q8_0: int8 values at the element's byte, an f16 scale a 32
                                  * at kv_scale_off bytes on (cu_attention_q8_ok head sizes) */
@@ -391,8 +391,8 @@ int cu_attention_dec_clusters(const struct cu_attention *a);
  * cu_attention_part_floats() floats. */
 #define CU_ATT_MAX_SPLITS 32
 int cu_attention_splits(int n_tok, int n_heads, int64_t max_ctx, bool kv_f16);
-/* q8_0 cache rows are read by the warp and tiled kernels: head sizes a multiple of 32
- * (whole blocks a head) up to 128. */
+/* q8_0 cache rows are read by the warp, tiled and tensor-core kernels: head sizes a
+ * multiple of 32 (whole blocks a head) up to 128. */
 bool cu_attention_q8_ok(int head_dim);
 /* The decode warp kernel's warps a block (cu_attention.warp_warps) for contexts of up to
  * max_ctx positions in `splits` splits: 4 where every split is at most one chunk of 64

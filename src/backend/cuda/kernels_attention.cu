@@ -106,11 +106,18 @@ static __device__ __forceinline__ float4 kv_widen4(kv_q8x4 r) {
 static __device__ __forceinline__ uint32_t kv_q8_byte(float x, float id) {
     return (uint32_t)(uint8_t)(int8_t)roundf(x * id);
 }
+/* 4 consecutive values' quants by that rule, the first in the low byte */
+static __device__ __forceinline__ uint32_t kv_q8_pack4(float4 v, float id) {
+    return kv_q8_byte(v.x, id) | kv_q8_byte(v.y, id) << 8 | kv_q8_byte(v.z, id) << 16 | kv_q8_byte(v.w, id) << 24;
+}
+/* The f16 scale of element i of a q8_0 layer at base (the array soff bytes on) */
+static __device__ __forceinline__ __half *kv_q8_scale_at(const void *base, int64_t i, int64_t soff) {
+    return (__half *)((const uint8_t *)base + soff) + i / 32;
+}
 template <typename KV>
 static __device__ __forceinline__ typename kv_raw4<KV>::T kv_raw_at(const void *base, int64_t i, int64_t soff) {
     if constexpr (kv_is_q8<KV>) {
-        const __half dh = *((const __half *)((const uint8_t *)base + soff) + i / 32);
-        return kv_q8x4{*(const uint32_t *)((const int8_t *)base + i), dh};
+        return kv_q8x4{*(const uint32_t *)((const int8_t *)base + i), *kv_q8_scale_at(base, i, soff)};
     } else {
         (void)soff;
         return kv_raw_ld4((const KV *)base + i);
@@ -135,7 +142,7 @@ template <typename KV> static __device__ __forceinline__ typename kv_raw4<KV>::T
     if constexpr (kv_is_q8<KV>) {
         float id;
         const float d = mv_q8_scale(cu_amax8(v), &id);
-        r.q = kv_q8_byte(v.x, id) | kv_q8_byte(v.y, id) << 8 | kv_q8_byte(v.z, id) << 16 | kv_q8_byte(v.w, id) << 24;
+        r.q = kv_q8_pack4(v, id);
         r.d = __float2half_rn(d);
     } else {
         kv_pack4(v, &r);
@@ -149,7 +156,7 @@ static __device__ __forceinline__ void kv_store_raw(void *base, int64_t i, int64
                                                     int lane) {
     if constexpr (kv_is_q8<KV>) {
         *(uint32_t *)((int8_t *)base + i) = r.q;
-        if (lane % 8 == 0) *((__half *)((uint8_t *)base + soff) + i / 32) = r.d;
+        if (lane % 8 == 0) *kv_q8_scale_at(base, i, soff) = r.d;
     } else {
         (void)soff;
         (void)lane;
@@ -163,9 +170,8 @@ static __device__ __forceinline__ void kv_q8_store_block(void *base, int64_t i, 
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float d = mv_q8_scale(amax, &id);
     for (int j = 0; j < 32; j += 4)
-        *(uint32_t *)((int8_t *)base + i + j) = kv_q8_byte(x[j], id) | kv_q8_byte(x[j + 1], id) << 8 |
-                                                kv_q8_byte(x[j + 2], id) << 16 | kv_q8_byte(x[j + 3], id) << 24;
-    *((__half *)((uint8_t *)base + soff) + i / 32) = __float2half_rn(d);
+        *(uint32_t *)((int8_t *)base + i + j) = kv_q8_pack4(make_float4(x[j], x[j + 1], x[j + 2], x[j + 3]), id);
+    *kv_q8_scale_at(base, i, soff) = __float2half_rn(d);
 }
 
 template <typename KV>
@@ -1202,11 +1208,9 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
      * conversion (widened at the load, the thread would wait there for them before
      * computing the chunk the copies overlap), which comes before the next chunk's
      * copies are issued */
-    const __half zero_h = __float2half_rn(0.0f);
     __half ksc[kv_is_q8<KV> ? UNITS : 1], vsc[kv_is_q8<KV> ? UNITS : 1];
     (void)ksc;
     (void)vsc;
-    (void)zero_h;
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     __syncthreads(); /* n_slots */
@@ -1248,9 +1252,11 @@ __global__ void __launch_bounds__(FA_WARPS *CU_WARP) attention_mma_kernel(struct
                 fa_cp16(&sm.k32[j * LDF + d4], (const KV *)a.k_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
                 fa_cp16(&sm.v32[j * LDF + d4], (const KV *)a.v_cache + (off >= 0 ? off + d4 : 0), off >= 0 ? 16 : 0);
                 if constexpr (kv_is_q8<KV>) { /* the unit's block scales, widened at its conversion */
-                    const int64_t b = off >= 0 ? (off + d4) / 32 : 0;
-                    ksc[it] = off >= 0 ? ((const __half *)((const uint8_t *)a.k_cache + a.kv_scale_off))[b] : zero_h;
-                    vsc[it] = off >= 0 ? ((const __half *)((const uint8_t *)a.v_cache + a.kv_scale_off))[b] : zero_h;
+                    ksc[it] = vsc[it] = __float2half_rn(0.0f);
+                    if (off >= 0) {
+                        ksc[it] = *kv_q8_scale_at(a.k_cache, off + d4, a.kv_scale_off);
+                        vsc[it] = *kv_q8_scale_at(a.v_cache, off + d4, a.kv_scale_off);
+                    }
                 }
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
