@@ -222,7 +222,8 @@ static void linear_epilogue(const struct linear_ctx *ctx, int64_t r0, int nr, in
  * other rather than a whole one. */
 static void linear_gemm_columns(struct linear_ctx *ctx, int ith, int nth) {
     const struct cpu_linear *op = ctx->op;
-    uint8_t *panel = ctx->panels + (size_t)ith * ctx->panel_bytes;
+    /* with pre-packed panels there is no scratch (ctx->panels NULL) */
+    uint8_t *panel = op->packed ? NULL : ctx->panels + (size_t)ith * ctx->panel_bytes;
     int rstep = ctx->gemm_rows(op->wtype);
     _Alignas(64) float tile[8 * CPU_GEMM_NC];
     LLMOPT_ASSERT(rstep <= 8);
