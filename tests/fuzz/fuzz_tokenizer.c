@@ -8,7 +8,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct tok_vocab *v =
-        fuzz_tok_vocab("../shared/tokenizers/ggml-vocab-llama-spm.gguf", "fuzz_tokenizer");
+        fuzz_tok_vocab(LLMOPT_SOURCE_DIR "/../shared/tokenizers/ggml-vocab-llama-spm.gguf", "fuzz_tokenizer");
     size_t cap = size + 2, n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
     char out[256];

@@ -6,7 +6,7 @@
 #include "tokenizer_fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    struct tok_vocab *v = fuzz_tok_vocab("../shared/models/qwen3-tokenizer", "fuzz_tokenizer_bpe");
+    struct tok_vocab *v = fuzz_tok_vocab(LLMOPT_SOURCE_DIR "/../shared/models/qwen3-tokenizer", "fuzz_tokenizer_bpe");
     size_t cap = size + 2, n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
     char out[512];

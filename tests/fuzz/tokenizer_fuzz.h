@@ -1,5 +1,6 @@
 /* What fuzz_tokenizer.c and fuzz_tokenizer_bpe.c share: the vocabulary, loaded once
- * from $LLMOPT_FUZZ_VOCAB or the entry's default path, and the streaming decode of a
+ * from $LLMOPT_FUZZ_VOCAB or the entry's default path (in ../shared beside the source
+ * tree, found from any working directory), and the streaming decode of a
  * list of ids and of the input bytes read as ids. Each entry keeps its own encode
  * calls (the SentencePiece one adds BOS and picks special parsing by the first byte,
  * the BPE one encodes both ways). */
