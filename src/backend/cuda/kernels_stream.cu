@@ -6,7 +6,10 @@
  * cut into tiles of `rs` consecutive rows of one segment (of a SwiGLU pair: rs gate and
  * rs up rows); a tile's rows are a contiguous byte range of the row-major weight (q8_0:
  * and q6_K: a second range of their f16 scales), copied whole into one stage. Block b takes tiles
- * b, b + grid, ...; one producer thread fills the stages (full barrier: expect_tx of
+ * b, b + grid, ... (static on purpose: tiles handed out from a counter made every block
+ * end together and lost 5-7%, since the blocks a tile short leave room for the next
+ * launch's ring fill; bench/results/cuda-tiles-2026-12-02.md); one producer thread
+ * fills the stages (full barrier: expect_tx of
  * the tile's bytes) and refills a stage once the consumer warps have released it
  * (empty barrier, one arrival a warp). The producer reads only weights, so it issues
  * the whole ring before the PDL wait: with one block an SM and a small footprint the
