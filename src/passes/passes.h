@@ -13,10 +13,11 @@ enum pass_id {
     PASS_CANONICALIZE, /* identities, reshape/permute chains, matmul(x, W^T) -> linear */
     PASS_CSE,          /* common subexpressions */
     PASS_FOLD,         /* nodes that depend on no input are computed once at prepare */
+    PASS_PRUNE_ROWS,   /* row-wise ops before select_rows(out_rows) compute the output rows only */
     PASS_FUSE_RMS_NORM,
     PASS_FUSE_ROPE,
-    PASS_FUSE_LINEAR,  /* linear epilogues: activation, gate, bias, residual */
-    PASS_DCE,          /* dead code */
+    PASS_FUSE_LINEAR, /* linear epilogues: activation, gate, bias, residual */
+    PASS_DCE,         /* dead code */
     PASS_COUNT
 };
 extern const char *const pass_names[PASS_COUNT];
@@ -37,6 +38,7 @@ enum llmopt_status passes_run(struct ir_graph *g, uint32_t enabled, struct pass_
 int32_t pass_canonicalize(struct ir_graph *g, struct llmopt_err *err);
 int32_t pass_cse(struct ir_graph *g, struct llmopt_err *err);
 int32_t pass_fold(struct ir_graph *g, struct llmopt_err *err);
+int32_t pass_prune_rows(struct ir_graph *g, struct llmopt_err *err);
 int32_t pass_fuse_rms_norm(struct ir_graph *g, struct llmopt_err *err);
 int32_t pass_fuse_rope(struct ir_graph *g, struct llmopt_err *err);
 int32_t pass_fuse_linear(struct ir_graph *g, struct llmopt_err *err);

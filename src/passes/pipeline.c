@@ -1,11 +1,15 @@
-/* The pass pipeline: canonicalize and CSE, fold constants, fuse to a fixed point, then
- * DCE and the verifier. */
+/* The pass pipeline: canonicalize and CSE, fold constants, prune rows, fuse to a fixed
+ * point, then DCE and the verifier. */
 #include "passes/passes.h"
 
 const char *const pass_names[PASS_COUNT] = {
-    [PASS_CANONICALIZE] = "canonicalize", [PASS_CSE] = "cse",
-    [PASS_FOLD] = "fold",                 [PASS_FUSE_RMS_NORM] = "fuse-rms-norm",
-    [PASS_FUSE_ROPE] = "fuse-rope",       [PASS_FUSE_LINEAR] = "fuse-linear",
+    [PASS_CANONICALIZE] = "canonicalize",
+    [PASS_CSE] = "cse",
+    [PASS_FOLD] = "fold",
+    [PASS_PRUNE_ROWS] = "prune-rows",
+    [PASS_FUSE_RMS_NORM] = "fuse-rms-norm",
+    [PASS_FUSE_ROPE] = "fuse-rope",
+    [PASS_FUSE_LINEAR] = "fuse-linear",
     [PASS_DCE] = "dce",
 };
 
@@ -14,9 +18,13 @@ const char *const pass_names[PASS_COUNT] = {
 enum llmopt_status passes_run(struct ir_graph *g, uint32_t enabled, struct pass_report *report,
                               struct llmopt_err *err) {
     static int32_t (*const fns[PASS_COUNT])(struct ir_graph *, struct llmopt_err *) = {
-        [PASS_CANONICALIZE] = pass_canonicalize, [PASS_CSE] = pass_cse,
-        [PASS_FOLD] = pass_fold,                 [PASS_FUSE_RMS_NORM] = pass_fuse_rms_norm,
-        [PASS_FUSE_ROPE] = pass_fuse_rope,       [PASS_FUSE_LINEAR] = pass_fuse_linear,
+        [PASS_CANONICALIZE] = pass_canonicalize,
+        [PASS_CSE] = pass_cse,
+        [PASS_FOLD] = pass_fold,
+        [PASS_PRUNE_ROWS] = pass_prune_rows,
+        [PASS_FUSE_RMS_NORM] = pass_fuse_rms_norm,
+        [PASS_FUSE_ROPE] = pass_fuse_rope,
+        [PASS_FUSE_LINEAR] = pass_fuse_linear,
         [PASS_DCE] = pass_dce,
     };
     struct pass_report rep = {0};

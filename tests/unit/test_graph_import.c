@@ -1,8 +1,10 @@
 /* Graph file import: a small graph with a `repeat`, and malformed variants that must
  * each fail with a message naming what is wrong; a hybrid graph whose layers run one of
- * two bodies chosen by a per-layer hparam (with the short_conv state op). */
+ * two bodies chosen by a per-layer hparam (with the short_conv state op). Also the
+ * prune-rows pass on the small graph, whose layers are all row-wise. */
 #include "format/graph_file.h"
 #include "ir/import.h"
+#include "passes/passes.h"
 #include "test.h"
 
 static const char *graph_text =
@@ -208,4 +210,34 @@ static void test_malformed_hybrid_graphs(void) {
     expect_hybrid_failure("\"name\": \"hybrid\"", "\"name\": \"hybrid\"", 2, "2 values for 3 layers");
 }
 
-TEST_MAIN(test_import_unrolls_layers, test_malformed_graphs, test_import_layer_kinds, test_malformed_hybrid_graphs)
+/* The small graph's layers (linear, add) compute each token row on its own, so
+ * prune-rows moves the select from before the head to the embedding's output: one
+ * select_rows, every layer on the M output rows, the graph still valid. */
+static void test_prune_rows_toy(void) {
+    struct ir_graph g;
+    struct llmopt_err err = {0};
+    CHECK_MSG(import_text(graph_text, &g, &err) == LLMOPT_OK, "%s", err.msg);
+    if (err.status) return;
+    ir_count_uses(&g);
+    int32_t pruned = pass_prune_rows(&g, &err);
+    CHECK_MSG(pruned == 6, "pruned %d nodes (want the 3 layers' linear and add): %s", pruned, err.msg);
+    CHECK_MSG(ir_verify(&g, &err) == LLMOPT_OK, "%s", err.msg);
+    int selects = 0;
+    char buf[64];
+    for (int32_t i = 0; i < g.n_nodes; i++) {
+        const struct ir_node *n = &g.nodes[i];
+        if (n->op == IR_OP_SELECT_ROWS) {
+            selects++;
+            CHECK(g.nodes[n->in[0]].op == IR_OP_EMBEDDING && n->in[1] == g.inputs[IR_INPUT_OUT_ROWS]);
+        }
+        if (n->op == IR_OP_LINEAR || n->op == IR_OP_ADD)
+            CHECK_MSG(n->shape.dims[0].sym == IR_SYM_M, "node %d (%s) has shape %s", i, n->name ? n->name : "",
+                      ir_shape_str(&n->shape, buf, sizeof buf));
+    }
+    CHECK_EQ_INT(selects, 1);
+    CHECK_EQ_INT(pass_prune_rows(&g, &err), 0); /* a fixed point */
+    ir_graph_free(&g);
+}
+
+TEST_MAIN(test_import_unrolls_layers, test_malformed_graphs, test_import_layer_kinds, test_malformed_hybrid_graphs,
+          test_prune_rows_toy)

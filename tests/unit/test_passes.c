@@ -107,8 +107,8 @@ static void test_all_passes_parity(void) {
 
 static void test_each_pass_alone(void) {
     setenv("LLMOPT_CPU_REF", "1", 1);
-    static const char *const passes[] = {"canonicalize", "cse", "fold", "fuse-rms-norm", "fuse-rope",
-                                         "fuse-linear", "dce"};
+    static const char *const passes[] = {"canonicalize",  "cse",       "fold",        "prune-rows",
+                                         "fuse-rms-norm", "fuse-rope", "fuse-linear", "dce"};
     for (size_t p = 0; p < sizeof passes / sizeof passes[0]; p++) check_model(models[0], passes[p]);
 }
 
