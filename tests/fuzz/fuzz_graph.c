@@ -1,8 +1,11 @@
-/* Fuzz entry point for the graph-file parser and importer: any bytes are parsed as a
- * graph file and imported with fixed hyper-parameters and a binder that hands out a
- * zero-filled f32 weight of the requested shape (capped). Never crashes. */
+/* Fuzz entry point for the graph-file parser, the importer and the passes: any bytes
+ * are parsed as a graph file, imported with fixed hyper-parameters and a binder that
+ * hands out a zero-filled f32 weight of the requested shape (capped), and an imported
+ * graph goes through every pass (a user's program directory is untrusted input that
+ * llmopt_model_load compiles the same way). Never crashes. */
 #include "format/graph_file.h"
 #include "ir/import.h"
+#include "passes/passes.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,7 +37,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                 .names = {"d_model", "n_layers", "vocab", "head_dim"},
                                 .values = {8, 2, 16, 4}};
         struct ir_graph g;
-        if (ir_import(root, &hp, fuzz_bind, NULL, &g, &err) == LLMOPT_OK) ir_graph_free(&g);
+        if (ir_import(root, &hp, fuzz_bind, NULL, &g, &err) == LLMOPT_OK) {
+            (void)passes_run(&g, PASSES_ALL, NULL, &err);
+            ir_graph_free(&g);
+        }
     }
     json_decref(root);
     return 0;

@@ -30,8 +30,25 @@ for f in "$ROOT"/tests/golden/*/model.gguf "$SHARED"/models/*/*.gguf "$SHARED"/t
 done
 cp "$ROOT/tests/golden/qwen2_tiny/model.gguf" "$OUT/gguf/whole_qwen2_tiny"
 
-# graph: the stock programs' graphs
+# graph: the stock programs' graphs as they are, and rewritten to fuzz_graph's four
+# hparams (d_model, n_layers, vocab, head_dim; the others become small numbers), so that
+# they import and the passes run on them
 for p in "$ROOT"/programs/*/; do cp "$p/graph.json" "$OUT/graph/$(basename "$p").json"; done
+python3 - "$ROOT/programs" "$OUT/graph" <<'PY'
+import json, os, re, sys
+subs = {"d_ff": "16", "n_heads": "2", "n_kv_heads": "1", "conv_L": "3"}
+def small(o):
+    if isinstance(o, dict): return {k: small(v) for k, v in o.items()}
+    if isinstance(o, list): return [small(v) for v in o]
+    if isinstance(o, str):
+        for k, v in subs.items(): o = re.sub(r"\b%s\b" % k, v, o)
+        return {"rms_eps": 1e-6, "rope_theta": 10000.0}.get(o, o)
+    return o
+for name in sorted(os.listdir(sys.argv[1])):
+    g = small(json.load(open(os.path.join(sys.argv[1], name, "graph.json"))))
+    g["hparams"] = ["vocab", "d_model", "n_layers", "head_dim"]
+    json.dump(g, open(os.path.join(sys.argv[2], name + "_small.json"), "w"))
+PY
 
 # profile: a measured target profile
 cp "$ROOT"/bench/results/probe-*.json "$OUT/profile/" 2>/dev/null || true
