@@ -23,13 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool dim_is_n(struct ir_dim d) {
-    return d.sym == IR_SYM_N && d.coef == 1;
-}
-
 /* The shape has token rows (dims[rank - 2] is N) and no other N or M dim. */
 static bool token_rows(const struct ir_shape *s) {
-    if (s->rank < 2 || !dim_is_n(s->dims[s->rank - 2])) return false;
+    if (s->rank < 2 || !ir_dim_eq(s->dims[s->rank - 2], (struct ir_dim){1, IR_SYM_N})) return false;
     for (int d = 0; d < s->rank; d++)
         if (d != s->rank - 2 && s->dims[d].sym != IR_SYM_NONE) return false;
     return true;
@@ -46,6 +42,12 @@ static bool row_free(const struct ir_shape *s) {
 static bool operand_rows(const struct ir_graph *g, const struct ir_node *n, int k) {
     const struct ir_node *x = &g->nodes[n->in[k]];
     return x->shape.rank == n->shape.rank && token_rows(&x->shape) && x->dtype == IR_DTYPE_F32;
+}
+
+/* Operand k of the prunable node n needs a select_rows of its own: it has n's token
+ * rows and is not pruned itself */
+static bool needs_select(const struct ir_graph *g, const bool *prune, const struct ir_node *n, int k) {
+    return !prune[n->in[k]] && operand_rows(g, n, k);
 }
 
 /* Whether n computes each token row from that row of its operands alone. */
@@ -122,7 +124,7 @@ int32_t pass_prune_rows(struct ir_graph *g, struct llmopt_err *err) {
         if (!prune[i]) continue;
         for (int k = 0; k < g->nodes[i].n_in; k++) {
             int32_t x = g->nodes[i].in[k];
-            if (!prune[x] && operand_rows(g, &g->nodes[i], k) && sel[x] == IR_NONE) {
+            if (needs_select(g, prune, &g->nodes[i], k) && sel[x] == IR_NONE) {
                 sel[x] = 0; /* counted; numbered below */
                 added++;
             }
@@ -145,7 +147,7 @@ int32_t pass_prune_rows(struct ir_graph *g, struct llmopt_err *err) {
         if (prune[i])
             for (int k = 0; k < nd->n_in; k++) {
                 int32_t x = nd->in[k];
-                if (prune[x] || !operand_rows(g, nd, k) || sel[x] != IR_NONE) continue;
+                if (!needs_select(g, prune, nd, k) || sel[x] != IR_NONE) continue;
                 struct ir_node *s = &nodes[m];
                 memset(s, 0, sizeof *s);
                 s->op = IR_OP_SELECT_ROWS;
@@ -160,7 +162,7 @@ int32_t pass_prune_rows(struct ir_graph *g, struct llmopt_err *err) {
         nodes[m] = *nd;
         for (int k = 0; k < nd->n_in; k++) {
             int32_t x = nd->in[k];
-            nodes[m].in[k] = prune[i] && !prune[x] && operand_rows(g, nd, k) ? sel[x] : map[x];
+            nodes[m].in[k] = prune[i] && needs_select(g, prune, nd, k) ? sel[x] : map[x];
         }
         redo[m] = prune[i];
         map[i] = m++;
