@@ -153,8 +153,14 @@ cudaError_t cu_rope_table(cudaStream_t st, const float *freqs, const int32_t *po
     return cudaGetLastError();
 }
 
+/* A programmatic dependent launch: since prune-rows, a decode step's last layer selects
+ * its returned rows inside the chain of dependent launches, and an ordinary launch there
+ * would make the kernel before it drain and the one after it start cold. */
 __global__ void select_rows_kernel(const float *x, const int32_t *rows, float *o, int64_t rows_in,
                                    int64_t m, int64_t d, int64_t n) {
+    cu_pdl_trigger();
+    CU_TRACE_END;
+    cu_pdl_wait(); /* x and rows are the kernels' before */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t c = e % d, j = (e / d) % m, a = e / (d * m);
@@ -166,8 +172,9 @@ cudaError_t cu_select_rows(cudaStream_t st, const float *x, const int32_t *rows,
                            int64_t outer, int64_t rows_in, int64_t m, int64_t d) {
     int64_t n = outer * m * d;
     if (n <= 0) return cudaSuccess;
-    select_rows_kernel<<<cu_blocks(n, EW_THREADS), EW_THREADS, 0, st>>>(x, rows, o, rows_in, m, d, n);
-    return cudaGetLastError();
+    cudaError_t e = cu_launch_pdl(select_rows_kernel, dim3(cu_blocks(n, EW_THREADS)), dim3(EW_THREADS), 0, st, x, rows,
+                                  o, rows_in, m, d, n);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* ---- reductions ------------------------------------------------------------------ */
