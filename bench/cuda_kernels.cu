@@ -33,6 +33,7 @@ extern "C" {
 void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, int64_t n);
 }
 #include "backend/cuda/cuda_kernels.cuh"
+#include "cuda_check.cuh"
 
 #include <cuda_fp16.h>
 
@@ -42,15 +43,6 @@ void quant_k_dequantize_row(enum ggml_type type, const void *src, float *dst, in
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
-
-#define CHECK_CUDA(call)                                                                       \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 
 static __device__ uint32_t hash32(uint64_t i, uint32_t seed) {
     uint64_t x = i * 0x9e3779b97f4a7c15ull + seed;
