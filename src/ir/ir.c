@@ -167,6 +167,12 @@ bool ir_shape_eq(const struct ir_shape *a, const struct ir_shape *b) {
     return true;
 }
 
+bool ir_shape_is_static(const struct ir_shape *s) {
+    for (int i = 0; i < s->rank; i++)
+        if (s->dims[i].sym != IR_SYM_NONE) return false;
+    return true;
+}
+
 const char *ir_shape_str(const struct ir_shape *s, char *buf, size_t cap) {
     size_t pos = 0;
     pos += (size_t)snprintf(buf + pos, cap - pos, "[");

@@ -193,6 +193,8 @@ void ir_extent_broadcast_strides(const struct ir_extent *in, const struct ir_ext
                                  int64_t *strides);
 bool ir_dim_eq(struct ir_dim a, struct ir_dim b);
 bool ir_shape_eq(const struct ir_shape *a, const struct ir_shape *b);
+/* No dim depends on the token counts N or M: the same extent in every step. */
+bool ir_shape_is_static(const struct ir_shape *s);
 /* "[1, N, 64]" into buf. */
 const char *ir_shape_str(const struct ir_shape *s, char *buf, size_t cap);
 

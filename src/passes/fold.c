@@ -20,11 +20,9 @@ int32_t pass_fold(struct ir_graph *g, struct llmopt_err *err) {
             const struct ir_node *x = &g->nodes[n->in[k]];
             all_const = x->constant || (x->op == IR_OP_PARAM && x->dtype == IR_DTYPE_F32);
         }
+        all_const = all_const && ir_shape_is_static(&n->shape);
         int64_t elems = 1;
-        for (int d = 0; d < n->shape.rank && all_const; d++) {
-            if (n->shape.dims[d].sym != IR_SYM_NONE) all_const = false;
-            elems *= n->shape.dims[d].coef;
-        }
+        for (int d = 0; d < n->shape.rank && all_const; d++) elems *= n->shape.dims[d].coef;
         /* a fold that only views a parameter gains nothing */
         bool all_params = true;
         for (int k = 0; k < n->n_in; k++) all_params &= g->nodes[n->in[k]].op == IR_OP_PARAM;

@@ -31,12 +31,6 @@ static bool token_rows(const struct ir_shape *s) {
     return true;
 }
 
-static bool row_free(const struct ir_shape *s) {
-    for (int d = 0; d < s->rank; d++)
-        if (s->dims[d].sym != IR_SYM_NONE) return false;
-    return true;
-}
-
 /* Operand k of n, whose output has token rows: whole token rows of the same rank
  * (selected with it), or no token dimension at all (broadcast, kept). */
 static bool operand_rows(const struct ir_graph *g, const struct ir_node *n, int k) {
@@ -60,7 +54,7 @@ static bool row_wise(const struct ir_graph *g, const struct ir_node *n) {
     case IR_OP_LAYER_NORM: /* over the last axis; weights and biases have no rows */
         break;
     case IR_OP_MATMUL: /* x [.., N, K] by a matrix without token rows */
-        if (!row_free(&g->nodes[n->in[1]].shape)) return false;
+        if (!ir_shape_is_static(&g->nodes[n->in[1]].shape)) return false;
         break;
     case IR_OP_MEAN:
     case IR_OP_SUM:
@@ -76,7 +70,7 @@ static bool row_wise(const struct ir_graph *g, const struct ir_node *n) {
         if (!ir_op_is_unary_elementwise(n->op) && !ir_op_is_binary_elementwise(n->op)) return false;
     }
     for (int k = 0; k < n->n_in; k++)
-        if (!operand_rows(g, n, k) && !row_free(&g->nodes[n->in[k]].shape)) return false;
+        if (!operand_rows(g, n, k) && !ir_shape_is_static(&g->nodes[n->in[k]].shape)) return false;
     return true;
 }
 
