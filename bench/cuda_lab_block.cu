@@ -32,13 +32,15 @@
  * (Dh rows each); W_o [D][HQ*Dh]; K/V cache f16 [HKV][Pmax][Dh]. Checked against a host
  * reference with the same int8 rounding of x and of the attention output.
  *
- *   bench_cuda_block [P [C [LAUNCHES [KVGLOBAL [PULL [DEFER [RAWBAR]]]]]]]
+ *   bench_cuda_block [P [C [LAUNCHES [KVGLOBAL [PULL [DEFER [RAWBAR [P2P]]]]]]]]
  * P: context positions incl. the new one (default 576); C: cluster size, 8 or 16
  * (default 16); LAUNCHES: links in the timed chain (224). Variants, each 0 or 1:
  * KVGLOBAL 1: the cached K/V read from global memory after the PDL wait instead of
  * copied into shared memory before; PULL 0: every block pushes its whole partial to
  * every block instead of the slice merge (default 1); DEFER 1: the output rows and K/V
- * copied after the PDL wait; RAWBAR 1: cluster barriers as the aligned PTX pair. */
+ * copied after the PDL wait; RAWBAR 1: cluster barriers as the aligned PTX pair; P2P 1:
+ * each exchange as 16-byte stores that complete on the receiver's mbarrier (st.async),
+ * the receiver waiting on it, instead of barriers and DSMEM loads. */
 #include "backend/cuda/cuda_device.cuh"
 #include "cuda_check.cuh"
 
@@ -80,7 +82,6 @@ struct lab_args {
     int noload;                                  /* timing only: no weight or K/V copies */
     int defer;                                   /* output rows and K/V copied after the wait */
     int rawbar;                                  /* cluster barriers as the aligned PTX pair */
-    int pull;                                    /* merge: each block pulls a slice (1) or all push (0) */
     int kvglobal; /* cached K/V read from global memory after the wait, not copied before it */
 };
 
@@ -91,6 +92,46 @@ template <class CL> static __device__ __forceinline__ void cl_sync(CL &cluster, 
     else
         cluster.sync();
 }
+/* Point-to-point exchange (XCH_P2P): 16-byte stores into another block's shared memory
+ * that complete on that block's mbarrier (st.async ... complete_tx), so a receiver
+ * waits for its bytes instead of a cluster barrier. */
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void p2p_send(const float4 *local_dst, const float4 &v, uint64_t *local_bar,
+                                                int rank) {
+    uint32_t d, b;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_u32(local_dst)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(local_bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(d),
+                 "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(b)
+                 : "memory");
+}
+static __device__ __forceinline__ void p2p_expect(uint64_t *bar, uint32_t bytes) { /* init: one arrival */
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void p2p_wait(uint64_t *bar) { /* phase 0 */
+    asm volatile(
+        "{\n\t.reg .pred p;\nP2P_WAIT_%=:\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n\t"
+        "@!p bra P2P_WAIT_%=;\n}" ::"r"(smem_u32(bar))
+        : "memory");
+}
+
+/* Merges C partial softmax sums: block b's max m[b], sum of exponentials l[b] and sum of
+ * exponential-weighted values acc[b] (a block with no positions: m = -inf, l = acc = 0). */
+template <int C>
+static __device__ __forceinline__ float merge_parts(const float (&m)[C], const float (&l)[C], const float (&acc)[C]) {
+    float M = -INFINITY, L = 0, o = 0;
+    for (int b = 0; b < C; b++) M = fmaxf(M, m[b]);
+    for (int b = 0; b < C; b++) {
+        const float e = m[b] == -INFINITY ? 0.0f : __expf(m[b] - M);
+        L += e * l[b];
+        o += e * acc[b];
+    }
+    return o / L;
+}
+
 /* Σ w·x over one q8_0 block of 32: int8 rows in shared memory, 16-byte aligned */
 static __device__ __forceinline__ int dot32_q8(const int8_t *w, const int8_t *x) {
     int acc = 0;
@@ -126,7 +167,13 @@ static __host__ __device__ lab_smem lab_layout(int C, int p, bool kv_smem) {
     return s;
 }
 
-template <int C> __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THREADS, 1) attn_block_kernel(lab_args a) {
+/* How the blocks of a cluster exchange the q/k/v rows and the attention partials
+ * (compile-time, so that each variant's loops stay straight-line code). */
+enum { XCH_PUSH, XCH_PULL, XCH_P2P };
+
+template <int C, int X>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THREADS, 1) attn_block_kernel(lab_args a) {
+    constexpr bool P2P = X == XCH_P2P;
     extern __shared__ __align__(16) uint8_t sm[];
     __shared__ __align__(16) int8_t xq[D];
     __shared__ float xs[D / 32];
@@ -136,7 +183,9 @@ template <int C> __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THR
     __shared__ __align__(16) float wpacc[THREADS / 32][G][DH];   /* and its weighted sum of V */
     __shared__ __align__(16) float racc[C][G][DH];               /* every block's partial, pushed here: sums of V, */
     __shared__ __align__(16) float rml[C][4];                    /* softmax max (G) and sum (G) */
-    __shared__ __align__(16) float mo[G * DH];                   /* merged output (a.pull) */
+    __shared__ __align__(16) float mo[G * DH];                   /* merged output (the slice merges) */
+    __shared__ __align__(16) float rsl[C][G * DH / C];           /* XCH_P2P: every block's slice r of its partial */
+    __shared__ __align__(8) uint64_t bar[3];                     /* XCH_P2P: q/k/v rows, slices, merged slices */
     __shared__ __align__(16) int8_t oq[OCOLS];
     __shared__ float os[OCOLS / 32];
     __shared__ float red[THREADS / 32];
@@ -146,6 +195,15 @@ template <int C> __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THR
     const int r = (int)cluster.block_rank(), g = (int)(blockIdx.x / C);
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const lab_smem L = lab_layout(C, a.p, !a.kvglobal);
+    constexpr int S = G * DH / C; /* the merge's slice of the output a block */
+    if constexpr (P2P) {          /* the bytes each exchange brings from the other C - 1 blocks */
+        if (t == 0) {
+            p2p_expect(&bar[0], (uint32_t)((ROWS_G - L.rows_r) * 4));
+            p2p_expect(&bar[1], (uint32_t)((C - 1) * (S + 4) * 4));
+            p2p_expect(&bar[2], (uint32_t)((C - 1) * S * 4));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+    }
     int8_t *wq = (int8_t *)(sm + L.o_wq), *wo = (int8_t *)(sm + L.o_wo);
     __half *wqs = (__half *)(sm + L.o_wqs), *wos = (__half *)(sm + L.o_wos);
     const size_t kv0 = ((size_t)g * a.pmax + (size_t)r * L.npos) * DH;
@@ -189,6 +247,7 @@ template <int C> __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THR
             cs4[i] = a.cosv[d & (DH / 2 - 1)];
             sn4[i] = a.sinv[d & (DH / 2 - 1)];
         }
+    if constexpr (P2P) cl_sync(cluster, false); /* no block sends before every block's barriers exist */
     cu_pdl_wait();
     if (!a.noload && a.defer) copy_later();
 #define LAB_STOP(s)                                                                                                    \
@@ -235,9 +294,18 @@ template <int C> __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THR
     for (int i = t; i < L.rows_r / 4 * C; i += THREADS) {
         const int c = i % (L.rows_r / 4), b = i / (L.rows_r / 4);
         float4 *dst = (float4 *)&grp[r * L.rows_r + 4 * c];
-        if (b != r) *cluster.map_shared_rank(dst, b) = *dst;
+        if (b == r) continue;
+        if constexpr (P2P)
+            p2p_send(dst, *dst, &bar[0], b);
+        else
+            *cluster.map_shared_rank(dst, b) = *dst;
     }
-    cl_sync(cluster, a.rawbar);
+    if constexpr (P2P) {
+        p2p_wait(&bar[0]);
+        __syncthreads(); /* the block's own rows, written by other warps */
+    } else {
+        cl_sync(cluster, a.rawbar);
+    }
     LAB_STOP(2)
 
     /* 4. q/k rms norm and rope (warp h < G: q head h; warp G: k), v as it is */
@@ -340,7 +408,7 @@ template <int C> __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THR
         if (d == 0) rml[r][h] = m, rml[r][G + h] = l;
     }
     float o;       /* the merged output of (head t / DH, dim t % DH) */
-    if (!a.pull) { /* every block pushes its partial to every block, which merges all */
+    if constexpr (X == XCH_PUSH) { /* every block pushes its partial to every block, which merges all */
         __syncthreads();
         for (int i = t; i < (G * DH / 4 + 1) * C; i += THREADS) { /* 16 bytes a remote store */
             const int c = i % (G * DH / 4 + 1), b = i / (G * DH / 4 + 1);
@@ -350,46 +418,59 @@ template <int C> __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THR
         cl_sync(cluster, a.rawbar); /* every block's partial is in every block: no remote access after this */
         LAB_STOP(4)
         const int h = t / DH, d = t % DH;
-        float M = -INFINITY;
-        for (int b = 0; b < C; b++) M = fmaxf(M, rml[b][h]);
-        float Lsum = 0;
-        o = 0;
-        for (int b = 0; b < C; b++) {
-            const float e = rml[b][h] == -INFINITY ? 0.0f : __expf(rml[b][h] - M);
-            Lsum += e * rml[b][G + h];
-            o += e * racc[b][h][d];
+        float mb[C], lb[C], ab[C];
+        for (int b = 0; b < C; b++) mb[b] = rml[b][h], lb[b] = rml[b][G + h], ab[b] = racc[b][h][d];
+        o = merge_parts<C>(mb, lb, ab);
+    } else {                 /* block r merges slice r of every block's partial and sends it to every block */
+        if constexpr (P2P) { /* slice b of this block's partial to block b */
+            __syncthreads();
+            for (int i = t; i < (S / 4 + 1) * C; i += THREADS) {
+                const int c = i % (S / 4 + 1), b = i / (S / 4 + 1);
+                const float4 v = c < S / 4 ? *(const float4 *)&racc[r][0][b * S + 4 * c] : *(const float4 *)rml[r];
+                float4 *dst = c < S / 4 ? (float4 *)&rsl[r][4 * c] : (float4 *)rml[r];
+                if (b == r)
+                    *dst = v;
+                else
+                    p2p_send(dst, v, &bar[1], b);
+            }
+            p2p_wait(&bar[1]);
+            __syncthreads();
+        } else {
+            cl_sync(cluster, a.rawbar); /* every block's partial written (in its own slot), read below */
         }
-        o /= Lsum;
-    } else { /* block r pulls and merges its slice of S outputs, then pushes the merged slice */
-        constexpr int S = G * DH / C;
-        cl_sync(cluster, a.rawbar); /* every block's partial written (in its own slot) */
         LAB_STOP(4)
         if (t < S) {
             const int e0 = r * S + t, h = e0 / DH, d = e0 % DH;
-            float mb[C], lb[C], ab[C], M = -INFINITY;
+            float mb[C], lb[C], ab[C];
             for (int b = 0; b < C; b++) {
-                mb[b] = *cluster.map_shared_rank(&rml[b][h], b);
-                lb[b] = *cluster.map_shared_rank(&rml[b][G + h], b);
-                ab[b] = *cluster.map_shared_rank(&racc[b][h][d], b);
+                if constexpr (P2P) {
+                    mb[b] = rml[b][h], lb[b] = rml[b][G + h], ab[b] = rsl[b][t];
+                } else {
+                    mb[b] = *cluster.map_shared_rank(&rml[b][h], b);
+                    lb[b] = *cluster.map_shared_rank(&rml[b][G + h], b);
+                    ab[b] = *cluster.map_shared_rank(&racc[b][h][d], b);
+                }
             }
-            for (int b = 0; b < C; b++) M = fmaxf(M, mb[b]);
-            float Lsum = 0, acc = 0;
-            for (int b = 0; b < C; b++) {
-                const float e = mb[b] == -INFINITY ? 0.0f : __expf(mb[b] - M);
-                Lsum += e * lb[b];
-                acc += e * ab[b];
-            }
-            mo[e0] = acc / Lsum;
+            mo[e0] = merge_parts<C>(mb, lb, ab);
         }
         if (warp == 0) {
             __syncwarp();
             for (int i = lane; i < S / 4 * C; i += 32) {
                 const int c = i % (S / 4), b = i / (S / 4);
                 float4 *src = (float4 *)&mo[r * S + 4 * c];
-                if (b != r) *cluster.map_shared_rank(src, b) = *src;
+                if (b == r) continue;
+                if constexpr (P2P)
+                    p2p_send(src, *src, &bar[2], b);
+                else
+                    *cluster.map_shared_rank(src, b) = *src;
             }
         }
-        cl_sync(cluster, a.rawbar); /* every slice in every block, and no remote reads after this */
+        if constexpr (P2P) {
+            p2p_wait(&bar[2]);
+            __syncthreads();
+        } else {
+            cl_sync(cluster, a.rawbar); /* every slice in every block, and no remote reads after this */
+        }
         o = mo[t];
     }
     {
@@ -430,12 +511,22 @@ static float frand(void) {
     return ((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
 }
 
-template <int C> static void launch(cudaStream_t st, const lab_args &a, size_t smem, bool pdl) {
+template <int C, int X> static void launch_x(cudaStream_t st, const lab_args &a, size_t smem, bool pdl) {
     if (pdl)
-        CHECK_CUDA(cu_launch_pdl(attn_block_kernel<C>, dim3(HKV * C), dim3(THREADS), smem, st, a));
+        CHECK_CUDA(cu_launch_pdl(attn_block_kernel<C, X>, dim3(HKV * C), dim3(THREADS), smem, st, a));
     else
-        attn_block_kernel<C><<<HKV * C, THREADS, smem, st>>>(a);
+        attn_block_kernel<C, X><<<HKV * C, THREADS, smem, st>>>(a);
     CHECK_CUDA(cudaGetLastError());
+}
+template <int C> static void launch(cudaStream_t st, const lab_args &a, size_t smem, bool pdl, int x) {
+    if (x == XCH_PUSH) launch_x<C, XCH_PUSH>(st, a, smem, pdl);
+    if (x == XCH_PULL) launch_x<C, XCH_PULL>(st, a, smem, pdl);
+    if (x == XCH_P2P) launch_x<C, XCH_P2P>(st, a, smem, pdl);
+}
+template <int C, int X> static void set_attributes(size_t smem) {
+    if (C == 16)
+        CHECK_CUDA(cudaFuncSetAttribute(attn_block_kernel<C, X>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CHECK_CUDA(cudaFuncSetAttribute(attn_block_kernel<C, X>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 static void launch_sum(cudaStream_t st, const float *partial, const float *res, float *x) {
     CHECK_CUDA(cu_launch_pdl(chain_sum_kernel, dim3(D / 256), dim3(256), 0, st, partial, res, x));
@@ -445,7 +536,8 @@ static int8_t q8(float v, float is) {
     return (int8_t)lrintf(v * is);
 }
 
-template <int C> static int run(int p, int launches, int kvglobal, int pull, int defer, int rawbar) {
+template <int C> static int run(int p, int launches, int kvglobal, int pull, int defer, int rawbar, int p2p) {
+    const int xch = p2p ? XCH_P2P : pull ? XCH_PULL : XCH_PUSH;
     const int pmax = p + 8;
     lab_smem L = lab_layout(C, p, !kvglobal);
     if (L.total > (227u << 10)) {
@@ -453,9 +545,9 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
                 L.total);
         return 1;
     }
-    if (C == 16)
-        CHECK_CUDA(cudaFuncSetAttribute(attn_block_kernel<C>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    CHECK_CUDA(cudaFuncSetAttribute(attn_block_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L.total));
+    set_attributes<C, XCH_PUSH>(L.total);
+    set_attributes<C, XCH_PULL>(L.total);
+    set_attributes<C, XCH_P2P>(L.total);
     {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(HKV * C);
@@ -467,7 +559,7 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int nc = 0;
-        cudaError_t e = cudaOccupancyMaxActiveClusters(&nc, attn_block_kernel<C>, &cfg);
+        cudaError_t e = cudaOccupancyMaxActiveClusters(&nc, attn_block_kernel<C, XCH_PULL>, &cfg);
         if (e != cudaSuccess) printf("cudaOccupancyMaxActiveClusters: %s\n", cudaGetErrorString(e)), nc = -1;
         printf("C %d: %d blocks of %zu B dynamic shared memory; clusters that fit at once: %d (need %d)\n", C, HKV * C,
                L.total, nc, HKV);
@@ -606,34 +698,21 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
     float *dpart;
     CHECK_CUDA(cudaMalloc(&dpart, (size_t)HKV * D * 4 * sets));
     auto args = [&](int i) {
-        lab_args a = {dx,
-                      dwn,
-                      dqn,
-                      dkn,
-                      dcs,
-                      dsn,
-                      dwqkv + i * nqkv,
-                      dwqkv_s + i * (nqkv / 32),
-                      dwo + i * nwo,
-                      dwo_s + i * (nwo / 32),
-                      dkc + (size_t)i * kc.size(),
-                      dvc + (size_t)i * kc.size(),
-                      dpart + (size_t)i * HKV * D,
-                      p,
-                      pmax,
-                      6,
-                      0,
-                      defer,
-                      rawbar,
-                      pull,
-                      kvglobal};
+        lab_args a = {};
+        a.x = dx, a.wn = dwn, a.qn = dqn, a.kn = dkn, a.cosv = dcs, a.sinv = dsn;
+        a.wqkv = dwqkv + i * nqkv, a.wqkv_s = dwqkv_s + i * (nqkv / 32);
+        a.wo = dwo + i * nwo, a.wo_s = dwo_s + i * (nwo / 32);
+        a.kc = dkc + (size_t)i * kc.size(), a.vc = dvc + (size_t)i * kc.size();
+        a.partial = dpart + (size_t)i * HKV * D;
+        a.p = p, a.pmax = pmax, a.stop = 6;
+        a.defer = defer, a.rawbar = rawbar, a.kvglobal = kvglobal;
         return a;
     };
 
     cudaStream_t st;
     CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     /* check */
-    launch<C>(st, args(0), L.total, false);
+    launch<C>(st, args(0), L.total, false, xch);
     CHECK_CUDA(cudaStreamSynchronize(st));
     std::vector<float> got((size_t)HKV * D);
     CHECK_CUDA(cudaMemcpy(got.data(), dpart, got.size() * 4, cudaMemcpyDeviceToHost));
@@ -653,7 +732,7 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
         for (int i = 0; i < launches; i++) {
             lab_args ai = args(i % sets);
             ai.stop = stop, ai.noload = noload;
-            if (mode != 1) launch<C>(st, ai, L.total, true);
+            if (mode != 1) launch<C>(st, ai, L.total, true, xch);
             if (mode != 0) launch_sum(st, dpart + (size_t)(i % sets) * HKV * D, dres, dx);
         }
         CHECK_CUDA(cudaStreamEndCapture(st, &gr));
@@ -679,7 +758,10 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
     };
     char what[96];
     snprintf(what, sizeof what, "attention block (C %d, P %d%s%s%s%s)", C, p, kvglobal ? ", K/V global" : "",
-             pull ? ", pull" : "", defer ? ", defer" : "", rawbar ? ", raw barriers" : "");
+             p2p    ? ", p2p"
+             : pull ? ", pull"
+                    : "",
+             defer ? ", defer" : "", rawbar ? ", raw barriers" : "");
     timed(what, 0);
     timed("sum of the partials + residual alone", 1);
     snprintf(what, sizeof what, "attention block + the sum (C %d, P %d)", C, p);
@@ -706,9 +788,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int kvglobal = argc > 4 ? atoi(argv[4]) : 0, pull = argc > 5 ? atoi(argv[5]) : 1,
-              defer = argc > 6 ? atoi(argv[6]) : 0, rawbar = argc > 7 ? atoi(argv[7]) : 0;
-    if (c == 16) return run<16>(p, launches, kvglobal, pull, defer, rawbar);
-    if (c == 8) return run<8>(p, launches, kvglobal, pull, defer, rawbar);
+              defer = argc > 6 ? atoi(argv[6]) : 0, rawbar = argc > 7 ? atoi(argv[7]) : 0,
+              p2p = argc > 8 ? atoi(argv[8]) : 0;
+    if (c == 16) return run<16>(p, launches, kvglobal, pull, defer, rawbar, p2p);
+    if (c == 8) return run<8>(p, launches, kvglobal, pull, defer, rawbar, p2p);
     fprintf(stderr, "C must be 8 or 16, not %d\n", c);
     return 2;
 }
