@@ -160,7 +160,7 @@ __global__ void select_rows_kernel(const float *x, const int32_t *rows, float *o
                                    int64_t m, int64_t d, int64_t n) {
     cu_pdl_trigger();
     CU_TRACE_END;
-    cu_pdl_wait(); /* x and rows are the kernels' before */
+    cu_pdl_wait(); /* x and rows come from the kernels before this one */
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n) return;
     int64_t c = e % d, j = (e / d) % m, a = e / (d * m);
