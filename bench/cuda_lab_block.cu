@@ -30,8 +30,8 @@
  * Layouts: q8_0 rows as int8 [rows][K] with f16 scales [rows][K/32] (the backend's upload
  * layout); W_qkv per group g: rows q head G*g .. q head G*g+G-1, k head g, v head g
  * (Dh rows each); W_o [D][HQ*Dh]; K/V f16 [HKV][Pmax][Dh] (lab-only: the backend's cache is
- * paged and position-major). Checked against a host
- * reference with the same int8 rounding of x and of the attention output.
+ * paged and position-major). Checked against a host reference with the same int8
+ * rounding of x and of the attention output.
  *
  *   bench_cuda_block [P [C [LAUNCHES [KVGLOBAL [PULL [DEFER [RAWBAR [P2P]]]]]]]]
  * P: context positions incl. the new one (default 576); C: cluster size, 8 or 16
