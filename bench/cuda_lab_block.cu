@@ -25,7 +25,8 @@
  * Measured: bench/results/cuda-attn-block-lab-2026-12-02.md.
  *
  * The next kernel of the layer (the gate/up pair) would sum the HKV partials and the
- * residual in its prologue; `chain_sum` times that extra read as a separate launch.
+ * residual in its prologue; `chain_sum` times that extra read as a separate launch, and
+ * the "layer" chain adds the backend's own gate/up pair and ffn_down launches.
  *
  * Layouts: q8_0 rows as int8 [rows][K] with f16 scales [rows][K/32] (the backend's upload
  * layout); W_qkv per group g: rows q head G*g .. q head G*g+G-1, k head g, v head g
@@ -696,8 +697,44 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
     int8_t *dwqkv = (int8_t *)dup(wqkv.data(), nqkv), *dwo = (int8_t *)dup(wo.data(), nwo);
     __half *dwqkv_s = (__half *)dup(wqkv_s.data(), nqkv / 16), *dwo_s = (__half *)dup(wo_s.data(), nwo / 16);
     __half *dkc = (__half *)dup(kc.data(), kc.size() * 2), *dvc = (__half *)dup(vc.data(), vc.size() * 2);
+    cudaStream_t st;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     float *dpart;
     CHECK_CUDA(cudaMalloc(&dpart, (size_t)HKV * D * 4 * sets));
+    /* the rest of a layer, for the layer chain: the backend's own q8_0 launches of the
+     * gate/up pair (rms_norm prologue, SwiGLU) and ffn_down (+ residual), Qwen3-0.6B's
+     * d_ff 3072, random weights in the upload layout */
+    const int64_t F = 3072;
+    std::vector<int8_t> wgu(2 * F * D), wdn(F * D);
+    std::vector<__half> wgu_s(2 * F * D / 32), wdn_s(F * D / 32);
+    for (auto &v : wgu) v = (int8_t)(frand() * 127);
+    for (auto &v : wdn) v = (int8_t)(frand() * 127);
+    for (auto &v : wgu_s) v = __float2half(0.002f * (1.5f + frand()));
+    for (auto &v : wdn_s) v = __float2half(0.002f * (1.5f + frand()));
+    int8_t *dwgu = (int8_t *)dup(wgu.data(), wgu.size()), *dwdn = (int8_t *)dup(wdn.data(), wdn.size());
+    __half *dwgu_s = (__half *)dup(wgu_s.data(), wgu_s.size() * 2),
+           *dwdn_s = (__half *)dup(wdn_s.data(), wdn_s.size() * 2);
+    float *dwn2 = (float *)one(wn.data(), D * 4), *dx2 = (float *)one(x.data(), D * 4), *dh;
+    CHECK_CUDA(cudaMalloc(&dh, F * 4));
+    auto mlp =
+        [&](int i) { /* x (the sum's output) -> h -> x2 = x + h W_down^T */
+                     struct cu_mv_seg pair = {}, down = {};
+                     pair.w = {CU_Q8_0, F, D, dwgu + (size_t)i * 2 * F * D,
+                               (const uint16_t *)(dwgu_s + (size_t)i * 2 * F * D / 32)};
+                     const struct cu_weight up = {CU_Q8_0, F, D, dwgu + (size_t)i * 2 * F * D + F * D,
+                                                  (const uint16_t *)(dwgu_s + (size_t)i * 2 * F * D / 32 + F * D / 32)};
+                     pair.y = dh;
+                     pair.ep.act = IR_OP_SILU;
+                     pair.ep.norm_w = dwn2;
+                     pair.ep.norm_eps = EPS;
+                     CHECK_CUDA(cu_matvec_multi(st, dx, 1, &pair, 1, &up));
+                     down.w = {CU_Q8_0, D, F, dwdn + (size_t)i * F * D,
+                               (const uint16_t *)(dwdn_s + (size_t)i * F * D / 32)};
+                     down.y = dx2;
+                     down.ep.act = -1;
+                     down.ep.residual = dx;
+                     CHECK_CUDA(cu_matvec_multi(st, dh, 1, &down, 1, NULL));
+        };
     auto args = [&](int i) {
         lab_args a = {};
         a.x = dx, a.wn = dwn, a.qn = dqn, a.kn = dkn, a.cosv = dcs, a.sinv = dsn;
@@ -710,8 +747,6 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
         return a;
     };
 
-    cudaStream_t st;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     /* check */
     launch<C>(st, args(0), L.total, false, xch);
     CHECK_CUDA(cudaStreamSynchronize(st));
@@ -724,6 +759,9 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
            worst < 2e-2 ? "ok" : "FAILED");
     if (!(worst < 2e-2)) return 1;
 
+    mlp(0); /* once outside a capture: the backend's launches set their attributes on first use */
+    CHECK_CUDA(cudaStreamSynchronize(st));
+
     /* chains of dependent launches, captured once and replayed */
     int stop = 6, noload = 0;
     auto timed = [&](const char *what, int mode) {
@@ -733,6 +771,13 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
         for (int i = 0; i < launches; i++) {
             lab_args ai = args(i % sets);
             ai.stop = stop, ai.noload = noload;
+            if (mode >= 3) { /* a layer: the block reads the last ffn_down's output */
+                ai.x = dx2;
+                if (mode == 3) launch<C>(st, ai, L.total, true, xch);
+                launch_sum(st, dpart + (size_t)(i % sets) * HKV * D, dx2, dx);
+                mlp(i % sets);
+                continue;
+            }
             if (mode != 1) launch<C>(st, ai, L.total, true, xch);
             if (mode != 0) launch_sum(st, dpart + (size_t)(i % sets) * HKV * D, dres, dx);
         }
@@ -767,6 +812,8 @@ template <int C> static int run(int p, int launches, int kvglobal, int pull, int
     timed("sum of the partials + residual alone", 1);
     snprintf(what, sizeof what, "attention block + the sum (C %d, P %d)", C, p);
     timed(what, 2);
+    timed("a layer: attention block, sum, gate/up pair, ffn_down", 3);
+    timed("  the sum, gate/up pair and ffn_down alone", 4);
     static const char *phase[] = {"the PDL wait and the copies",   "+ x normed and quantized",
                                   "+ q/k/v rows, barrier",         "+ q/k norm and rope",
                                   "+ attention partials, barrier", "+ merge"};
