@@ -4,7 +4,7 @@
 #   scripts/gpu_bundle.sh pack NAME=BUILD_DIR [NAME=BUILD_DIR ...]   (here)
 #   scripts/gpu_bundle.sh unpack                                     (on the device)
 #
-# pack strips llmopt, test_cuda, bench_cuda_kernels, bench_batch_decode and bench_loadgen
+# pack strips llmopt, test_cuda, bench_cuda_kernels, bench_cuda_block, bench_batch_decode and bench_loadgen
 # (those that exist) of each build directory into NAME/, and writes into .gpu/ (ignore it
 # in .git/info/exclude; pass it to the device's `run` as carry: [".gpu"]):
 #   bins.tar.xz  every NAME/ in one xz stream with a 256 MiB dictionary. The binaries
@@ -37,7 +37,7 @@ pack() {
         [ "$name" != "$arg" ] && [ -n "$name" ] && [ -d "$dir" ] || { echo "not NAME=BUILD_DIR: $arg" >&2; exit 2; }
         mkdir -p "$stage/bins/$name"
         local n=0
-        for b in llmopt test_cuda bench_cuda_kernels bench_batch_decode bench_loadgen; do
+        for b in llmopt test_cuda bench_cuda_kernels bench_cuda_block bench_batch_decode bench_loadgen; do
             [ -x "$dir/$b" ] && strip -o "$stage/bins/$name/$b" "$dir/$b" && n=$((n + 1))
         done
         [ $n -gt 0 ] || { echo "no binaries in $dir" >&2; exit 1; }
